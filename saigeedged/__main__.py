@@ -1,0 +1,5 @@
+"""`python -m saigeedged` entry point."""
+
+from saigeedged.cli import main
+
+raise SystemExit(main())

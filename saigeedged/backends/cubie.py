@@ -1,0 +1,240 @@
+"""The cubie target (SPEC §6): ACUITY pegasus steps planned as argv lists, inputmeta patch, hybrid, NBG checks."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from saigeedged.backends import Artifact, Context
+from saigeedged.container import cubie_section
+from saigeedged.errors import FATAL_HINTS, SaigeError
+from saigeedged.profiles import PLATFORMS, mean_scale
+
+if TYPE_CHECKING:
+    from saigeedged.container import Container
+    from saigeedged.inputs import Prepared
+    from saigeedged.manifest import Entry
+
+ALGORITHMS = {"ema": "moving_average", "minmax": "normal", "normal": "normal", "kl": "kl_divergence", "auto": "auto"}
+POSTFIX = {"asymmetric_affine": "uint8", "dynamic_fixed_point": "int16", "perchannel_symmetric_affine": "pcq",
+           "qbfloat16": "bf16", "float16": "fp16"}
+PROBE = "command -v pegasus || ls /root/acuity-toolkit-whl-*/bin/pegasus.py"
+TIMED_OUT = (124, 137)
+NBG_MAGIC = b"VPMN"
+FATAL_RE = re.compile(rb"Fatal model generation error: (-?\d+)")
+MIN_QUANTIZE_BYTES = 64  # a ~30 byte .quantize means calibration silently failed
+
+
+def steps(entry: Entry) -> list[str]:
+    return ["import", "inputmeta", "postprocess", "patch", "quantize"] + (["hybrid"] if entry.hybrid_topn else []) + ["export"]
+
+
+def optimize_target(entry: Entry) -> str:
+    return entry.optimize or PLATFORMS[entry.platform][0]
+
+
+def quantized_name(name: str, entry: Entry) -> str:
+    return f"{name}_{POSTFIX[entry.quantizer]}"
+
+
+def import_args(name: str) -> list[str]:
+    return ["import", "onnx", "--model", f"{name}.onnx", "--output-model", f"{name}.json", "--output-data", f"{name}.data"]
+
+
+def inputmeta_args(name: str) -> list[str]:
+    return ["generate", "inputmeta", "--model", f"{name}.json", "--separated-database",
+            "--input-meta-output", f"{name}_inputmeta.yml"]
+
+
+def postprocess_args(name: str) -> list[str]:
+    return ["generate", "postprocess-file", "--model", f"{name}.json",
+            "--postprocess-file-output", f"{name}_postprocess_file.yml"]
+
+
+def quantize_args(name: str, entry: Entry, iterations: int, *, hybrid: bool = False) -> list[str]:
+    argv = ["quantize", "--model", f"{name}.json", "--model-data", f"{name}.data", "--device", "CPU",
+            "--with-input-meta", f"{name}_inputmeta.yml", "--hybrid" if hybrid else "--rebuild",
+            "--model-quantize", f"{quantized_name(name, entry)}.quantize", "--quantizer", entry.quantizer,
+            "--qtype", entry.qtype, "--algorithm", ALGORITHMS[entry.calibration_method],
+            "--batch-size", "1", "--iterations", str(iterations)]
+    if entry.hybrid_topn and not hybrid:
+        argv.append("--compute-entropy")
+    return argv
+
+
+def export_args(name: str, entry: Entry, viv_sdk: str) -> list[str]:
+    q = quantized_name(name, entry)
+    model = f"{q}.quantize.json" if entry.hybrid_topn else f"{name}.json"
+    return ["export", "ovxlib", "--model", model, "--model-data", f"{name}.data", "--dtype", "quantized",
+            "--model-quantize", f"{q}.quantize", "--target-ide-project", "linux64",
+            "--with-input-meta", f"{name}_inputmeta.yml", "--postprocess-file", f"{name}_postprocess_file.yml",
+            "--output-path", f"wksp/{q}/{q}", "--batch-size", "1", "--pack-nbg-unify",
+            "--optimize", optimize_target(entry), "--viv-sdk", viv_sdk]
+
+
+def patch_inputmeta(text: str, dataset: Path, mean: list[float], scale: list[float]) -> str:
+    """Point the database at dataset.txt and fuse mean/scale with a uint8 RGB preprocess node (step `patch`)."""
+    header = "%YAML 1.2\n---\n" if text.lstrip().startswith("%YAML") else ""
+    data = yaml.safe_load(text)
+    database = data["input_meta"]["databases"][0]
+    database["path"] = str(dataset)
+    database["type"] = "TEXT"
+    pre = database["ports"][0].setdefault("preprocess", {})
+    pre["mean"] = [float(m) for m in mean]
+    pre["scale"] = [float(s) for s in scale]
+    node = pre.setdefault("preproc_node_params", {})
+    node["add_preproc_node"] = True
+    node["preproc_type"] = "IMAGE_RGB"
+    return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
+
+
+def rank_entropy(text: str, top_n: int) -> list[str]:
+    """The `top_n` tensors with the highest entropy (worst quantized), never an @output tensor."""
+    rows = []
+    for line in text.splitlines():
+        match = re.match(r"^\s*(\S+?)\s*[:\s]\s*(-?[0-9.]+(?:[eE][-+]?\d+)?)\s*$", line)
+        if match and not match.group(1).startswith("@output"):
+            rows.append((float(match.group(2)), match.group(1)))
+    rows.sort(key=lambda r: (-r[0], r[1]))
+    return [name for _, name in rows[:top_n]]
+
+
+def add_hybrid_layers(text: str, layers: list[str], dtype: str) -> str:
+    """The .quantize file with `customized_quantize_layers` set to `<name>: <dtype>` for each layer."""
+    data = yaml.safe_load(text) or {}
+    data["customized_quantize_layers"] = {name: dtype for name in layers}
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def locate_nbg(work: Path, q: str) -> Path:
+    """wksp/<q>_nbg_unify/network_binary.nb, else the only network_binary.nb under wksp/."""
+    expected = work / "wksp" / f"{q}_nbg_unify" / "network_binary.nb"
+    if expected.is_file():
+        return expected
+    found = sorted((work / "wksp").rglob("network_binary.nb"))
+    if len(found) != 1:
+        raise SaigeError("NBG_INVALID", f"export wrote {len(found)} network_binary.nb files under wksp/, expected one "
+                         f"at {expected.relative_to(work)}")
+    return found[0]
+
+
+def check_nbg(header: bytes, platform: str) -> None:
+    """The NBG starts with VPMN and carries the platform's chip id (bytes 8-11, little-endian)."""
+    chip = PLATFORMS[platform][1]
+    if header[:4] != NBG_MAGIC:
+        raise SaigeError("NBG_INVALID", f"network_binary.nb does not start with VPMN (got {header[:4]!r})")
+    found = int.from_bytes(header[8:12], "little")
+    if found != chip:
+        raise SaigeError("NBG_INVALID", f"network_binary.nb targets chip 0x{found:X}, platform {platform} needs 0x{chip:X}")
+
+
+def fatal_code(output: bytes) -> int | None:
+    match = FATAL_RE.search(output)
+    return int(match.group(1)) if match else None
+
+
+class Runner:
+    """Runs pegasus steps in the container and maps exit codes and silent failures to errors."""
+
+    def __init__(self, ctx: Context, ctr: Container, work: Path) -> None:
+        self.ctx, self.ctr, self.work = ctx, ctr, work
+        section = cubie_section(ctx.config)
+        self.step_timeout = int(ctx.config.section("limits")["step_timeout_s"])
+        setting = section["pegasus"]
+        if setting == "auto":
+            found = ctr.entry_point("pegasus", PROBE)
+            if not found:
+                raise SaigeError("CONTAINER_FAILED", f"no pegasus in image {ctr.spec.image}",
+                                 hint="set cubie.pegasus to the entry point, e.g. `python3 /root/acuity-toolkit-whl-6.30.22/bin/pegasus.py`")
+            self.prefix = ["python3", found] if found.endswith(".py") else [found]
+        else:
+            self.prefix = shlex.split(setting)
+
+    def timeout(self) -> int:
+        if self.ctx.deadline is None:
+            return self.step_timeout
+        remaining = int(self.ctx.deadline - time.monotonic())
+        if remaining <= 0:
+            raise SaigeError("TIMEOUT", "the job ran longer than limits.job_timeout_s")
+        return min(self.step_timeout, remaining)
+
+    def __call__(self, args: list[str]) -> bytes:
+        """Run one pegasus call; returns its output (also streamed to the job log)."""
+        captured = bytearray()
+
+        def sink(chunk: bytes) -> None:
+            self.ctx.log.write(chunk)
+            captured.extend(chunk)
+
+        argv = self.prefix + args
+        self.ctx.log.line(f"$ {shlex.join(argv)}")
+        limit = self.timeout()
+        code = self.ctr.run_step(argv, self.work, limit, sink)
+        output = bytes(captured)
+        fatal = fatal_code(output)
+        if fatal is not None:
+            raise SaigeError("EXPORT_FAILED", f"Fatal model generation error: {fatal}",
+                             hint=FATAL_HINTS.get(fatal, "see the job log for the NBG generator's output"))
+        if code in TIMED_OUT:
+            raise SaigeError("TIMEOUT", f"`pegasus {' '.join(args[:2])}` ran longer than {limit}s and was killed")
+        if code != 0:
+            tail = self.ctx.log.tail(20)
+            raise SaigeError("STEP_FAILED", f"`pegasus {' '.join(args[:2])}` exited {code}; last lines:\n{tail}")
+        return output
+
+
+def _quantize(run: Runner, prep: Prepared, iterations: int, hybrid: bool = False) -> Path:
+    q = quantized_name(prep.name, prep.entry)
+    path = prep.work_dir / f"{q}.quantize"
+    run(quantize_args(prep.name, prep.entry, iterations, hybrid=hybrid))
+    produced = path.with_name(f"{q}.quantize.json") if hybrid else path
+    if not produced.is_file() or produced.stat().st_size < MIN_QUANTIZE_BYTES:
+        raise SaigeError("QUANTIZE_NO_OUTPUT", f"quantize exited 0 but {produced.name} is "
+                         f"{'missing' if not produced.is_file() else 'empty'} ({prep.entry.quantizer}/{prep.entry.qtype})")
+    return path
+
+
+def compile(prep: Prepared, ctx: Context) -> Artifact:
+    """Run the pegasus steps; the bundle member is `<stem>.nb`."""
+    assert ctx.container is not None
+    entry, work, name = prep.entry, prep.work_dir, prep.name
+    ctx.step("import")
+    ctr = ctx.container("cubie")
+    run = Runner(ctx, ctr, work)
+    run(import_args(name))
+    ctx.step("inputmeta")
+    run(inputmeta_args(name))
+    ctx.step("postprocess")
+    run(postprocess_args(name))
+    ctx.step("patch")
+    meta = work / f"{name}_inputmeta.yml"
+    mean, scale = mean_scale(entry.profile)
+    assert prep.dataset is not None
+    meta.write_text(patch_inputmeta(meta.read_text(), prep.dataset.resolve(), mean, scale))
+    ctx.step("quantize")
+    quantize_file = _quantize(run, prep, len(prep.chosen))
+    hybrid: list[str] = []
+    if entry.hybrid_topn:
+        ctx.step("hybrid")
+        hybrid = rank_entropy((work / "entropy.txt").read_text(), entry.hybrid_topn)
+        ctx.log.line(f"hybrid: promoting {len(hybrid)} tensor(s) to {entry.hybrid_dtype}: {', '.join(hybrid)}")
+        quantize_file.write_text(add_hybrid_layers(quantize_file.read_text(), hybrid, entry.hybrid_dtype))
+        _quantize(run, prep, len(prep.chosen), hybrid=True)
+    ctx.step("export")
+    run(export_args(name, entry, cubie_section(ctx.config)["viv_sdk"]))
+    nbg = locate_nbg(work, quantized_name(name, entry))
+    with nbg.open("rb") as fh:
+        check_nbg(fh.read(12), entry.platform)
+    quant: dict[str, Any] = {"quantizer": entry.quantizer, "qtype": entry.qtype,
+                             "algorithm": ALGORITHMS[entry.calibration_method], "n_samples": len(prep.chosen),
+                             "seed": entry.seed, "hybrid_topn": entry.hybrid_topn}
+    if hybrid:
+        quant["hybrid_dtype"], quant["hybrid_layers"] = entry.hybrid_dtype, hybrid
+    member = f"{name}.nb"
+    return Artifact(member, {member: nbg}, quant, platform={"name": entry.platform, "optimize": optimize_target(entry)},
+                    image=ctr.spec.image, image_id=ctr.image_id)

@@ -1,0 +1,147 @@
+"""The host target (SPEC §6c): uint8 NHWC wrapper, onnxruntime static INT8 (QDQ), float-vs-INT8 report."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+from numpy.typing import NDArray
+from onnx import TensorProto, helper, numpy_helper
+
+from saigeedged import images
+from saigeedged.backends import Artifact, Context
+from saigeedged.profiles import mean_scale
+
+if TYPE_CHECKING:
+    from saigeedged.inputs import Prepared
+    from saigeedged.manifest import Entry
+
+REPORT_IMAGES = 16
+COSINE_FLAG = 0.99
+# calibration_method -> (onnxruntime CalibrationMethod name, moving average)
+METHODS = {"ema": ("MinMax", True), "minmax": ("MinMax", False), "normal": ("MinMax", False),
+           "kl": ("Entropy", False), "auto": ("Percentile", False)}
+
+
+def steps(entry: Entry) -> list[str]:
+    return ["wrap", "quantize", "report"]
+
+
+def wrap_uint8(model: onnx.ModelProto, input_name: str, size: tuple[int, int],
+               mean: Sequence[float], scale: Sequence[float]) -> onnx.ModelProto:
+    """Prepend Cast → Transpose → (x - mean) * scale so the model takes raw uint8 [1, H, W, 3]."""
+    inner = f"{input_name}__nchw"
+    graph = model.graph
+    for node in graph.node:
+        node.input[:] = [inner if name == input_name else name for name in node.input]
+    for out in graph.output:
+        if out.name == input_name:
+            raise ValueError("the input is also an output")
+    old = next(i for i in graph.input if i.name == input_name)
+    graph.input.remove(old)
+    height, width = size
+    graph.input.insert(0, helper.make_tensor_value_info(input_name, TensorProto.UINT8, [1, height, width, 3]))
+    graph.initializer.extend([
+        numpy_helper.from_array(np.asarray(mean, np.float32).reshape(1, 3, 1, 1), f"{input_name}__mean"),
+        numpy_helper.from_array(np.asarray(scale, np.float32).reshape(1, 3, 1, 1), f"{input_name}__scale"),
+    ])
+    pre = [
+        helper.make_node("Cast", [input_name], [f"{input_name}__f32"], to=TensorProto.FLOAT, name="saige_cast"),
+        helper.make_node("Transpose", [f"{input_name}__f32"], [f"{input_name}__t"], perm=[0, 3, 1, 2], name="saige_nchw"),
+        helper.make_node("Sub", [f"{input_name}__t", f"{input_name}__mean"], [f"{input_name}__c"], name="saige_mean"),
+        helper.make_node("Mul", [f"{input_name}__c", f"{input_name}__scale"], [inner], name="saige_scale"),
+    ]
+    nodes = pre + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.checker.check_model(model)
+    return model
+
+
+def _batches(prep: Prepared) -> list[NDArray[np.uint8]]:
+    letterbox = prep.entry.profile.letterbox
+    return [images.load_rgb(s.image, prep.input_size, letterbox)[None] for s in prep.chosen]
+
+
+class _Reader:
+    """onnxruntime CalibrationDataReader over the staged calibration images."""
+
+    def __init__(self, input_name: str, batches: list[NDArray[np.uint8]]) -> None:
+        self._it: Iterator[NDArray[np.uint8]] = iter(batches)
+        self._name = input_name
+
+    def get_next(self) -> dict[str, NDArray[np.uint8]] | None:
+        batch = next(self._it, None)
+        return None if batch is None else {self._name: batch}
+
+    def rewind(self) -> None:  # only called by some onnxruntime versions; one pass is enough here
+        pass
+
+
+def quantize(float_path: Path, int8_path: Path, input_name: str, batches: list[NDArray[np.uint8]], method: str) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    calib_method, moving = METHODS[method]
+    quantize_static(str(float_path), str(int8_path), _Reader(input_name, batches),
+                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    calibrate_method=getattr(CalibrationMethod, calib_method),
+                    extra_options={"CalibMovingAverage": moving})
+
+
+def cosine(a: NDArray[np.float32], b: NDArray[np.float32]) -> float:
+    """Cosine similarity of two flattened tensors; two zero tensors are identical."""
+    x, y = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    nx, ny = np.linalg.norm(x), np.linalg.norm(y)
+    if nx == 0 or ny == 0:
+        return 1.0 if nx == ny else 0.0
+    return float(np.dot(x, y) / (nx * ny))
+
+
+def report(float_path: Path, int8_path: Path, input_name: str, batches: list[NDArray[np.uint8]]) -> dict[str, Any]:
+    """Per output, over up to 16 images: the worst per-image cosine and the max abs error."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sessions = [ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"]) for p in (float_path, int8_path)]
+    names = [o.name for o in sessions[0].get_outputs()]
+    cos: dict[str, list[float]] = {n: [] for n in names}
+    err: dict[str, float] = dict.fromkeys(names, 0.0)
+    for batch in batches[:REPORT_IMAGES]:
+        ref, got = (s.run(names, {input_name: batch}) for s in sessions)
+        for name, r, g in zip(names, ref, got):
+            cos[name].append(cosine(r, g))
+            err[name] = max(err[name], float(np.max(np.abs(r.astype(np.float64) - g.astype(np.float64)))))
+    outputs = {n: {"cosine": round(min(cos[n]), 6), "cosine_mean": round(float(np.mean(cos[n])), 6),
+                   "max_abs_error": round(err[n], 6), "flagged": min(cos[n]) < COSINE_FLAG} for n in names}
+    return {"images": min(len(batches), REPORT_IMAGES), "threshold": COSINE_FLAG, "outputs": outputs,
+            "flagged": [n for n in names if outputs[n]["flagged"]]}
+
+
+def compile(prep: Prepared, ctx: Context) -> Artifact:
+    """Run wrap, quantize and report; the bundle member is `<stem>.int8.onnx`."""
+    entry = prep.entry
+    mean, scale = mean_scale(entry.profile)
+    ctx.step("wrap")
+    wrapped = prep.work_dir / f"{prep.name}.uint8.onnx"
+    model = wrap_uint8(onnx.load(str(prep.model)), prep.info.input_name, prep.input_size, mean, scale)
+    onnx.save(model, str(wrapped))
+    ctx.log.line(f"wrapped {prep.model.name}: input {prep.info.input_name} uint8 [1, {prep.input_size[0]}, "
+                 f"{prep.input_size[1]}, 3], mean {mean}, scale {[round(s, 6) for s in scale]}")
+    ctx.step("quantize")
+    batches = _batches(prep)
+    int8 = prep.work_dir / f"{prep.name}.int8.onnx"
+    quantize(wrapped, int8, prep.info.input_name, batches, entry.calibration_method)
+    ctx.log.line(f"quantized {len(batches)} calibration images ({entry.calibration_method}) -> {int8.name}")
+    ctx.step("report")
+    result = report(wrapped, int8, prep.info.input_name, batches)
+    for name, row in result["outputs"].items():
+        flag = "  << FLAGGED: INT8 output diverges" if row["flagged"] else ""
+        ctx.log.line(f"report {name}: cosine {row['cosine']:.4f} max_abs_error {row['max_abs_error']:.4g}{flag}")
+    quant = {"format": "QDQ", "activations": "uint8", "weights": "int8", "method": METHODS[entry.calibration_method][0],
+             "calibration_method": entry.calibration_method, "n_samples": len(prep.chosen), "seed": entry.seed}
+    return Artifact(int8.name, {int8.name: int8}, quant, platform={"name": "host", "runtime": "onnxruntime"},
+                    report=result)

@@ -1,0 +1,85 @@
+"""The `.saigeedge` bundle (SPEC §7): checkpoint.yaml plus the compiled model, optionally AES-256 encrypted."""
+
+from __future__ import annotations
+
+import copy
+import os
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyzipper
+import yaml
+
+from saigeedged import __version__
+from saigeedged.profiles import mean_scale
+
+if TYPE_CHECKING:
+    from saigeedged.backends import Artifact
+    from saigeedged.inputs import Prepared
+
+SCHEMA_VERSION = 2
+
+
+def deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`over` merged into a copy of `base`, mappings recursively, everything else replaced."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def checkpoint(prep: Prepared, art: Artifact, job_id: str, created_at: str) -> dict[str, Any]:
+    """Every field of checkpoint.yaml; `runtime_overrides` merged last. Never holds the password."""
+    entry = prep.entry
+    mean, scale = mean_scale(entry.profile)
+    data: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "task": entry.profile.bundle_task,
+        "target": entry.target,
+        "model": art.model_member,
+        "input_layout": "nhwc_uint8",
+        "normalize": False,
+        "input_size": list(prep.input_size),
+        "num_classes": entry.num_classes,
+    }
+    if prep.calib.class_names:
+        data["class_names"] = list(prep.calib.class_names)
+    data.update({
+        "output_names": list(prep.info.output_names),
+        "output_shapes": [list(s) for s in prep.info.output_shapes],
+        "mean": [round(m, 6) for m in mean],
+        "scale": [round(s, 8) for s in scale],
+        "postprocess": dict(entry.profile.postprocess),
+        "platform": art.platform,
+        "quantization": art.quantization,
+        "source": {"onnx": entry.onnx.name, "sha256": prep.onnx_sha256,
+                   "surgery": list(prep.surgery) if prep.surgery else None},
+        "build": {"job_id": job_id, "saigeedged": __version__, "image": art.image, "image_id": art.image_id,
+                  "created_at": created_at},
+        "encrypted": bool(entry.password),
+    })
+    if art.report is not None:
+        data["quantization_report"] = art.report
+    return deep_merge(data, entry.runtime_overrides)
+
+
+def write(dest: Path, data: dict[str, Any], members: Mapping[str, Path], password: str | None) -> None:
+    """Write the zip under a temp name in dest's folder, fsync, rename into place."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    text = yaml.safe_dump(data, sort_keys=False)
+    with pyzipper.AESZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("checkpoint.yaml", text)  # stays readable: `unzip -p b.saigeedge checkpoint.yaml`
+        if password:
+            zf.setpassword(password.encode())
+            zf.setencryption(pyzipper.WZ_AES, nbits=256)
+        for arcname, path in members.items():
+            zf.write(path, arcname)
+    with tmp.open("rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, dest)

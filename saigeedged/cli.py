@@ -1,0 +1,79 @@
+"""Command-line parsing only: each sub-command hands over to the module that does the work."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from saigeedged import __version__
+from saigeedged import config as configmod
+from saigeedged.errors import ENVIRONMENT_CODES, INPUT_CODES, SaigeError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_READY = 0, 1, 2, 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="saigeedged", description="Compile ONNX models into edge-NPU bundles.")
+    parser.add_argument("--version", action="version", version=f"saigeedged {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("-c", "--config", type=Path, help="daemon config (default /etc/saigeedged/saigeedged.yml)")
+        return p
+
+    add("run", "the daemon, in the foreground")
+    p = add("compile", "one-shot compile of every entry of a manifest")
+    p.add_argument("manifest", type=Path)
+    p.add_argument("--only", action="append", default=[], metavar="TASK", help="only entries of this task or name")
+    p.add_argument("--dry-run", action="store_true", help="validate and print what would be done; no Docker")
+    p = add("submit", "drop a model and its manifest into the inbox safely")
+    p.add_argument("model", type=Path)
+    p.add_argument("manifest", type=Path)
+    p.add_argument("--subdir", default="", help="sub-folder of the inbox (kept in the outbox)")
+    p.add_argument("--wait", action="store_true", help="wait for the result; exit 0 succeeded, 1 failed")
+    p.add_argument("--timeout", type=float, default=None, help="seconds to wait with --wait")
+    p = add("status", "queue and recent jobs, or one job")
+    p.add_argument("job", nargs="?", help="a job id or name")
+    p.add_argument("--json", action="store_true")
+    p = add("validate", "all input checks, no compiler")
+    p.add_argument("manifest", type=Path)
+    add("check", "readiness of this host: docker, images, containers, dirs, journald, inotify")
+    for name, text in (("retry", "queue a failed or cancelled job again"), ("cancel", "cancel a queued or running job")):
+        p = add(name, text)
+        p.add_argument("job_id")
+    return parser
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    config = configmod.load(args.config)
+    if args.command == "compile":
+        from saigeedged import oneshot
+
+        return oneshot.compile_manifest(config, args.manifest, args.only, args.dry_run)
+    if args.command == "validate":
+        from saigeedged import oneshot
+
+        return oneshot.validate(config, args.manifest)
+    if args.command == "check":
+        from saigeedged import readiness
+
+        return readiness.main(config)
+    from saigeedged import control
+
+    return control.main(args, config)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except SaigeError as exc:
+        print(f"saigeedged: {exc.code}: {exc.message}\n  hint: {exc.hint}", file=sys.stderr)
+        if exc.code in INPUT_CODES:
+            return EXIT_USAGE
+        return EXIT_NOT_READY if exc.code in ENVIRONMENT_CODES else EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,154 @@
+"""Daemon configuration (SPEC §2): defaults, loading, validation of every key."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from saigeedged.errors import SaigeError
+
+DEFAULT_PATH = Path("/etc/saigeedged/saigeedged.yml")
+
+# Every key with its default; the types of these values are the accepted types.
+DEFAULTS: dict[str, Any] = {
+    "inbox": "/srv/saige/inbox",
+    "outbox": "/srv/saige/outbox",
+    "state_dir": "/var/lib/saigeedged",
+    "allowed_roots": [],
+    "watch": {
+        "mode": "auto",
+        "poll_interval_s": 5.0,
+        "rescan_interval_s": 60.0,
+        "settle_s": 2.0,
+        "orphan_timeout_s": 600.0,
+    },
+    "cubie": {
+        "container": "saige-cubie",
+        "image": "ubuntu-npu:v2.0.10.1",
+        "runtime": "auto",
+        "user": "auto",
+        "pegasus": "auto",
+        "viv_sdk": "/root/Vivante_IDE/VivanteIDE5.11.0/cmdtools",
+    },
+    "mobilint": {
+        "container": "saige-mobilint",
+        "image": "mobilint/qbcompiler:1.3-cpu-ubuntu22.04",
+    },
+    "limits": {
+        "step_timeout_s": 3600,
+        "job_timeout_s": 14400,
+        "max_attempts": 3,
+        "max_onnx_bytes": 8589934592,
+    },
+    "defaults": {
+        "target": "cubie",
+        "calibration_method": "ema",
+        "n_samples": 100,
+        "seed": 1337,
+    },
+    "keep_work": False,
+    "log": {"format": "auto", "level": "info"},
+}
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "watch.mode": ("auto", "events", "poll"),
+    "log.format": ("auto", "journal", "json", "console"),
+    "log.level": ("debug", "info", "warning", "error"),
+    "defaults.target": ("cubie", "mobilint", "host"),
+    "defaults.calibration_method": ("ema", "minmax", "kl", "normal", "auto"),
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The resolved daemon configuration; `raw` keeps every section as loaded."""
+
+    inbox: Path
+    outbox: Path
+    state_dir: Path
+    allowed_roots: tuple[Path, ...]
+    raw: dict[str, Any] = field(repr=False)
+    source: Path | None = None
+    named_dirs: bool = False
+
+    def section(self, name: str) -> dict[str, Any]:
+        value: dict[str, Any] = self.raw[name]
+        return value
+
+    @property
+    def keep_work(self) -> bool:
+        return bool(self.raw["keep_work"]) or os.environ.get("SAIGE_CUBIE_KEEP_WORK") == "1"
+
+    @property
+    def work_root(self) -> Path:
+        return self.state_dir / "work"
+
+
+def _merge(user: Any, defaults: dict[str, Any], prefix: str) -> dict[str, Any]:
+    if not isinstance(user, dict):
+        where = prefix.rstrip(".") or "the config"
+        raise SaigeError("MANIFEST_INVALID", f"config: {where} must be a mapping", hint="see config/saigeedged.yml")
+    merged = dict(defaults)
+    for key, value in user.items():
+        name = f"{prefix}{key}"
+        if key not in defaults:
+            near = difflib.get_close_matches(str(key), list(defaults), n=1)
+            tip = f" (did you mean `{prefix}{near[0]}`?)" if near else ""
+            raise SaigeError("MANIFEST_INVALID", f"config: unknown key `{name}`{tip}",
+                             hint="every key is documented in config/saigeedged.yml")
+        default = defaults[key]
+        if isinstance(default, dict):
+            merged[key] = _merge(value, default, f"{name}.")
+        else:
+            merged[key] = _check_type(name, value, default)
+    return merged
+
+
+def _check_type(name: str, value: Any, default: Any) -> Any:
+    expected: tuple[type, ...] = (int, float) if isinstance(default, float) else (type(default),)
+    ok = isinstance(value, expected) and not (isinstance(value, bool) and not isinstance(default, bool))
+    if not ok:
+        raise SaigeError("MANIFEST_INVALID", f"config: `{name}` must be {expected[0].__name__}, got {value!r}",
+                         hint="see config/saigeedged.yml")
+    if name in CHOICES and value not in CHOICES[name]:
+        raise SaigeError("MANIFEST_INVALID", f"config: `{name}` must be one of {', '.join(CHOICES[name])}, got {value!r}",
+                         hint="see config/saigeedged.yml")
+    return value
+
+
+def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> Config:
+    """Validate `user` against DEFAULTS; relative paths are resolved against `base`."""
+    raw = _merge(user, DEFAULTS, "")
+
+    def path(value: str) -> Path:
+        return (base / os.path.expanduser(value)).resolve()
+
+    return Config(
+        inbox=path(raw["inbox"]),
+        outbox=path(raw["outbox"]),
+        state_dir=path(raw["state_dir"]),
+        allowed_roots=tuple(path(str(p)) for p in raw["allowed_roots"]),
+        raw=raw,
+        source=source,
+        named_dirs="inbox" in user and "outbox" in user,
+    )
+
+
+def load(path: Path | None) -> Config:
+    """Load the config at `path`; without one, /etc/saigeedged/saigeedged.yml if present, else the defaults."""
+    if path is None:
+        if not DEFAULT_PATH.exists():
+            return from_dict({}, Path.cwd())
+        path = DEFAULT_PATH
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise SaigeError("INPUT_NOT_FOUND", f"config file {path} not found") from None
+    except yaml.YAMLError as exc:
+        raise SaigeError("MANIFEST_INVALID", f"config {path}: not valid YAML: {exc}") from None
+    return from_dict(data, path.resolve().parent, source=path)

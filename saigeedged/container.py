@@ -1,0 +1,286 @@
+"""The only module that talks to Docker: the long-lived compiler containers and the steps exec'd in them."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shlex
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.types import Mount
+
+from saigeedged.config import Config
+from saigeedged.errors import SaigeError
+
+MANAGED_LABEL = "io.saigeedge.managed"
+KILL_AFTER = "30s"
+PIDFILE = ".step.pid"
+# by path: a busybox sh would run its own applet for a bare `timeout` (coreutils lives here on Ubuntu)
+TIMEOUT_BIN = "/usr/bin/timeout"
+# writes the step's pid (GNU timeout, the head of its process group) before exec'ing it
+_WRAP = 'echo $$ > "$0"; exec "$@"'
+_KILL = 'p=$(cat "$0" 2>/dev/null) && [ -n "$p" ] && { kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p"; }; rm -f "$0"'
+_REAP = 'for f in "$0"/*/' + PIDFILE + '; do [ -f "$f" ] || continue; p=$(cat "$f"); ' \
+        'kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; rm -f "$f"; done; true'
+
+
+def client() -> docker.DockerClient:
+    """A Docker client, or DOCKER_UNAVAILABLE naming the reason (socket missing, permission denied)."""
+    try:
+        c = docker.from_env(timeout=120)
+        c.ping()
+        return c
+    except DockerException as exc:
+        raise SaigeError("DOCKER_UNAVAILABLE", f"cannot reach the Docker engine: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a target's container must look like."""
+
+    name: str
+    image: str
+    work_root: Path
+    runtime: str = "auto"
+    user: str = "auto"
+
+    @classmethod
+    def for_target(cls, config: Config, target: str) -> Spec:
+        section = cubie_section(config) if target == "cubie" else config.section(target)
+        return cls(section["container"], section["image"], config.work_root,
+                   section.get("runtime", "auto"), section.get("user", "auto"))
+
+
+def cubie_section(config: Config) -> dict[str, Any]:
+    """The cubie config with the guide's SAIGE_CUBIE_<KEY> environment overrides applied."""
+    section = dict(config.section("cubie"))
+    for key in section:
+        value = os.environ.get(f"SAIGE_CUBIE_{key.upper()}")
+        if value:
+            section[key] = value
+    return section
+
+
+def exec_user(setting: str) -> str:
+    if setting == "auto":
+        return f"{os.getuid()}:{os.getgid()}"
+    return setting
+
+
+class Container:
+    """One long-lived compiler container: found by name, created, started, recreated when it dies."""
+
+    def __init__(self, api: docker.DockerClient, spec: Spec, on_event: Callable[[str, dict[str, Any]], None]) -> None:
+        self.docker = api
+        self.spec = spec
+        self.on_event = on_event
+        self.image_id: str | None = None
+        self._probed: dict[str, list[str]] = {}
+        self._interrupt: str | None = None
+        self._lock = threading.Lock()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def _runtime(self) -> str | None:
+        if self.spec.runtime == "auto":
+            info = self.docker.info()
+            return "runc" if info.get("DefaultRuntime") == "nvidia" and "runc" in info.get("Runtimes", {}) else None
+        return self.spec.runtime
+
+    def _has_mount(self, attrs: dict[str, Any]) -> bool:
+        root = str(self.spec.work_root)
+        return any(m.get("Source") == root and m.get("Destination") == root for m in attrs.get("Mounts", []))
+
+    def _create(self) -> Any:
+        self.spec.work_root.mkdir(parents=True, exist_ok=True)
+        try:
+            ctr = self.docker.containers.create(
+                self.spec.image, command=["tail", "-f", "/dev/null"], name=self.spec.name,
+                labels={MANAGED_LABEL: "1"}, ipc_mode="host", runtime=self._runtime(), detach=True,
+                mounts=[Mount(target=str(self.spec.work_root), source=str(self.spec.work_root), type="bind")])
+        except ImageNotFound:
+            raise SaigeError("IMAGE_NOT_FOUND", f"image {self.spec.image} is not loaded in the Docker engine") from None
+        except APIError as exc:
+            if exc.status_code == 409:  # created by someone else meanwhile
+                return self.docker.containers.get(self.spec.name)
+            raise SaigeError("CONTAINER_FAILED", f"cannot create container {self.spec.name}: {exc.explanation}") from None
+        self.on_event("container.created", {"container": self.spec.name, "image": self.spec.image})
+        return ctr
+
+    def ensure(self) -> Any:
+        """The running container; created when missing, started when stopped, recreated when ours is wrong."""
+        try:
+            ctr = self.docker.containers.get(self.spec.name)
+        except NotFound:
+            ctr = self._create()
+        except DockerException as exc:
+            raise SaigeError("DOCKER_UNAVAILABLE", f"cannot reach the Docker engine: {exc}") from None
+        managed = ctr.labels.get(MANAGED_LABEL) == "1"
+        if not self._has_mount(ctr.attrs):
+            if not managed:
+                raise SaigeError("CONTAINER_FAILED", f"container {self.spec.name} exists without the work-root mount "
+                                 f"{self.spec.work_root} and was not created by saigeedged")
+            ctr.remove(force=True)
+            ctr = self._create()
+        if ctr.status != "running":
+            try:
+                ctr.start()
+            except APIError as exc:
+                raise SaigeError("CONTAINER_FAILED", f"cannot start container {self.spec.name}: {exc.explanation}") from None
+            self._probed.clear()
+            self.on_event("container.restarted", {"container": self.spec.name})
+            ctr.reload()
+        self.image_id = ctr.image.id if ctr.image else None
+        return ctr
+
+    def recreate(self) -> None:
+        """Remove our container (it died mid-job) so the next ensure() makes a fresh one."""
+        try:
+            ctr = self.docker.containers.get(self.spec.name)
+            if ctr.labels.get(MANAGED_LABEL) == "1":
+                ctr.remove(force=True)
+        except NotFound:
+            pass
+        self._probed.clear()
+
+    def alive(self) -> bool:
+        try:
+            return bool(self.docker.containers.get(self.spec.name).status == "running")
+        except DockerException:
+            return False
+
+    # -- execs ---------------------------------------------------------------------------------
+    def _exec(self, ctr: Any, argv: Sequence[str], workdir: str, env: dict[str, str] | None,
+              sink: Callable[[bytes], None]) -> int | None:
+        api = self.docker.api
+        exec_id = api.exec_create(ctr.id, list(argv), user=exec_user(self.spec.user), workdir=workdir,
+                                  environment=env)["Id"]
+        for out, err in api.exec_start(exec_id, stream=True, demux=True):
+            if out:
+                sink(out)
+            if err:
+                sink(err)
+        while True:  # the stream ends on a broken connection too: only exec_inspect decides
+            info = api.exec_inspect(exec_id)
+            if not info["Running"]:
+                code = info.get("ExitCode")
+                return None if code is None else int(code)
+            time.sleep(0.02)
+
+    def probe(self, script: str) -> tuple[int, str]:
+        """Run a fixed shell snippet (no manifest values) and return (exit code, output)."""
+        chunks: list[bytes] = []
+        code = self._exec(self.ensure(), ["sh", "-c", script], "/", None, chunks.append)
+        return (-1 if code is None else code), b"".join(chunks).decode(errors="replace")
+
+    def entry_point(self, key: str, script: str) -> str:
+        """The cached output of an entry-point probe, re-probed after every container start."""
+        if key not in self._probed:
+            code, out = self.probe(script)
+            self._probed[key] = out.strip().splitlines() if code == 0 else []
+        lines = self._probed[key]
+        return lines[0] if lines else ""
+
+    def run_step(self, argv: Sequence[str], workdir: Path, timeout_s: int, sink: Callable[[bytes], None],
+                 env: dict[str, str] | None = None) -> int:
+        """One compiler step under `timeout --kill-after`, output streamed to `sink`; returns its exit code."""
+        ctr = self.ensure()
+        pidfile = str(workdir / PIDFILE)
+        wrapped = ["sh", "-c", _WRAP, pidfile, TIMEOUT_BIN, f"--kill-after={KILL_AFTER}", f"{max(1, int(timeout_s))}s",
+                   *argv]
+        with self._lock:
+            self._interrupt = None
+        code = self._exec(ctr, wrapped, str(workdir), env, sink)
+        with self._lock:
+            reason, self._interrupt = self._interrupt, None
+        if reason is not None:
+            raise SaigeError("CANCELLED", f"step {shlex.join(argv[:3])} was stopped ({reason})", reason=reason)
+        if code is None or not self.alive():
+            raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} died during {shlex.join(argv[:3])}")
+        Path(pidfile).unlink(missing_ok=True)
+        return code
+
+    def interrupt(self, workdir: Path, reason: str) -> None:
+        """Kill the running step of the job in `workdir` (cancel or daemon stop); its run_step raises CANCELLED."""
+        with self._lock:
+            self._interrupt = reason
+        try:
+            ctr = self.docker.containers.get(self.spec.name)
+            self._exec(ctr, ["sh", "-c", _KILL, str(workdir / PIDFILE)], "/", None, lambda _: None)
+        except DockerException:
+            pass
+
+    def reap(self) -> None:
+        """Kill leftover steps of a previous daemon (SIGKILL'd mid-step), recorded by their pidfiles."""
+        try:
+            ctr = self.docker.containers.get(self.spec.name)
+        except NotFound:
+            return
+        if ctr.status == "running":
+            self._exec(ctr, ["sh", "-c", _REAP, str(self.spec.work_root)], "/", None, lambda _: None)
+
+
+class HostLock:
+    """One job at a time in a container, across processes: an flock under state_dir."""
+
+    def __init__(self, state_dir: Path) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self._fh = (state_dir / "container.lock").open("a")
+        self.held = False
+
+    def acquire(self, on_wait: Callable[[], None] | None = None) -> None:
+        if self.held:
+            return
+        try:
+            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait:
+                on_wait()
+            fcntl.flock(self._fh, fcntl.LOCK_EX)
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            self.held = False
+
+
+class Containers:
+    """The containers of one process, made on first use; the host lock is held while a job uses one."""
+
+    def __init__(self, config: Config, on_event: Callable[[str, dict[str, Any]], None] | None = None,
+                 on_wait: Callable[[], None] | None = None) -> None:
+        self.config = config
+        self.on_event = on_event or (lambda event, fields: None)
+        self.on_wait = on_wait
+        self._api: docker.DockerClient | None = None
+        self._by_target: dict[str, Container] = {}
+        self.lock = HostLock(config.state_dir)
+        self.active: Container | None = None
+
+    def api(self) -> docker.DockerClient:
+        if self._api is None:
+            self._api = client()
+        return self._api
+
+    def container(self, target: str) -> Container:
+        if target not in self._by_target:
+            self._by_target[target] = Container(self.api(), Spec.for_target(self.config, target), self.on_event)
+        return self._by_target[target]
+
+    def get(self, target: str) -> Container:
+        """The target's container, running, with the host lock held (released by release())."""
+        self.lock.acquire(self.on_wait)
+        self.active = self.container(target)
+        self.active.ensure()
+        return self.active
+
+    def release(self) -> None:
+        self.active = None
+        self.lock.release()

@@ -1,0 +1,73 @@
+"""The one error type of saigeedged: stable codes (SPEC §10), hints and the retryable flag."""
+
+from __future__ import annotations
+
+from typing import Any
+
+HINTS: dict[str, str] = {
+    "MANIFEST_INVALID": "fix the named field in the manifest; `saigeedged validate MANIFEST` checks it without compiling",
+    "PATH_NOT_ALLOWED": "put the file inside the inbox or add its folder to `allowed_roots` in the daemon config",
+    "INPUT_NOT_FOUND": "check the path; relative paths are resolved against the manifest's folder",
+    "INPUT_INCOMPLETE": "write the ONNX first and the manifest last, each under a temporary name then renamed "
+    "(`saigeedged submit` does this); check the manifest's sha256",
+    "ONNX_INVALID": "re-export the model (opset >= 11, one input) and check it with onnx.checker",
+    "SYMBOLIC_DIM": "re-export with static shapes (no dynamic_axes), e.g. batch 1 and a fixed input size",
+    "INPUT_SIZE_MISMATCH": "drop `input_size` from the manifest or re-export the ONNX at that size",
+    "SURGERY_OUTPUTS_NOT_FOUND": "the YOLOX head Concat nodes are missing: airockchip-style exports remove them; "
+    "export with the original YOLOX head or name the three head tensors in `surgery.output_names`",
+    "CALIB_INVALID": "fix the calibration file: every image must exist and decode, every label must be in [0, num_classes)",
+    "DOCKER_UNAVAILABLE": "start dockerd and add the service user to the `docker` group; `saigeedged check` tells more",
+    "IMAGE_NOT_FOUND": "docker load -i ubuntu-npu_v2.0.10.1.tar, then check the tag with `docker images`",
+    "CONTAINER_FAILED": "a container with that name exists without the work-root mount: remove or rename it "
+    "(`docker rm -f NAME`) so saigeedged can create its own; if the engine's default runtime is nvidia, set runtime: runc",
+    "CONTAINER_LOST": "the compiler container died mid-job (dockerd restart, OOM?); it is recreated and the job retried",
+    "STEP_FAILED": "read the job log: the compiler's last lines are in the message",
+    "QUANTIZE_NO_OUTPUT": "quantize exited 0 without a .quantize file: the quantizer/qtype pair does not match "
+    "(asymmetric_affine/uint8, dynamic_fixed_point/int16, perchannel_symmetric_affine/int8, ...)",
+    "EXPORT_FAILED": "the NBG generator failed; see the message for the fatal code",
+    "NBG_INVALID": "the NBG targets another chip than the platform (on the board: vip_create_network status=-4); "
+    "check `platform:` and `optimize:`",
+    "TIMEOUT": "raise limits.step_timeout_s / limits.job_timeout_s, or check the job log for a hung step",
+    "PUBLISH_FAILED": "the outbox is full or not writable; the job is retried",
+    "CANCELLED": "the job was cancelled; `saigeedged retry JOB_ID` runs it again",
+    "INTERNAL": "a bug in saigeedged: please report it with the job log",
+}
+
+FATAL_HINTS: dict[int, str] = {
+    65280: "a tensor dtype the target cannot take (e.g. hybrid tensors promoted next to the outputs) "
+    "or a simulator without a real /proc: lower hybrid_topn or use another hybrid_dtype",
+    64768: "graph verification failed: check the ONNX for layers the NPU does not support",
+    32512: "simulator libraries not found: check cubie.viv_sdk and the image",
+}
+
+RETRYABLE = frozenset({"CONTAINER_LOST", "PUBLISH_FAILED"})
+
+
+class SaigeError(Exception):
+    """A failure with a stable `code`, a message naming the field or file, and a one-line hint."""
+
+    def __init__(self, code: str, message: str, *, hint: str | None = None, **fields: Any) -> None:
+        if code not in HINTS:
+            raise ValueError(f"unknown error code {code}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.hint = hint or HINTS[code]
+        self.fields = fields
+
+    @property
+    def retryable(self) -> bool:
+        return self.code in RETRYABLE
+
+    def as_dict(self, step: str | None = None) -> dict[str, Any]:
+        """The `error` object of a status file (never a traceback)."""
+        return {"code": self.code, "message": self.message, "hint": self.hint, "step": step}
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+# Bad input (exit 2): found before any compiler runs.
+INPUT_CODES = frozenset({"MANIFEST_INVALID", "PATH_NOT_ALLOWED", "INPUT_NOT_FOUND", "INPUT_INCOMPLETE", "ONNX_INVALID",
+                         "SYMBOLIC_DIM", "INPUT_SIZE_MISMATCH", "SURGERY_OUTPUTS_NOT_FOUND", "CALIB_INVALID"})
+# The host is not ready (exit 3).
+ENVIRONMENT_CODES = frozenset({"DOCKER_UNAVAILABLE", "IMAGE_NOT_FOUND", "CONTAINER_FAILED"})

@@ -1,0 +1,98 @@
+"""A job's inputs checked and staged before any compiler runs (SPEC §5): path policy, ONNX, surgery, calibration."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from saigeedged import calibration, onnxcheck
+from saigeedged.calibration import CalibSet, Sample
+from saigeedged.errors import SaigeError
+from saigeedged.manifest import Entry, safe_stem
+from saigeedged.onnxcheck import ModelInfo
+from saigeedged.profiles import DETECTION_HEADS
+
+
+@dataclass(frozen=True)
+class PathPolicy:
+    """Where a drop's inputs may live once symlinks are followed; `roots=None` allows anything (CLI use)."""
+
+    roots: tuple[Path, ...] | None = None
+
+    def check(self, path: Path) -> None:
+        if self.roots is None:
+            return
+        real = path.resolve()
+        if not any(real.is_relative_to(root.resolve()) for root in self.roots):
+            raise SaigeError("PATH_NOT_ALLOWED", f"{path} resolves to {real}, outside the inbox and allowed_roots")
+
+
+@dataclass
+class Prepared:
+    """The checked inputs of one entry; `name`/`model` switch to the cut model after surgery."""
+
+    entry: Entry
+    work_dir: Path
+    name: str
+    model: Path
+    info: ModelInfo
+    input_size: tuple[int, int]
+    calib: CalibSet
+    onnx_sha256: str
+    surgery: tuple[str, ...] | None = None
+    chosen: Sequence[Sample] = ()
+    dataset: Path | None = None
+
+
+def sha256_file(path: Path) -> str:
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def validate(entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: int | None = None) -> Prepared:
+    """Step `validate`: paths, ONNX load/check/shapes, input size, calibration file; copies the model into work_dir."""
+    for path in (entry.onnx, entry.calib):
+        policy.check(path)
+        if not path.is_file():
+            raise SaigeError("INPUT_NOT_FOUND", f"{path} not found (from {entry.manifest.name})")
+    if max_onnx_bytes is not None and entry.onnx.stat().st_size > max_onnx_bytes:
+        raise SaigeError("ONNX_INVALID", f"{entry.onnx.name} is larger than limits.max_onnx_bytes ({max_onnx_bytes})",
+                         hint="raise limits.max_onnx_bytes in the daemon config")
+    model = onnxcheck.load(entry.onnx)
+    info = onnxcheck.describe(model, entry.onnx)
+    if entry.task != "detection":  # detection outputs are checked on the cut model
+        size = onnxcheck.check_input_size(info, entry.input_size or entry.profile.input_size)
+    else:
+        size = onnxcheck.check_input_size(info, entry.input_size)
+    calib = calibration.read(entry.calib, entry.num_classes, policy.check)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    name = safe_stem(entry.onnx.stem)
+    dest = work_dir / f"{name}.onnx"
+    onnx.save(model, str(dest))
+    return Prepared(entry, work_dir, name, dest, onnxcheck.describe(model, dest), size, calib, sha256_file(entry.onnx))
+
+
+def surgery(prep: Prepared) -> None:
+    """Step `surgery` (detection): cut at the three head tensors; from now on the stem is `<stem>_surgery`."""
+    names = prep.entry.surgery_outputs or DETECTION_HEADS
+    model = onnxcheck.load(prep.model)
+    name = f"{prep.name}_surgery"
+    dest = prep.work_dir / f"{name}.onnx"
+    cut = onnxcheck.cut_outputs(model, prep.entry.onnx, names, dest)
+    prep.info = onnxcheck.describe(cut, dest)
+    prep.name, prep.model, prep.surgery = name, dest, names
+
+
+def calibrate(prep: Prepared) -> None:
+    """Step `calibration`: the seeded sample, decoded, staged into the work dir with dataset.txt."""
+    entry = prep.entry
+    prep.chosen = calibration.choose(prep.calib, entry.n_samples, entry.seed, entry.profile.sampler)
+    prep.dataset = calibration.stage(prep.chosen, prep.work_dir)
+
+
+def needs_surgery(entry: Entry) -> bool:
+    return entry.task == "detection"

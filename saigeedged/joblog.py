@@ -1,0 +1,51 @@
+"""The job log: raw compiler bytes plus step banners and timings, written host-local while the job runs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+class JobLog:
+    """Append-only log file; compiler output is written as raw bytes, never decoded."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fh = path.open("ab", buffering=0)
+        self._started: float | None = None
+        self._step = ""
+
+    def write(self, data: bytes) -> None:
+        self._fh.write(data)
+
+    def line(self, text: str) -> None:
+        self._fh.write(text.encode() + b"\n")
+
+    def begin(self, step: str, index: int, count: int) -> None:
+        self.end()
+        self._step, self._started = step, time.monotonic()
+        self.line(f"===== [{index}/{count}] {step} ({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}) =====")
+
+    def end(self, outcome: str = "ok") -> None:
+        if self._started is not None:
+            self.line(f"----- {self._step}: {outcome} in {time.monotonic() - self._started:.2f}s")
+            self._started = None
+
+    def tail(self, lines: int = 20) -> str:
+        """The last `lines` lines, decoded leniently for an error message."""
+        with self.path.open("rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 16384))
+            text = fh.read().decode(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> JobLog:
+        return self
+
+    def __exit__(self, *exc: object | TracebackType) -> None:
+        self.close()

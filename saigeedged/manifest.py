@@ -1,0 +1,188 @@
+"""Manifests (SPEC §4, §3): one entry or a multi-model `models:` list, validated field by field."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from saigeedged.errors import SaigeError
+from saigeedged.profiles import MOBILINT_DEVICES, PLATFORMS, PROFILES, TaskProfile
+
+QUANTIZERS = ("asymmetric_affine", "dynamic_fixed_point", "perchannel_symmetric_affine", "qbfloat16", "float16")
+QTYPES = ("uint8", "int16", "int8", "qbfloat16", "float16")
+METHODS = ("ema", "minmax", "kl", "normal", "auto")
+TARGETS = ("cubie", "mobilint", "host")
+TOP_LEVEL_DEFAULTS = ("target", "calibration_method", "n_samples", "seed")
+
+_ANY = object()
+# field -> (accepted types, allowed values or None)
+SCHEMA: dict[str, tuple[tuple[type, ...], tuple[Any, ...] | None]] = {
+    "task": ((str,), tuple(PROFILES)),
+    "num_classes": ((int,), None),
+    "calib": ((str,), None),
+    "onnx": ((str,), None),
+    "output": ((str,), None),
+    "target": ((str,), TARGETS),
+    "platform": ((str,), tuple(PLATFORMS)),
+    "input_size": ((list,), None),
+    "calibration_method": ((str,), METHODS),
+    "n_samples": ((int,), None),
+    "seed": ((int,), None),
+    "surgery": ((dict,), None),
+    "runtime_overrides": ((dict,), None),
+    "password": ((str,), None),
+    "quantizer": ((str,), QUANTIZERS),
+    "qtype": ((str,), QTYPES),
+    "hybrid_topn": ((int,), None),
+    "hybrid_dtype": ((str,), None),
+    "optimize": ((str,), None),
+    "device": ((str,), MOBILINT_DEVICES),
+    "preset": ((str,), None),
+    "sha256": ((str,), None),
+    "priority": ((int,), None),
+    "name": ((str,), None),
+    "keep_mblt": ((bool,), None),
+}
+REQUIRED = ("task", "num_classes", "calib")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model to compile: validated manifest values with defaults applied and paths absolute."""
+
+    task: str
+    num_classes: int
+    calib: Path
+    onnx: Path
+    stem: str
+    manifest: Path
+    target: str = "cubie"
+    output: str | None = None
+    platform: str = "a733"
+    input_size: tuple[int, int] | None = None
+    calibration_method: str = "ema"
+    n_samples: int = 100
+    seed: int = 1337
+    surgery_outputs: tuple[str, ...] | None = None
+    runtime_overrides: dict[str, Any] = field(default_factory=dict)
+    password: str | None = field(default=None, repr=False)
+    quantizer: str = "asymmetric_affine"
+    qtype: str = "uint8"
+    hybrid_topn: int = 0
+    hybrid_dtype: str = "float16"
+    optimize: str | None = None
+    device: str | None = None
+    preset: str | None = None
+    sha256: str | None = None
+    priority: int = 0
+    keep_mblt: bool = False
+
+    @property
+    def profile(self) -> TaskProfile:
+        return PROFILES[self.task]
+
+
+def invalid(path: Path, message: str) -> SaigeError:
+    return SaigeError("MANIFEST_INVALID", f"{path.name}: {message}")
+
+
+def safe_stem(text: str) -> str:
+    """Restrict a name to [A-Za-z0-9._-] (SPEC §3)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text).strip(".") or "model"
+
+
+def _check_field(path: Path, key: str, value: Any) -> None:
+    if key not in SCHEMA:
+        import difflib
+
+        near = difflib.get_close_matches(key, list(SCHEMA), n=1)
+        tip = f" (did you mean `{near[0]}`?)" if near else ""
+        raise invalid(path, f"unknown key `{key}`{tip}")
+    types, choices = SCHEMA[key]
+    if value is None and key in ("optimize", "preset", "sha256", "name", "output", "password", "device"):
+        return
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise invalid(path, f"`{key}` must be {types[0].__name__}, got {value!r}")
+    if choices is not None and value not in choices:
+        raise invalid(path, f"`{key}` must be one of {', '.join(map(str, choices))}, got {value!r}")
+    if key in ("num_classes", "n_samples") and value <= 0:
+        raise invalid(path, f"`{key}` must be positive, got {value}")
+    if key in ("hybrid_topn",) and value < 0:
+        raise invalid(path, f"`{key}` must be >= 0, got {value}")
+
+
+def _input_size(path: Path, value: list[Any]) -> tuple[int, int]:
+    if len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        raise invalid(path, f"`input_size` must be [H, W] with two positive integers, got {value!r}")
+    return int(value[0]), int(value[1])
+
+
+def _surgery(path: Path, value: dict[str, Any]) -> tuple[str, ...]:
+    names = value.get("output_names")
+    if set(value) != {"output_names"} or not isinstance(names, list) or len(names) != 3 \
+            or not all(isinstance(n, str) and n for n in names):
+        raise invalid(path, "`surgery` must be {output_names: [three tensor names]} (stride 8/16/32)")
+    return tuple(names)
+
+
+def _resolve(path: Path, value: str) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else path.parent / p
+
+
+def build_entry(path: Path, data: dict[str, Any], stem: str, *, drop: bool) -> Entry:
+    """Validate one entry's mapping (defaults already merged in) into an Entry."""
+    for key, value in data.items():
+        _check_field(path, str(key), value)
+    for key in REQUIRED:
+        if key not in data:
+            raise invalid(path, f"`{key}` is required")
+    target = data.get("target", "cubie")
+    if target == "mobilint" and not data.get("device"):
+        raise invalid(path, f"`device` is required for target mobilint: one of {', '.join(MOBILINT_DEVICES)}")
+    output = data.get("output")
+    if drop and output is not None and (Path(output).is_absolute() or ".." in Path(output).parts):
+        raise invalid(path, f"`output` must be relative to the drop's outbox folder without `..`, got {output!r}")
+    onnx = _resolve(path, data["onnx"]) if data.get("onnx") else path.with_suffix(".onnx")
+    kwargs = {k: v for k, v in data.items() if k in Entry.__dataclass_fields__ and k not in ("calib", "onnx", "name")}
+    kwargs["input_size"] = _input_size(path, data["input_size"]) if "input_size" in data else None
+    kwargs["surgery_outputs"] = _surgery(path, data["surgery"]) if "surgery" in data else None
+    kwargs.pop("surgery", None)
+    return Entry(calib=_resolve(path, data["calib"]), onnx=onnx, stem=safe_stem(stem), manifest=path, **kwargs)
+
+
+def load(path: Path, defaults: dict[str, Any] | None = None, *, drop: bool = False) -> list[Entry]:
+    """Parse a manifest file into entries; a `models:` list gives one entry per model."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SaigeError("INPUT_NOT_FOUND", f"manifest {path} not found") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise invalid(path, f"not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise invalid(path, "the manifest must be a mapping")
+    base = dict(defaults or {})
+    if "models" not in data:
+        return [build_entry(path, {**base, **data}, data.get("name") or path.stem, drop=drop)]
+    models = data["models"]
+    extra = set(data) - set(TOP_LEVEL_DEFAULTS) - {"models"}
+    if extra:
+        raise invalid(path, f"unknown top-level key `{sorted(extra)[0]}` (allowed: {', '.join(TOP_LEVEL_DEFAULTS)}, models)")
+    if not isinstance(models, list) or not models or not all(isinstance(m, dict) for m in models):
+        raise invalid(path, "`models` must be a non-empty list of mappings")
+    top = {k: data[k] for k in TOP_LEVEL_DEFAULTS if k in data}
+    entries = []
+    for index, model in enumerate(models):
+        if "onnx" not in model:
+            raise invalid(path, f"models[{index}]: `onnx` is required in a multi-model manifest")
+        stem = model.get("name") or f"{path.stem}.{model.get('task', index)}"
+        entries.append(build_entry(path, {**base, **top, **model}, stem, drop=drop))
+    return entries
+
+
+def with_overrides(entry: Entry, **changes: Any) -> Entry:
+    return replace(entry, **changes)

@@ -1,0 +1,121 @@
+"""`saigeedged compile` and `validate`: the guide's compile.py, one manifest at a time, in the foreground."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from saigeedged import inputs, jobid, manifest, pipeline
+from saigeedged.config import Config
+from saigeedged.errors import ENVIRONMENT_CODES, INPUT_CODES, SaigeError
+from saigeedged.joblog import JobLog
+from saigeedged.manifest import Entry
+
+
+def select(config: Config, path: Path, only: Sequence[str]) -> list[Entry]:
+    """The manifest's entries, filtered by `--only` (a task or an entry's name)."""
+    entries = manifest.load(path, config.section("defaults"))
+    if only:
+        entries = [e for e in entries if e.task in only or e.stem in only or e.stem.split(".")[-1] in only]
+        if not entries:
+            raise SaigeError("MANIFEST_INVALID", f"{path.name}: no entry matches --only {' '.join(only)}")
+    return entries
+
+
+def output_path(entry: Entry) -> Path:
+    """`output:` as a path (absolute, or relative to the current directory); default ./<stem>.<target>.saigeedge."""
+    return Path(entry.output).expanduser().absolute() if entry.output else Path.cwd() / f"{entry.stem}.{entry.target}.saigeedge"
+
+
+def describe(config: Config, entry: Entry, out: TextIO) -> None:
+    """Check the entry like a compile would (no compiler) and print the resolved profile and paths."""
+    with tempfile.TemporaryDirectory(prefix="saige-validate-") as tmp:
+        prep = inputs.validate(entry, Path(tmp), inputs.PathPolicy(), config.section("limits")["max_onnx_bytes"])
+        if inputs.needs_surgery(entry):
+            inputs.surgery(prep)
+        from saigeedged import calibration
+
+        chosen = calibration.choose(prep.calib, entry.n_samples, entry.seed, entry.profile.sampler)
+    profile = entry.profile
+    print(f"{entry.stem}: task {entry.task} -> {profile.bundle_task}, target {entry.target}", file=out)
+    print(f"  onnx        {entry.onnx}  (sha256 {prep.onnx_sha256[:12]}...)", file=out)
+    print(f"  calib       {entry.calib}  ({len(prep.calib.samples)} images, {len(chosen)} chosen, "
+          f"{profile.sampler}, seed {entry.seed})", file=out)
+    print(f"  input_size  {list(prep.input_size)}  normalize {'imagenet' if profile.normalize else 'div255'}", file=out)
+    print(f"  outputs     {[list(s) for s in prep.info.output_shapes]}" +
+          (f"  (cut at {', '.join(prep.surgery)})" if prep.surgery else ""), file=out)
+    print(f"  steps       {' '.join(pipeline.plan_steps(entry))}", file=out)
+    print(f"  output      {output_path(entry)}", file=out)
+
+
+def validate(config: Config, path: Path, out: TextIO = sys.stdout) -> int:
+    for entry in manifest.load(path, config.section("defaults")):
+        describe(config, entry, out)
+    print(f"{path.name}: valid", file=out)
+    return 0
+
+
+def _compile_one(config: Config, entry: Entry, out: TextIO) -> Path:
+    now = jobid.utc_now()
+    job_id = jobid.new(entry.stem, now)
+    work = config.work_root / job_id
+    dest = output_path(entry)
+    log = JobLog(config.state_dir / "logs" / f"{job_id}.log")
+
+    def publish(bundle: Path) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        shutil.copyfile(bundle, tmp)
+        tmp.replace(dest)
+
+    def on_step(name: str, index: int, count: int) -> None:
+        print(f"  [{index}/{count}] {entry.stem}: {name}", file=out, flush=True)
+
+    from saigeedged.container import Containers
+
+    containers = Containers(config, on_wait=lambda: print("  waiting for the container lock (another compile or the daemon)", file=out, flush=True))
+    job = pipeline.Job(job_id, entry, work, log, config, on_step=on_step, container=containers.get,
+                       deadline=time.monotonic() + config.section("limits")["job_timeout_s"])
+    try:
+        pipeline.run(job, publish, jobid.iso(now))
+    finally:
+        log.close()
+        containers.release()
+        if config.keep_work and work.exists():
+            keep = dest.parent / f"cubie_work_{entry.stem}"
+            shutil.rmtree(keep, ignore_errors=True)
+            shutil.move(str(work), keep)
+        shutil.rmtree(work, ignore_errors=True)
+    return dest
+
+
+def compile_manifest(config: Config, path: Path, only: Sequence[str], dry_run: bool, out: TextIO = sys.stdout) -> int:
+    """Exit 2 at the first invalid entry, 3 when the host is not ready; compiler failures are collected (exit 1)."""
+    entries = select(config, path, only)
+    if dry_run:
+        for entry in entries:
+            describe(config, entry, out)
+        print(f"dry run: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} valid, nothing compiled", file=out)
+        return 0
+    summary: list[str] = []
+    failed = 0
+    for entry in entries:
+        start = time.monotonic()
+        try:
+            dest = _compile_one(config, entry, out)
+            summary.append(f"OK    {entry.stem}: {dest} ({time.monotonic() - start:.1f}s)")
+        except SaigeError as exc:
+            if exc.code in INPUT_CODES or exc.code in ENVIRONMENT_CODES:
+                for line in summary:
+                    print(line, file=out)
+                raise
+            failed += 1
+            summary.append(f"FAIL  {entry.stem}: {exc.code}: {exc.message}\n      hint: {exc.hint}")
+    for line in summary:
+        print(line, file=out)
+    return 1 if failed else 0

@@ -1,0 +1,100 @@
+"""One job through its steps: validate, surgery, calibration, the backend's steps, bundle, publish."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from saigeedged import backends, bundle, inputs
+from saigeedged.backends import Context
+from saigeedged.errors import SaigeError
+from saigeedged.inputs import PathPolicy
+from saigeedged.joblog import JobLog
+from saigeedged.manifest import Entry
+
+if TYPE_CHECKING:
+    from saigeedged.config import Config
+    from saigeedged.container import Container
+
+
+def plan_steps(entry: Entry) -> list[str]:
+    """The step names this entry will run, in order (SPEC §8)."""
+    head = ["validate"] + (["surgery"] if inputs.needs_surgery(entry) else []) + ["calibration"]
+    return head + backends.get(entry.target).steps(entry) + ["bundle", "publish"]
+
+
+@dataclass
+class Job:
+    """One run of an entry: where it works, logs and what it calls back."""
+
+    job_id: str
+    entry: Entry
+    work_dir: Path
+    log: JobLog
+    config: Config
+    policy: PathPolicy = field(default_factory=PathPolicy)
+    on_step: Callable[[str, int, int], None] = lambda name, index, count: None
+    on_progress: Callable[[dict[str, Any]], None] = lambda event: None
+    container: Callable[[str], Container] | None = None
+    deadline: float | None = None  # time.monotonic() limit for the whole job
+
+
+@dataclass
+class Result:
+    bundle: Path
+    onnx_sha256: str
+    calib_samples: int
+    report: dict[str, Any] | None
+
+
+class _Steps:
+    """Marks step starts: banner in the log, callback for the status file, job deadline check."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.names = plan_steps(job.entry)
+        self.current = ""
+
+    def __call__(self, name: str) -> None:
+        job = self.job
+        if job.deadline is not None and time.monotonic() > job.deadline:
+            raise SaigeError("TIMEOUT", f"the job ran longer than limits.job_timeout_s before step {name}")
+        self.current = name
+        index = self.names.index(name) + 1
+        job.log.begin(name, index, len(self.names))
+        job.on_step(name, index, len(self.names))
+
+
+def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
+    """Run every step; `publish(bundle_path)` moves the finished bundle where its readers look for it."""
+    entry = job.entry
+    step = _Steps(job)
+    try:
+        step("validate")
+        prep = inputs.validate(entry, job.work_dir, job.policy, job.config.section("limits")["max_onnx_bytes"])
+        if inputs.needs_surgery(entry):
+            step("surgery")
+            inputs.surgery(prep)
+            job.log.line(f"cut at {', '.join(prep.surgery or ())}: outputs {[list(s) for s in prep.info.output_shapes]}")
+        step("calibration")
+        inputs.calibrate(prep)
+        job.log.line(f"{len(prep.chosen)} calibration images ({entry.profile.sampler}, seed {entry.seed}) -> {prep.dataset}")
+        ctx = Context(job.log, step, job.config, job.container, job.on_progress, job.deadline)
+        art = backends.get(entry.target).compile(prep, ctx)
+        step("bundle")
+        dest = job.work_dir / f"{job.job_id}.saigeedge"
+        bundle.write(dest, bundle.checkpoint(prep, art, job.job_id, created_at), art.members, entry.password)
+        step("publish")
+        publish(dest)
+        job.log.end()
+    except SaigeError as exc:
+        job.log.end(f"failed {exc.code}")
+        exc.fields.setdefault("step", step.current)
+        raise
+    except Exception as exc:
+        job.log.end("failed INTERNAL")
+        raise SaigeError("INTERNAL", f"{type(exc).__name__}: {exc}", step=step.current) from exc
+    return Result(dest, prep.onnx_sha256, len(prep.chosen), art.report)

@@ -1,0 +1,56 @@
+"""Task profiles (SPEC §4), platforms (SPEC §6) and the mean/scale fused into the model (SPEC §6.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class TaskProfile:
+    """Defaults of one task: input size, host-side normalisation, postprocess and calibration sampler."""
+
+    input_size: tuple[int, int] | None  # None: read from the ONNX input
+    normalize: bool  # False: div255 only
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    postprocess: dict[str, Any]
+    sampler: str  # "balanced" | "uniform"
+    letterbox: bool
+    bundle_task: str
+    mobilint_preset: str
+
+
+PROFILES: dict[str, TaskProfile] = {
+    "detection": TaskProfile(None, False, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
+                             {"conf_threshold": 0.25, "iou_threshold": 0.45}, "balanced", True,
+                             "detection_yolox", "detection"),
+    "mlc": TaskProfile((224, 224), False, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
+                       {"threshold": 50.0}, "uniform", False, "mlc", "classification"),
+    "reid": TaskProfile((256, 128), True, IMAGENET_MEAN, IMAGENET_STD, {}, "uniform", False,
+                        "reid", "classification"),
+}
+
+# platform -> (--optimize target string, NBG chip id)
+PLATFORMS: dict[str, tuple[str, int]] = {
+    "a733": ("VIP9000NANODI_PLUS_PID0X1000003B", 0x1000003B),
+    "t527": ("VIP9000NANOSI_PLUS_PID0X10000016", 0x10000016),
+    "a527": ("VIP9000NANOSI_PLUS_PID0X10000016", 0x10000016),
+    "v853": ("VIP9000PICO_PID0XEE", 0xEE),
+}
+
+MOBILINT_DEVICES = ("aries-rb", "regulus-ra", "regulus-rb", "regulus-rb-usb")
+
+DETECTION_HEADS = ("/head/Concat_output_0", "/head/Concat_1_output_0", "/head/Concat_2_output_0")
+
+
+def mean_scale(profile: TaskProfile) -> tuple[list[float], list[float]]:
+    """Mean and scale on the raw uint8 scale such that (x - mean) * scale == (x/255 - host_mean) / host_std."""
+    if not profile.normalize:
+        return [0.0, 0.0, 0.0], [1.0 / 255.0] * 3
+    mean = [round(m * 255.0, 6) for m in profile.mean]
+    scale = [1.0 / (s * 255.0) for s in profile.std]
+    return mean, scale
