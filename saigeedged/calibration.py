@@ -76,6 +76,16 @@ def read(path: Path, num_classes: int, check_path: Callable[[Path], None] | None
         samples, names, n_classes = _from_coco(path, data, base)
     else:
         samples, names, n_classes = _from_valjson(path, data, base)
+    _check(path, samples, n_classes, num_classes)
+    if check_path is not None:
+        for sample in samples:
+            check_path(sample.image)
+    class_names = tuple(str(n) for n in names) if isinstance(names, list) else None
+    return CalibSet(path, tuple(samples), class_names)
+
+
+def _check(path: Path, samples: list[Sample], n_classes: Any, num_classes: int) -> None:
+    """An empty split, a class count mismatch, out-of-range labels and missing images are CALIB_INVALID."""
     if not samples:
         raise _bad(path, "the split is empty")
     if n_classes is not None and n_classes != num_classes:
@@ -87,11 +97,6 @@ def read(path: Path, num_classes: int, check_path: Callable[[Path], None] | None
     missing = [s.image for s in samples if not s.image.is_file()]
     if missing:
         raise _bad(path, f"{len(missing)} image(s) missing: {', '.join(str(p) for p in missing[:MAX_NAMED])}")
-    if check_path is not None:
-        for sample in samples:
-            check_path(sample.image)
-    class_names = tuple(str(n) for n in names) if isinstance(names, list) else None
-    return CalibSet(path, tuple(samples), class_names)
 
 
 def sample_uniform(samples: Sequence[Sample], n: int, seed: int) -> list[Sample]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,6 @@ METHODS = ("ema", "minmax", "kl", "normal", "auto")
 TARGETS = ("cubie", "mobilint", "host")
 TOP_LEVEL_DEFAULTS = ("target", "calibration_method", "n_samples", "seed")
 
-_ANY = object()
 # field -> (accepted types, allowed values or None)
 SCHEMA: dict[str, tuple[tuple[type, ...], tuple[Any, ...] | None]] = {
     "task": ((str,), tuple(PROFILES)),
@@ -46,6 +46,7 @@ SCHEMA: dict[str, tuple[tuple[type, ...], tuple[Any, ...] | None]] = {
     "priority": ((int,), None),
     "name": ((str,), None),
     "keep_mblt": ((bool,), None),
+    "request_id": ((str,), None),  # set by `saigeedged submit` to find its job's status file
 }
 REQUIRED = ("task", "num_classes", "calib")
 
@@ -80,6 +81,7 @@ class Entry:
     sha256: str | None = None
     priority: int = 0
     keep_mblt: bool = False
+    request_id: str | None = None
 
     @property
     def profile(self) -> TaskProfile:
@@ -97,22 +99,19 @@ def safe_stem(text: str) -> str:
 
 def _check_field(path: Path, key: str, value: Any) -> None:
     if key not in SCHEMA:
-        import difflib
-
         near = difflib.get_close_matches(key, list(SCHEMA), n=1)
         tip = f" (did you mean `{near[0]}`?)" if near else ""
         raise invalid(path, f"unknown key `{key}`{tip}")
     types, choices = SCHEMA[key]
-    if value is None and key in ("optimize", "preset", "sha256", "name", "output", "password", "device"):
+    if value is None and key in ("optimize", "preset", "sha256", "name", "output", "password", "device", "request_id"):
         return
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         raise invalid(path, f"`{key}` must be {types[0].__name__}, got {value!r}")
     if choices is not None and value not in choices:
         raise invalid(path, f"`{key}` must be one of {', '.join(map(str, choices))}, got {value!r}")
-    if key in ("num_classes", "n_samples") and value <= 0:
-        raise invalid(path, f"`{key}` must be positive, got {value}")
-    if key in ("hybrid_topn",) and value < 0:
-        raise invalid(path, f"`{key}` must be >= 0, got {value}")
+    minimum = {"num_classes": 1, "n_samples": 1, "hybrid_topn": 0}.get(key)
+    if minimum is not None and isinstance(value, int) and value < minimum:
+        raise invalid(path, f"`{key}` must be {'positive' if minimum else '>= 0'}, got {value}")
 
 
 def _input_size(path: Path, value: list[Any]) -> tuple[int, int]:
@@ -182,7 +181,3 @@ def load(path: Path, defaults: dict[str, Any] | None = None, *, drop: bool = Fal
         stem = model.get("name") or f"{path.stem}.{model.get('task', index)}"
         entries.append(build_entry(path, {**base, **top, **model}, stem, drop=drop))
     return entries
-
-
-def with_overrides(entry: Entry, **changes: Any) -> Entry:
-    return replace(entry, **changes)

@@ -53,7 +53,8 @@ def describe(config: Config, entry: Entry, out: TextIO) -> None:
     print(f"  output      {output_path(entry)}", file=out)
 
 
-def validate(config: Config, path: Path, out: TextIO = sys.stdout) -> int:
+def validate(config: Config, path: Path, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     for entry in manifest.load(path, config.section("defaults")):
         describe(config, entry, out)
     print(f"{path.name}: valid", file=out)
@@ -78,7 +79,10 @@ def _compile_one(config: Config, entry: Entry, out: TextIO) -> Path:
 
     from saigeedged.container import Containers
 
-    containers = Containers(config, on_wait=lambda: print("  waiting for the container lock (another compile or the daemon)", file=out, flush=True))
+    def on_wait() -> None:
+        print("  waiting for the container lock (another compile or the daemon)", file=out, flush=True)
+
+    containers = Containers(config, on_wait=on_wait)
     job = pipeline.Job(job_id, entry, work, log, config, on_step=on_step, container=containers.get,
                        deadline=time.monotonic() + config.section("limits")["job_timeout_s"])
     try:
@@ -94,8 +98,9 @@ def _compile_one(config: Config, entry: Entry, out: TextIO) -> Path:
     return dest
 
 
-def compile_manifest(config: Config, path: Path, only: Sequence[str], dry_run: bool, out: TextIO = sys.stdout) -> int:
+def compile_manifest(config: Config, path: Path, only: Sequence[str], dry_run: bool, out: TextIO | None = None) -> int:
     """Exit 2 at the first invalid entry, 3 when the host is not ready; compiler failures are collected (exit 1)."""
+    out = out or sys.stdout
     entries = select(config, path, only)
     if dry_run:
         for entry in entries:

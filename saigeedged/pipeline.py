@@ -40,6 +40,7 @@ class Job:
     on_progress: Callable[[dict[str, Any]], None] = lambda event: None
     container: Callable[[str], Container] | None = None
     deadline: float | None = None  # time.monotonic() limit for the whole job
+    interrupted: Callable[[], str | None] = lambda: None  # "stop" | "cancel" once the job must end
 
 
 @dataclass
@@ -60,6 +61,9 @@ class _Steps:
 
     def __call__(self, name: str) -> None:
         job = self.job
+        reason = job.interrupted()
+        if reason is not None:
+            raise SaigeError("CANCELLED", f"the job was interrupted before step {name} ({reason})", reason=reason)
         if job.deadline is not None and time.monotonic() > job.deadline:
             raise SaigeError("TIMEOUT", f"the job ran longer than limits.job_timeout_s before step {name}")
         self.current = name

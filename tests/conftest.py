@@ -35,3 +35,86 @@ def config_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def config(config_path: Path) -> configmod.Config:
     return configmod.load(config_path)
+
+
+STANDIN_ACUITY = "saigeedged-standin/acuity:test"
+STANDIN_MOBILINT = "saigeedged-standin/qbcompiler:test"
+IMAGES = Path(__file__).parent / "images"
+
+
+def build_standins(client: Any) -> None:
+    """Build the stand-in compiler images from tests/images (also done by .ci/run)."""
+    import subprocess
+
+    from docker.errors import ImageNotFound
+
+    for tag, overlays in ((STANDIN_ACUITY, ["common", "acuity"]), (STANDIN_MOBILINT, ["common", "mobilint"])):
+        if not (IMAGES / overlays[-1]).is_dir():
+            continue
+        try:
+            client.images.get(tag)
+        except ImageNotFound:
+            subprocess.run([str(IMAGES / "build.sh"), tag, *[str(IMAGES / o) for o in overlays]], check=True)
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Any:
+    import docker
+
+    client = docker.from_env()
+    client.ping()
+    build_standins(client)
+    return client
+
+
+@pytest.fixture
+def docker_config(tmp_path: Path, docker_client: Any) -> Any:
+    """A config whose containers are unique to this test and removed afterwards."""
+    import uuid
+
+    tag = uuid.uuid4().hex[:8]
+    names = {"cubie": f"saige-test-cubie-{tag}", "mobilint": f"saige-test-mobilint-{tag}"}
+    path = write_config(tmp_path, cubie={"image": STANDIN_ACUITY, "container": names["cubie"]},
+                        mobilint={"image": STANDIN_MOBILINT, "container": names["mobilint"]},
+                        limits={"step_timeout_s": 60})
+    yield path
+    for name in names.values():
+        try:
+            docker_client.containers.get(name).remove(force=True)
+        except Exception:  # already gone
+            pass
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Any:
+    """Start `saigeedged run` on temp dirs: daemon(**config overrides) -> harness.Daemon (stopped at teardown)."""
+    from harness import Daemon
+
+    started: list[Daemon] = []
+
+    def start(env: dict[str, str] | None = None, **overrides: Any) -> Daemon:
+        base: dict[str, Any] = {"watch": {"settle_s": 0.3, "rescan_interval_s": 60}, "log": {"format": "json"},
+                                "allowed_roots": [str(tmp_path / "data")], "defaults": {"target": "host"}}
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                base[key] = {**base[key], **value}
+            else:
+                base[key] = value
+        config = write_config(tmp_path, **base)
+        d = Daemon(config, env)
+        started.append(d)
+        return d.start()
+
+    yield start
+    for d in started:
+        d.close()
+
+
+@pytest.fixture
+def det_inputs(tmp_path: Path) -> dict[str, Any]:
+    """A tiny YOLOX ONNX and a val.json under tmp_path/data (an allowed root)."""
+    from factory import random_labels, valjson, yolox
+
+    onnx = yolox(tmp_path / "det.onnx", size=(64, 64))
+    calib = valjson(tmp_path / "data", random_labels(8, 3))
+    return {"onnx": onnx, "manifest": {"task": "detection", "num_classes": 3, "calib": str(calib), "n_samples": 4}}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 import shlex
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from saigeedged.backends import Artifact, Context
+from saigeedged.backends.steps import StepRunner
 from saigeedged.container import cubie_section
 from saigeedged.errors import FATAL_HINTS, SaigeError
 from saigeedged.profiles import PLATFORMS, mean_scale
@@ -24,7 +24,6 @@ ALGORITHMS = {"ema": "moving_average", "minmax": "normal", "normal": "normal", "
 POSTFIX = {"asymmetric_affine": "uint8", "dynamic_fixed_point": "int16", "perchannel_symmetric_affine": "pcq",
            "qbfloat16": "bf16", "float16": "fp16"}
 PROBE = "command -v pegasus || ls /root/acuity-toolkit-whl-*/bin/pegasus.py"
-TIMED_OUT = (124, 137)
 NBG_MAGIC = b"VPMN"
 FATAL_RE = re.compile(rb"Fatal model generation error: (-?\d+)")
 MIN_QUANTIZE_BYTES = 64  # a ~30 byte .quantize means calibration silently failed
@@ -138,53 +137,31 @@ def fatal_code(output: bytes) -> int | None:
     return int(match.group(1)) if match else None
 
 
-class Runner:
-    """Runs pegasus steps in the container and maps exit codes and silent failures to errors."""
+class Runner(StepRunner):
+    """pegasus calls: the entry point probed once per container start; fatal export lines mapped."""
 
     def __init__(self, ctx: Context, ctr: Container, work: Path) -> None:
-        self.ctx, self.ctr, self.work = ctx, ctr, work
-        section = cubie_section(ctx.config)
-        self.step_timeout = int(ctx.config.section("limits")["step_timeout_s"])
-        setting = section["pegasus"]
+        setting = cubie_section(ctx.config)["pegasus"]
         if setting == "auto":
             found = ctr.entry_point("pegasus", PROBE)
             if not found:
                 raise SaigeError("CONTAINER_FAILED", f"no pegasus in image {ctr.spec.image}",
-                                 hint="set cubie.pegasus to the entry point, e.g. `python3 /root/acuity-toolkit-whl-6.30.22/bin/pegasus.py`")
-            self.prefix = ["python3", found] if found.endswith(".py") else [found]
+                                 hint="set cubie.pegasus to the entry point, "
+                                 "e.g. `python3 /root/acuity-toolkit-whl-6.30.22/bin/pegasus.py`")
+            prefix = ["python3", found] if found.endswith(".py") else [found]
         else:
-            self.prefix = shlex.split(setting)
-
-    def timeout(self) -> int:
-        if self.ctx.deadline is None:
-            return self.step_timeout
-        remaining = int(self.ctx.deadline - time.monotonic())
-        if remaining <= 0:
-            raise SaigeError("TIMEOUT", "the job ran longer than limits.job_timeout_s")
-        return min(self.step_timeout, remaining)
+            prefix = shlex.split(setting)
+        super().__init__(ctx, ctr, work, prefix, "pegasus")
 
     def __call__(self, args: list[str]) -> bytes:
         """Run one pegasus call; returns its output (also streamed to the job log)."""
-        captured = bytearray()
-
-        def sink(chunk: bytes) -> None:
-            self.ctx.log.write(chunk)
-            captured.extend(chunk)
-
-        argv = self.prefix + args
-        self.ctx.log.line(f"$ {shlex.join(argv)}")
-        limit = self.timeout()
-        code = self.ctr.run_step(argv, self.work, limit, sink)
-        output = bytes(captured)
+        code, output = self.call(args)
         fatal = fatal_code(output)
         if fatal is not None:
             raise SaigeError("EXPORT_FAILED", f"Fatal model generation error: {fatal}",
                              hint=FATAL_HINTS.get(fatal, "see the job log for the NBG generator's output"))
-        if code in TIMED_OUT:
-            raise SaigeError("TIMEOUT", f"`pegasus {' '.join(args[:2])}` ran longer than {limit}s and was killed")
         if code != 0:
-            tail = self.ctx.log.tail(20)
-            raise SaigeError("STEP_FAILED", f"`pegasus {' '.join(args[:2])}` exited {code}; last lines:\n{tail}")
+            raise self.failed(args, code)
         return output
 
 

@@ -112,7 +112,7 @@ def report(float_path: Path, int8_path: Path, input_name: str, batches: list[NDA
     err: dict[str, float] = dict.fromkeys(names, 0.0)
     for batch in batches[:REPORT_IMAGES]:
         ref, got = (s.run(names, {input_name: batch}) for s in sessions)
-        for name, r, g in zip(names, ref, got):
+        for name, r, g in zip(names, ref, got, strict=True):
             cos[name].append(cosine(r, g))
             err[name] = max(err[name], float(np.max(np.abs(r.astype(np.float64) - g.astype(np.float64)))))
     outputs = {n: {"cosine": round(min(cos[n]), 6), "cosine_mean": round(float(np.mean(cos[n])), 6),

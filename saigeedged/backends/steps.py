@@ -1,0 +1,78 @@
+"""Running one compiler call in a container: argv logged, per-step timeout, exit code mapped (SPEC §6, §6b)."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from saigeedged.errors import SaigeError
+
+if TYPE_CHECKING:
+    from saigeedged.backends import Context
+    from saigeedged.container import Container
+
+TIMED_OUT = (124, 137)  # coreutils timeout: timed out / killed after --kill-after
+
+
+class StepRunner:
+    """Calls `prefix + args` in the container, in the work dir, under the step and job time limits."""
+
+    def __init__(self, ctx: Context, ctr: Container, work: Path, prefix: Sequence[str], tool: str,
+                 env: dict[str, str] | None = None) -> None:
+        self.ctx, self.ctr, self.work, self.prefix, self.tool, self.env = ctx, ctr, work, list(prefix), tool, env
+        self.step_timeout = int(ctx.config.section("limits")["step_timeout_s"])
+
+    def timeout(self) -> int:
+        if self.ctx.deadline is None:
+            return self.step_timeout
+        remaining = int(self.ctx.deadline - time.monotonic())
+        if remaining <= 0:
+            raise SaigeError("TIMEOUT", "the job ran longer than limits.job_timeout_s")
+        return min(self.step_timeout, remaining)
+
+    def call(self, args: Sequence[str], on_chunk: Callable[[bytes], None] | None = None) -> tuple[int, bytes]:
+        """Run and return (exit code, output); output is also streamed to the job log. Raises TIMEOUT."""
+        captured = bytearray()
+
+        def sink(chunk: bytes) -> None:
+            self.ctx.log.write(chunk)
+            captured.extend(chunk)
+            if on_chunk is not None:
+                on_chunk(chunk)
+
+        argv = self.prefix + list(args)
+        self.ctx.log.line(f"$ {shlex.join(argv)}")
+        limit = self.timeout()
+        code = self.ctr.run_step(argv, self.work, limit, sink, self.env)
+        if code in TIMED_OUT:
+            raise SaigeError("TIMEOUT", f"`{self.label(args)}` ran longer than {limit}s and was killed")
+        return code, bytes(captured)
+
+    def label(self, args: Sequence[str]) -> str:
+        return " ".join([self.tool, *args[:2]]) if args and not args[0].startswith("-") else self.tool
+
+    def failed(self, args: Sequence[str], code: int) -> SaigeError:
+        tail = self.ctx.log.tail(20)
+        return SaigeError("STEP_FAILED", f"`{self.label(args)}` exited {code}; last lines:\n{tail}")
+
+
+class Lines:
+    """Splits streamed chunks into complete lines (a chunk can end mid-line or mid-character)."""
+
+    def __init__(self, on_line: Callable[[str], None]) -> None:
+        self._buf = b""
+        self._on_line = on_line
+
+    def feed(self, chunk: bytes) -> None:
+        self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        for line in lines:
+            self._on_line(line.decode(errors="replace"))
+
+    def flush(self) -> None:
+        if self._buf:
+            self._on_line(self._buf.decode(errors="replace"))
+            self._buf = b""

@@ -1,0 +1,227 @@
+"""The daemon's commands: `run`, and `submit`, `status`, `retry`, `cancel` that talk to it through the inbox and the queue."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from saigeedged import jobid
+from saigeedged.config import Config
+from saigeedged.errors import SaigeError
+from saigeedged.inputs import sha256_file
+from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, check_transition
+from saigeedged.manifest import safe_stem
+from saigeedged.publish import Outbox
+from saigeedged.store import Store
+from saigeedged.worker import Jobs, Places
+
+WAIT_POLL_S = 0.2  # status files live on a share: reading them is the only cross-host signal
+
+
+def _store(config: Config) -> Store:
+    path = config.state_dir / "saigeedged.db"
+    if not path.exists():
+        raise SaigeError("INPUT_NOT_FOUND", f"no job database at {path}", hint="is the daemon configured with this -c file?")
+    return Store(path)
+
+
+def run(config: Config) -> int:
+    if not config.named_dirs:
+        raise SaigeError("MANIFEST_INVALID", "`run` needs a config that names `inbox` and `outbox`",
+                         hint="saigeedged run -c /etc/saigeedged/saigeedged.yml")
+    from saigeedged import daemon, log
+
+    log.configure(config.section("log")["format"], config.section("log")["level"])
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()  # only a flag: the main loop does the stopping, outside signal context
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return daemon.run(config, stop)
+
+
+def _place(src: Path, dest: Path, data: bytes | None = None) -> None:
+    """Write under a temporary (ignored) name, then rename into the inbox."""
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
+    if data is None:
+        shutil.copyfile(src, tmp)
+    else:
+        tmp.write_bytes(data)
+    os.replace(tmp, dest)
+
+
+def _submitted_manifest(manifest: Path, model: Path, request_id: str) -> tuple[str, bytes]:
+    try:
+        data = yaml.safe_load(manifest.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SaigeError("MANIFEST_INVALID", f"{manifest.name}: cannot read: {exc}") from None
+    if not isinstance(data, dict) or "models" in data:
+        raise SaigeError("MANIFEST_INVALID", f"{manifest.name}: submit takes a single-model manifest",
+                         hint="drop multi-model manifests into the inbox by hand, or use `saigeedged compile`")
+    calib = data.get("calib")
+    if isinstance(calib, str) and not Path(calib).is_absolute():
+        data["calib"] = str((manifest.parent / calib).resolve())  # the manifest moves; its calib does not
+    data.pop("onnx", None)
+    data["sha256"] = sha256_file(model)
+    data["request_id"] = request_id
+    stem = safe_stem(str(data.get("name") or manifest.stem))
+    return stem, yaml.safe_dump(data, sort_keys=False).encode()
+
+
+def _find_status(outbox: Outbox, stem: str, request_id: str) -> dict[str, Any] | None:
+    folder = outbox.root / "status"
+    if not folder.is_dir():
+        return None
+    for path in folder.glob(f"{stem}-*.json"):
+        doc = outbox.read_status(path.stem)
+        if doc and doc.get("request_id") == request_id:
+            return doc
+    return None
+
+
+def submit(config: Config, args: argparse.Namespace, out: TextIO) -> int:
+    """Copy the model, then the manifest (the commit marker) into the inbox; print the job's status path."""
+    for path in (args.model, args.manifest):
+        if not path.is_file():
+            raise SaigeError("INPUT_NOT_FOUND", f"{path} not found")
+    if ".." in Path(args.subdir).parts or Path(args.subdir).is_absolute():
+        raise SaigeError("MANIFEST_INVALID", f"--subdir {args.subdir!r} must be relative to the inbox, without `..`")
+    request_id = uuid.uuid4().hex
+    stem, text = _submitted_manifest(args.manifest, args.model, request_id)
+    folder = config.inbox / args.subdir
+    folder.mkdir(parents=True, exist_ok=True)
+    _place(args.model, folder / f"{stem}.onnx")
+    _place(args.manifest, folder / f"{stem}.yml", text)
+    outbox = Outbox(config.outbox)
+    deadline = time.monotonic() + (args.timeout if args.timeout is not None else 60.0)
+    doc = None
+    while doc is None and time.monotonic() < deadline:
+        doc = _find_status(outbox, stem, request_id)
+        if doc is None:
+            time.sleep(WAIT_POLL_S)
+    if doc is None:
+        print(f"submitted {folder / (stem + '.yml')}, not claimed yet: is the daemon running?", file=out)
+        return 3
+    path = outbox.status_path(doc["job_id"])
+    print(path, file=out, flush=True)
+    if not args.wait:
+        return 0
+    while doc["state"] not in TERMINAL and time.monotonic() < deadline:
+        time.sleep(WAIT_POLL_S)
+        doc = outbox.read_status(doc["job_id"]) or doc
+    return _summary(doc, config, out)
+
+
+def _summary(doc: dict[str, Any], config: Config, out: TextIO) -> int:
+    state = doc["state"]
+    line = f"{doc['job_id']}: {state}"
+    if doc.get("bundle"):
+        line += f"  bundle {config.outbox / doc['bundle']['path']}"
+    if doc.get("error"):
+        line += f"  {doc['error']['code']}: {doc['error']['message']}"
+    print(line, file=out)
+    if state not in TERMINAL:
+        print("still running: timed out waiting", file=out)
+    return 0 if state == "succeeded" else 1
+
+
+def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
+    store = _store(config)
+    if key:
+        job = store.find(key)
+        if job is None:
+            raise SaigeError("INPUT_NOT_FOUND", f"no job {key}")
+        doc = Outbox(config.outbox).read_status(job.job_id)
+        if doc is None:
+            from saigeedged.publish import status_doc
+
+            doc = status_doc(job)
+        print(json.dumps(doc, indent=1) if as_json else _row(job), file=out)
+        return 0
+    jobs = store.in_state(RUNNING, QUEUED) + store.recent()
+    if as_json:
+        print(json.dumps([j.job_id for j in jobs]), file=out)
+        return 0
+    print(f"{'JOB':<44} {'STATE':<10} {'STEP':<18} {'TARGET':<8} ERROR", file=out)
+    for job in jobs:
+        print(_row(job), file=out)
+    return 0
+
+
+def _row(job: Job) -> str:
+    step = f"{job.step} {job.step_index}/{job.step_count}" if job.step else "-"
+    error = f"{job.error['code']}: {job.error['message'].splitlines()[0]}" if job.error else ""
+    return f"{job.job_id:<44} {job.state:<10} {step:<18} {job.target:<8} {error}"
+
+
+def retry(config: Config, job_id: str, out: TextIO) -> int:
+    """A failed or cancelled job back to the queue, with its inputs back under claimed/."""
+    store = _store(config)
+    job = store.get(job_id)
+    if job is None:
+        raise SaigeError("INPUT_NOT_FOUND", f"no job {job_id}")
+    check_transition(job.state, QUEUED) if job.state in (FAILED, CANCELLED) else None
+    if job.state not in (FAILED, CANCELLED) or job.target == "?":
+        raise SaigeError("MANIFEST_INVALID", f"job {job_id} is {job.state}" +
+                         (" and its manifest never parsed: fix it and drop it again" if job.target == "?" else ""),
+                         hint="only failed or cancelled jobs can be retried")
+    places = Places(config.inbox, config.state_dir)
+    old = Path(job.claim_dir)
+    new = places.claimed / old.name
+    if old.exists() and old != new:
+        new.parent.mkdir(parents=True, exist_ok=True)
+        old.rename(new)
+    job.entry["onnx"] = job.entry["onnx"].replace(str(old), str(new), 1)
+    job.claim_dir = str(new)
+    job.state, job.attempt, job.error, job.finished_at, job.step, job.bundle = QUEUED, job.attempt + 1, None, None, None, None
+    Jobs(store, Outbox(config.outbox), places).save(job)
+    print(f"{job_id}: queued again (attempt {job.attempt})", file=out)
+    return 0
+
+
+def cancel(config: Config, job_id: str, out: TextIO) -> int:
+    """A queued job is cancelled at once; a running one is flagged and its step killed by the daemon."""
+    store = _store(config)
+    job = store.get(job_id)
+    if job is None:
+        raise SaigeError("INPUT_NOT_FOUND", f"no job {job_id}")
+    if job.state == RUNNING:
+        store.request_cancel(job_id)
+        print(f"{job_id}: cancel requested", file=out)
+        return 0
+    if job.state != QUEUED:
+        raise SaigeError("MANIFEST_INVALID", f"job {job_id} is already {job.state}", hint="nothing to cancel")
+    places = Places(config.inbox, config.state_dir)
+    jobs = Jobs(store, Outbox(config.outbox), places)
+    job.state, job.finished_at = CANCELLED, jobid.iso(jobid.utc_now())
+    job.error = SaigeError("CANCELLED", "cancelled while queued").as_dict(None)
+    jobs.save(job, expect=QUEUED)
+    jobs.settle_inputs(job)
+    print(f"{job_id}: cancelled", file=out)
+    return 0
+
+
+def main(args: argparse.Namespace, config: Config) -> int:
+    out = sys.stdout
+    if args.command == "run":
+        return run(config)
+    if args.command == "submit":
+        return submit(config, args, out)
+    if args.command == "status":
+        return status(config, args.job, args.json, out)
+    if args.command == "retry":
+        return retry(config, args.job_id, out)
+    return cancel(config, args.job_id, out)

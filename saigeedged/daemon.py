@@ -1,0 +1,177 @@
+"""The run loop: recovery, scanning and claiming, the worker, sd_notify, and a clean stop (SPEC §3, §8, §9)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import structlog
+
+from saigeedged import inbox, jobid
+from saigeedged.config import Config
+from saigeedged.container import Containers
+from saigeedged.errors import SaigeError
+from saigeedged.inbox import Drop, Rejected, Scanner
+from saigeedged.joblog import JobLog
+from saigeedged.jobs import FAILED, QUEUED, RUNNING, Job, entry_to_doc, status_text
+from saigeedged.manifest import safe_stem
+from saigeedged.notify import Notifier
+from saigeedged.publish import Outbox
+from saigeedged.store import Store
+from saigeedged.watch import Watcher, use_polling
+from saigeedged.worker import Jobs, Places, Worker, event
+
+log = structlog.get_logger()
+CANCEL_POLL_S = 1.0  # how often the loop looks for `saigeedged cancel` requests when nothing else wakes it
+
+
+class Daemon:
+    """One daemon process. `stop` is set by the signal handlers; `clock` is time.monotonic in production."""
+
+    def __init__(self, config: Config, stop: threading.Event, notifier: Notifier | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config, self.stop, self.clock = config, stop, clock
+        self.notifier = notifier or Notifier()
+        self.places = Places(config.inbox, config.state_dir)
+        for folder in (config.inbox, config.outbox, config.state_dir, self.places.claimed, self.places.failed):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.store = Store(config.state_dir / "saigeedged.db")
+        self.jobs = Jobs(self.store, Outbox(config.outbox), self.places)
+        watch = config.section("watch")
+        self.scanner = Scanner(config.inbox, watch["settle_s"], watch["orphan_timeout_s"], config.section("defaults"))
+        self.polling = use_polling(watch["mode"], config.inbox)
+        self.wake = threading.Event()
+        self.watcher = None if self.polling else Watcher(config.inbox, self.wake)
+        self.containers = Containers(config, on_event=self._container_event)
+        self.worker = Worker(config, self.jobs, self.containers, self.places)
+
+    @staticmethod
+    def _container_event(name: str, fields: dict[str, object]) -> None:
+        log.warning(name, **fields) if name == "container.restarted" else log.info(name, **fields)
+
+    # -- start-up ------------------------------------------------------------------------------
+    def recover(self) -> None:
+        """Jobs left running by a crash or a stop go back to the queue; their leftover steps are killed."""
+        interrupted = self.store.in_state(RUNNING)
+        docker_targets = {j.target for j in interrupted if j.target != "host"}
+        for target in docker_targets:
+            try:
+                self.containers.container(target).reap()
+            except SaigeError as exc:
+                log.warning("container.reap_failed", error_code=exc.code, message=exc.message)
+        for job in interrupted:
+            self.jobs.requeue(job, "restart")
+
+    # -- claiming ------------------------------------------------------------------------------
+    def claim(self, drop: Drop) -> None:
+        now = jobid.utc_now()
+        ids = [jobid.new(e.stem, now) for e in drop.entries]
+        claim_dir = self.places.claimed / ids[0]
+        try:
+            moved = inbox.claim(drop.files, drop.manifest.parent, claim_dir)
+        except OSError as exc:  # a file vanished or was replaced under us: the next scan decides again
+            log.warning("drop.ignored", manifest=str(drop.manifest), message=f"claim failed: {exc}")
+            return
+        self.scanner.forget(drop.files)
+        subdir = drop.manifest.parent.relative_to(self.config.inbox).as_posix()
+        for job_id, entry in zip(ids, drop.entries, strict=True):
+            doc = entry_to_doc(entry)
+            doc["onnx"] = str(moved.get(entry.onnx, entry.onnx))
+            doc["manifest"] = str(moved[drop.manifest])
+            job = Job(job_id=job_id, name=entry.stem, target=entry.target, task=entry.task, entry=doc,
+                      subdir="" if subdir == "." else subdir, claim_dir=str(claim_dir), manifest=drop.manifest.name,
+                      priority=entry.priority, request_id=entry.request_id, created_at=jobid.iso(now),
+                      updated_at=jobid.iso(now))
+            self.store.add(job)
+            self.jobs.save(job)
+            event("drop.claimed", job, manifest=drop.manifest.name, priority=entry.priority)
+        self.worker.wake.set()
+
+    def reject(self, bad: Rejected) -> None:
+        """A manifest that cannot compile becomes a failed job with its error; its files go to failed/."""
+        now = jobid.utc_now()
+        stem = bad.manifest.stem
+        job_id = jobid.new(safe_stem(stem), now)
+        dest = self.places.failed / job_id
+        try:
+            inbox.claim(bad.files, bad.manifest.parent, dest)
+        except OSError:
+            return
+        self.scanner.forget(bad.files)
+        subdir = bad.manifest.parent.relative_to(self.config.inbox).as_posix()
+        onnx = next((str(dest / p.name) for p in bad.files if p.suffix == ".onnx"), str(dest / f"{stem}.onnx"))
+        job = Job(job_id=job_id, name=stem, target="?", task="?", entry={"onnx": onnx}, subdir="" if subdir == "." else subdir,
+                  claim_dir=str(dest), manifest=bad.manifest.name, state=FAILED, created_at=jobid.iso(now),
+                  updated_at=jobid.iso(now), finished_at=jobid.iso(now), error=bad.error.as_dict("validate"))
+        with JobLog(self.places.local_log(job_id)) as joblog:
+            joblog.line(f"### {bad.manifest.name}: {bad.error.code}: {bad.error.message}\n### hint: {bad.error.hint}")
+        self.store.add(job)
+        self.jobs.outbox.move_log(self.places.local_log(job_id), job_id)
+        self.jobs.save(job)
+        event("drop.invalid", job, "warning", manifest=bad.manifest.name, message=bad.error.message)
+
+    def scan(self) -> None:
+        for found in self.scanner.scan(self.clock()):
+            if self.stop.is_set():
+                return
+            if isinstance(found, Drop):
+                self.claim(found)
+            else:
+                self.reject(found)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def healthy(self) -> bool:
+        return self.worker.is_alive() and (self.watcher is None or self.watcher.alive())
+
+    def _check_cancel(self) -> None:
+        job = self.worker.current
+        if job is not None and self.store.cancel_requested(job.job_id):
+            self.worker.interrupt("cancel")
+
+    def _status(self) -> None:
+        current = self.worker.current
+        self.notifier.status(status_text(current, self.store.count(QUEUED)))
+
+    def run(self) -> int:
+        self.recover()
+        if self.watcher is not None:
+            self.watcher.start()
+        self.worker.start()
+        watch = self.config.section("watch")
+        period = watch["poll_interval_s"] if self.polling else watch["rescan_interval_s"]
+        next_scan = self.clock()
+        self.notifier.ready(status_text(None, self.store.count(QUEUED)))
+        log.info("daemon.ready", inbox=str(self.config.inbox), outbox=str(self.config.outbox),
+                 mode="poll" if self.polling else "events", queued=self.store.count(QUEUED))
+        while not self.stop.is_set():
+            now = self.clock()
+            due = self.scanner.next_due
+            if self.wake.is_set() or now >= next_scan or (due is not None and now >= due):
+                self.wake.clear()
+                self.scan()
+                next_scan = now + period if now >= next_scan else next_scan
+            self._check_cancel()
+            self._status()
+            if self.healthy():
+                self.notifier.watchdog(self.clock())
+            waits = [next_scan - now, CANCEL_POLL_S] + ([due - now] if (due := self.scanner.next_due) else [])
+            if self.notifier.interval:
+                waits.append(self.notifier.interval)
+            self.wake.wait(max(0.01, min(waits)))
+        return self.shutdown()
+
+    def shutdown(self) -> int:
+        """Stop claiming, kill the running step, requeue its job, exit 0."""
+        self.notifier.stopping()
+        log.info("daemon.stopping", running=self.worker.current.job_id if self.worker.current else None)
+        self.worker.stop()
+        self.worker.join(timeout=25)
+        if self.watcher is not None:
+            self.watcher.stop()
+        self.store.close()
+        return 0
+
+
+def run(config: Config, stop: threading.Event) -> int:
+    return Daemon(config, stop).run()

@@ -1,0 +1,169 @@
+"""The inbox (SPEC §3): scan for drops, the settle rule, the sha256 shortcut, orphans, claim by rename."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from saigeedged import manifest
+from saigeedged.errors import SaigeError
+from saigeedged.inputs import sha256_file
+from saigeedged.manifest import Entry
+
+OWN_DIR = ".saigeedged"
+IGNORED_SUFFIXES = (".tmp", ".part", ".partial", ".crdownload", ".swp", "~")
+MANIFEST_SUFFIXES = (".yml", ".yaml")
+
+Signature = tuple[int, int, int]  # size, mtime_ns, inode
+
+
+def ignored(name: str) -> bool:
+    """Hidden files and temporary names of writers are never looked at."""
+    return name.startswith(".") or name.endswith(IGNORED_SUFFIXES)
+
+
+def walk(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    """Every regular, non-ignored file under root with its lstat; symlinks are never followed."""
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for item in entries:
+        if ignored(item.name) or item.is_symlink():
+            continue
+        if item.is_dir(follow_symlinks=False):
+            yield from walk(Path(item.path))
+        elif item.is_file(follow_symlinks=False):
+            yield Path(item.path), item.stat(follow_symlinks=False)
+
+
+def signature(st: os.stat_result) -> Signature:
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+@dataclass
+class Drop:
+    """A manifest ready to claim: its entries and the inbox files that move with it."""
+
+    manifest: Path
+    entries: list[Entry]
+    files: list[Path]
+
+
+@dataclass
+class Rejected:
+    """A manifest that will never compile: it fails as a job with this error."""
+
+    manifest: Path
+    error: SaigeError
+    files: list[Path]
+
+
+@dataclass
+class _Seen:
+    sig: Signature
+    since: float
+
+
+@dataclass
+class Scanner:
+    """Remembers what it saw; `scan(now)` returns drops that are complete and manifests that failed."""
+
+    inbox: Path
+    settle_s: float
+    orphan_timeout_s: float
+    defaults: dict[str, Any]
+    _seen: dict[Path, _Seen] = field(default_factory=dict)
+    _first: dict[Path, float] = field(default_factory=dict)
+    _digests: dict[tuple[Path, Signature], str] = field(default_factory=dict)
+    next_due: float | None = None
+
+    def _stable(self, path: Path, sig: Signature, now: float) -> bool:
+        seen = self._seen.get(path)
+        if seen is None or seen.sig != sig:
+            self._seen[path] = _Seen(sig, now)
+            self._due(now + self.settle_s)
+            return self.settle_s <= 0
+        if now - seen.since >= self.settle_s:
+            return True
+        self._due(seen.since + self.settle_s)
+        return False
+
+    def _due(self, when: float) -> None:
+        self.next_due = when if self.next_due is None else min(self.next_due, when)
+
+    def _digest(self, path: Path, sig: Signature) -> str:
+        key = (path, sig)
+        if key not in self._digests:
+            self._digests[key] = sha256_file(path)
+        return self._digests[key]
+
+    def scan(self, now: float) -> list[Drop | Rejected]:
+        """One pass over the inbox. `now` is time.monotonic(); next_due says when a pending drop needs a look."""
+        self.next_due = None
+        files = {p: signature(st) for p, st in walk(self.inbox)}
+        found: list[Drop | Rejected] = []
+        for path in sorted(files):
+            if path.suffix in MANIFEST_SUFFIXES:
+                result = self._consider(path, files, now)
+                if result is not None:
+                    found.append(result)
+        live = set(files)
+        self._seen = {p: s for p, s in self._seen.items() if p in live}
+        self._first = {p: t for p, t in self._first.items() if p in live}
+        self._digests = {k: v for k, v in self._digests.items() if k[0] in live}
+        return found
+
+    def _consider(self, path: Path, files: dict[Path, Signature], now: float) -> Drop | Rejected | None:
+        first = self._first.setdefault(path, now)
+        stable = self._stable(path, files[path], now)
+        try:
+            entries = manifest.load(path, self.defaults, drop=True)
+        except SaigeError as exc:
+            return Rejected(path, exc, [path]) if stable else None
+        waiting = [e for e in entries if not self._complete(e, files, now)]
+        if not waiting:
+            return Drop(path, entries, [path] + sorted({e.onnx for e in entries if e.onnx in files}))
+        if now - first < self.orphan_timeout_s:
+            self._due(first + self.orphan_timeout_s)
+            return None
+        entry = waiting[0]
+        if entry.onnx in files:
+            error = SaigeError("INPUT_INCOMPLETE", f"{entry.onnx.name} does not match the manifest's sha256 after "
+                               f"{self.orphan_timeout_s:.0f}s")
+        else:
+            error = SaigeError("INPUT_NOT_FOUND", f"{entry.onnx.name} named by {path.name} did not appear within "
+                               f"{self.orphan_timeout_s:.0f}s (orphan_timeout_s)")
+        return Rejected(path, error, [path] + [e.onnx for e in entries if e.onnx in files])
+
+    def _complete(self, entry: Entry, files: dict[Path, Signature], now: float) -> bool:
+        """Settled manifest + ONNX, or an ONNX whose digest matches `sha256:` (no wait)."""
+        onnx = entry.onnx
+        if not onnx.is_relative_to(self.inbox):
+            return onnx.is_file()  # in an allowed root: not ours to watch
+        if onnx not in files:
+            return False
+        if entry.sha256:
+            return self._digest(onnx, files[onnx]).lower() == entry.sha256.lower()
+        return self._stable(entry.manifest, files[entry.manifest], now) and self._stable(onnx, files[onnx], now)
+
+    def forget(self, paths: list[Path]) -> None:
+        for p in paths:
+            self._seen.pop(p, None)
+            self._first.pop(p, None)
+
+
+def claim(files: list[Path], base: Path, dest: Path) -> dict[Path, Path]:
+    """Rename each file into `dest`, keeping its path relative to `base` (the manifest's folder)."""
+    moved: dict[Path, Path] = {}
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in files:
+        rel = path.relative_to(base) if path.is_relative_to(base) else Path(path.name)
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(path, target)
+        moved[path] = target
+    return moved

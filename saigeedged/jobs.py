@@ -1,0 +1,97 @@
+"""Job records, their states and the transition table (pure: no I/O)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from saigeedged.manifest import Entry
+
+QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded", "failed", "cancelled"
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+TRANSITIONS: dict[str, frozenset[str]] = {
+    QUEUED: frozenset({RUNNING, CANCELLED, FAILED}),
+    RUNNING: frozenset({SUCCEEDED, FAILED, CANCELLED, QUEUED}),  # QUEUED: interrupted or retryable failure
+    FAILED: frozenset({QUEUED}),  # saigeedged retry
+    CANCELLED: frozenset({QUEUED}),
+    SUCCEEDED: frozenset(),
+}
+
+
+class TransitionError(ValueError):
+    """A state change the table does not allow (a bug or a race lost to another process)."""
+
+
+def check_transition(old: str, new: str) -> None:
+    if new not in TRANSITIONS[old]:
+        raise TransitionError(f"job cannot go from {old} to {new}")
+
+
+@dataclass
+class Job:
+    """One job as stored in the queue and shown in its status file."""
+
+    job_id: str
+    name: str
+    target: str
+    task: str
+    entry: dict[str, Any]  # Entry fields, paths as strings (see entry_to_doc)
+    subdir: str  # the drop's folder relative to the inbox ("" at the top)
+    claim_dir: str  # where the claimed inputs are
+    manifest: str  # the manifest's name, for the status file
+    priority: int = 0
+    state: str = QUEUED
+    attempt: int = 1
+    step: str | None = None
+    step_index: int = 0
+    step_count: int = 0
+    request_id: str | None = None
+    created_at: str = ""
+    started_at: str | None = None
+    finished_at: str | None = None
+    updated_at: str = ""
+    error: dict[str, Any] | None = None
+    bundle: dict[str, Any] | None = None
+    onnx_sha256: str | None = None
+    calib_samples: int | None = None
+    report: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_doc(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Job:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in names})
+
+
+def entry_to_doc(entry: Entry) -> dict[str, Any]:
+    """Entry → JSON-able dict (paths as strings)."""
+    doc = dataclasses.asdict(entry)
+    for key, value in doc.items():
+        if isinstance(value, Path):
+            doc[key] = str(value)
+        elif isinstance(value, tuple):
+            doc[key] = list(value)
+    return doc
+
+
+def entry_from_doc(doc: dict[str, Any]) -> Entry:
+    values = dict(doc)
+    for key in ("calib", "onnx", "manifest"):
+        values[key] = Path(values[key])
+    for key in ("input_size", "surgery_outputs"):
+        if values.get(key) is not None:
+            values[key] = tuple(values[key])
+    return Entry(**values)
+
+
+def status_text(running: Job | None, queued: int) -> str:
+    """The systemd STATUS= line."""
+    if running is None:
+        return f"idle, {queued} queued"
+    return f"compiling {running.name} ({running.step} {running.step_index}/{running.step_count}), {queued} queued"

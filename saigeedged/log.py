@@ -1,0 +1,83 @@
+"""Owns logging's global state: structlog configured once, and the journald sink (SPEC §9)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+
+IDENTIFIER = "saigeedged"
+PRIORITY = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def journal_field(key: str) -> str:
+    """A journal field name: A-Z0-9_, no leading digit or underscore, at most 64 characters."""
+    name = re.sub(r"[^A-Z0-9_]", "_", key.upper()).lstrip("_0123456789") or "FIELD"
+    return ("SAIGEEDGE_" + name)[:64]
+
+
+def journal_fields(event_dict: MutableMapping[str, Any]) -> dict[str, str]:
+    """SAIGEEDGE_EVENT plus one SAIGEEDGE_<KEY> per key, and a human MESSAGE."""
+    event = str(event_dict.pop("event", ""))
+    event_dict.pop("timestamp", None)
+    level = str(event_dict.pop("level", "info"))
+    fields = {journal_field(k): str(v) for k, v in event_dict.items() if v is not None}
+    details = " ".join(f"{k}={v}" for k, v in event_dict.items() if v is not None and k not in ("job_id",))
+    job = f" {event_dict['job_id']}" if event_dict.get("job_id") else ""
+    fields.update(MESSAGE=f"{event}{job} {details}".strip(), PRIORITY=str(PRIORITY.get(level, 6)),
+                  SYSLOG_IDENTIFIER=IDENTIFIER, SAIGEEDGE_EVENT=event)
+    return fields
+
+
+class JournalSink:
+    """The last processor: one journal entry per event, then the event is dropped."""
+
+    def __init__(self) -> None:
+        from systemd import journal
+
+        self._send = journal.send
+
+    def __call__(self, logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> Any:
+        fields = journal_fields(event_dict)
+        message = fields.pop("MESSAGE")
+        self._send(message, **fields)
+        raise structlog.DropEvent
+
+
+def journal_connected() -> bool:
+    """stderr is a journal stream (JOURNAL_STREAM names its dev:ino), as under systemd."""
+    stream = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        dev, ino = (int(x) for x in stream.split(":"))
+        st = os.fstat(sys.stderr.fileno())
+    except (ValueError, OSError):
+        return False
+    return (st.st_dev, st.st_ino) == (dev, ino)
+
+
+def choose_format(setting: str) -> str:
+    if setting != "auto":
+        return setting
+    if journal_connected():
+        return "journal"
+    return "console" if sys.stderr.isatty() else "json"
+
+
+def configure(setting: str = "auto", level: str = "info") -> str:
+    """Configure structlog once, for the whole process; returns the format chosen."""
+    fmt = choose_format(setting)
+    processors: list[Any] = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level]
+    if fmt == "journal":
+        processors.append(JournalSink())  # nothing is printed: printing to a journal stream would log twice
+    else:
+        processors += [structlog.processors.TimeStamper(fmt="iso", utc=True),
+                       structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()]
+    structlog.configure(processors=processors, wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
+                        logger_factory=structlog.PrintLoggerFactory(sys.stderr), cache_logger_on_first_use=False)
+    return fmt

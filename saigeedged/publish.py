@@ -1,0 +1,94 @@
+"""The only writer under the outbox: status files, bundles and job logs, each by temp name + fsync + rename."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+from saigeedged import __version__
+from saigeedged.errors import SaigeError
+from saigeedged.jobs import Job
+
+STATUS_SCHEMA = 1
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _place(src: Path | None, data: bytes | None, dest: Path) -> None:
+    """Copy `src` (or write `data`) to a temp name beside `dest`, fsync, rename, fsync the folder."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as out:
+            if src is not None:
+                with src.open("rb") as fh:
+                    shutil.copyfileobj(fh, out, 1 << 20)
+            else:
+                out.write(data or b"")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dest)
+        _fsync_dir(dest.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise SaigeError("PUBLISH_FAILED", f"cannot write {dest}: {exc.strerror or exc}") from None
+
+
+def status_doc(job: Job) -> dict[str, Any]:
+    """The status file of SPEC §8 (never the password, never a traceback)."""
+    return {
+        "schema_version": STATUS_SCHEMA, "job_id": job.job_id, "request_id": job.request_id, "name": job.name,
+        "state": job.state, "step": job.step, "step_index": job.step_index, "step_count": job.step_count,
+        "target": job.target, "task": job.task, "attempt": job.attempt,
+        "inputs": {"onnx": Path(job.entry["onnx"]).name, "onnx_sha256": job.onnx_sha256, "manifest": job.manifest,
+                   "calib_samples": job.calib_samples},
+        "bundle": job.bundle, "log": f"logs/{job.job_id}.log", "progress": job.progress,
+        "quantization_report": job.report,
+        "created_at": job.created_at, "started_at": job.started_at, "finished_at": job.finished_at,
+        "updated_at": job.updated_at, "error": job.error, "host": socket.gethostname(), "version": __version__,
+    }
+
+
+class Outbox:
+    """Writes under <outbox>: status/<job_id>.json, <subdir>/<output>, logs/<job_id>.log."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def status_path(self, job_id: str) -> Path:
+        return self.root / "status" / f"{job_id}.json"
+
+    def write_status(self, job: Job) -> None:
+        data = json.dumps(status_doc(job), indent=1).encode() + b"\n"
+        _place(None, data, self.status_path(job.job_id))
+
+    def read_status(self, job_id: str) -> dict[str, Any] | None:
+        try:
+            doc: dict[str, Any] = json.loads(self.status_path(job_id).read_text())
+            return doc
+        except (OSError, ValueError):
+            return None
+
+    def publish_bundle(self, bundle: Path, rel: Path) -> dict[str, Any]:
+        """Place the bundle at <outbox>/<rel>; returns the status file's `bundle` object."""
+        from saigeedged.inputs import sha256_file
+
+        digest, size = sha256_file(bundle), bundle.stat().st_size
+        _place(bundle, None, self.root / rel)
+        return {"path": rel.as_posix(), "sha256": digest, "bytes": size}
+
+    def move_log(self, local: Path, job_id: str) -> None:
+        """Copy the host-local job log to <outbox>/logs/, then delete the local one."""
+        if local.exists():
+            _place(local, None, self.root / "logs" / f"{job_id}.log")
+            local.unlink()

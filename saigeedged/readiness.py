@@ -1,0 +1,120 @@
+"""`saigeedged check`: is this host ready to compile? Docker, images, runtime, containers, dirs, journald, inotify."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from saigeedged.backends import cubie
+from saigeedged.config import Config
+from saigeedged.container import MANAGED_LABEL, Spec, client, cubie_section
+from saigeedged.errors import SaigeError
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+MOBILINT_PROBE = "command -v qbcompiler || { python3 -m qbcompiler --help >/dev/null 2>&1 && echo 'python3 -m qbcompiler'; }"
+
+
+class Report:
+    """Collects check lines; any FAIL makes the exit code 3."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.failed = False
+
+    def __call__(self, level: str, what: str, text: str) -> None:
+        self.failed |= level == FAIL
+        print(f"{level:<5} {what:<12} {text}", file=self.out)
+
+
+def _probe_image(api: Any, image: str, script: str) -> str:
+    """Run a fixed snippet in a throwaway container of `image` (never the long-lived one)."""
+    out = api.containers.run(image, ["sh", "-c", script], remove=True, stdout=True, stderr=True)
+    return bytes(out).decode(errors="replace").strip()
+
+
+def _container(report: Report, api: Any, spec: Spec) -> None:
+    from docker.errors import NotFound
+
+    try:
+        ctr = api.containers.get(spec.name)
+    except NotFound:
+        report(OK, "container", f"{spec.name}: absent (created on the first job)")
+        return
+    mounted = any(m.get("Destination") == str(spec.work_root) for m in ctr.attrs.get("Mounts", []))
+    managed = ctr.labels.get(MANAGED_LABEL) == "1"
+    level = OK if mounted or managed else FAIL
+    report(level, "container", f"{spec.name}: {ctr.status}, work root {'mounted' if mounted else 'NOT mounted'}, "
+           f"{'managed by saigeedged' if managed else 'not created by saigeedged'}")
+
+
+def _cubie(report: Report, api: Any, config: Config) -> None:
+    section = cubie_section(config)
+    spec = Spec.for_target(config, "cubie")
+    from docker.errors import ImageNotFound
+
+    try:
+        api.images.get(spec.image)
+    except ImageNotFound:
+        report(FAIL, "image", f"cubie {spec.image} not loaded: docker load -i ubuntu-npu_v2.0.10.1.tar, then check the tag")
+        return
+    report(OK, "image", f"cubie {spec.image}")
+    _container(report, api, spec)
+    entry = section["pegasus"] if section["pegasus"] != "auto" else _probe_image(api, spec.image, cubie.PROBE)
+    report(OK if entry else FAIL, "pegasus", entry.splitlines()[0] if entry else "no pegasus on PATH nor pegasus.py in the image")
+    cfg = _probe_image(api, spec.image, f"ls {section['viv_sdk']}/common/cfg/ 2>/dev/null | grep '\\.config$' || true")
+    configs = sorted(c.removesuffix(".config") for c in cfg.split())
+    report(OK if configs else FAIL, "viv_sdk", f"{section['viv_sdk']}: {', '.join(configs) or 'no target .config files'}")
+
+
+def _mobilint(report: Report, api: Any, config: Config) -> None:
+    from docker.errors import ImageNotFound
+
+    spec = Spec.for_target(config, "mobilint")
+    try:
+        api.images.get(spec.image)
+    except ImageNotFound:
+        report(WARN, "image", f"mobilint {spec.image} not loaded (only needed for target mobilint)")
+        return
+    report(OK, "image", f"mobilint {spec.image}")
+    _container(report, api, spec)
+    entry = _probe_image(api, spec.image, MOBILINT_PROBE)
+    report(OK if entry else FAIL, "qbcompiler", entry.splitlines()[-1] if entry else "no qbcompiler in the image")
+
+
+def _docker(report: Report, config: Config) -> None:
+    try:
+        api = client()
+    except SaigeError as exc:
+        report(FAIL, "docker", f"{exc.message} ({exc.hint})")
+        return
+    info = api.info()
+    default = info.get("DefaultRuntime", "?")
+    runtime = cubie_section(config)["runtime"]
+    level = WARN if default == "nvidia" and runtime == "auto" else OK
+    report(OK, "docker", f"reachable, server {info.get('ServerVersion', '?')}")
+    report(level, "runtime", f"default {default}, available {', '.join(info.get('Runtimes', {}))}"
+           + (" (runc is used for compiles)" if level == WARN else ""))
+    _cubie(report, api, config)
+    _mobilint(report, api, config)
+
+
+def _host(report: Report, config: Config) -> None:
+    dirs = [("inbox", config.inbox), ("outbox", config.outbox)] if config.named_dirs else []
+    for label, path in dirs + [("state_dir", config.state_dir)]:
+        probe = next(p for p in (path, *path.parents) if p.exists())
+        writable = os.access(probe, os.W_OK)
+        report(OK if writable else FAIL, label, f"{path} {'exists' if path.exists() else 'will be created'}"
+               + ("" if writable else ", NOT writable"))
+    journal = Path("/run/systemd/journal/socket").exists()
+    report(OK if journal else WARN, "journald", "socket present" if journal else "not running: events go to stderr")
+    watches = Path("/proc/sys/fs/inotify/max_user_watches")
+    report(OK, "inotify", f"max_user_watches {watches.read_text().strip()}" if watches.exists() else "unavailable: poll mode")
+
+
+def main(config: Config, out: TextIO | None = None) -> int:
+    report = Report(out or sys.stdout)
+    _docker(report, config)
+    _host(report, config)
+    return 3 if report.failed else 0

@@ -1,0 +1,120 @@
+"""The durable queue: one SQLite table (WAL) under state_dir. The only module that touches the database."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from saigeedged.jobs import QUEUED, TERMINAL, Job, TransitionError, check_transition
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT UNIQUE NOT NULL,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    priority INTEGER NOT NULL DEFAULT 0,
+    created_at TEXT NOT NULL,
+    cancel INTEGER NOT NULL DEFAULT 0,
+    doc TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_queue ON jobs (state, priority DESC, seq);
+"""
+
+
+class Store:
+    """Job rows keyed by job_id; every state change is checked against the transition table."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.RLock()  # one connection shared by the main loop and the worker thread
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _rows(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        with self._lock:
+            return list(self._db.execute(sql, args).fetchall())
+
+    def _jobs(self, sql: str, args: tuple[object, ...] = ()) -> list[Job]:
+        return [Job.from_doc(json.loads(str(r[0]))) for r in self._rows(sql, args)]
+
+    def add(self, job: Job) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO jobs (job_id, name, state, priority, created_at, doc) VALUES (?, ?, ?, ?, ?, ?)",
+                       (job.job_id, job.name, job.state, job.priority, job.created_at, json.dumps(job.to_doc())))
+
+    def get(self, job_id: str) -> Job | None:
+        jobs = self._jobs("SELECT doc FROM jobs WHERE job_id = ?", (job_id,))
+        return jobs[0] if jobs else None
+
+    def save(self, job: Job, expect: str | None = None) -> None:
+        """Write `job`; when its state changes, the stored state must be `expect` (or any allowed predecessor)."""
+        with self._tx() as db:
+            row = db.execute("SELECT state FROM jobs WHERE job_id = ?", (job.job_id,)).fetchone()
+            if row is None:
+                raise KeyError(job.job_id)
+            stored = row[0]
+            if expect is not None and stored != expect:
+                raise TransitionError(f"job {job.job_id} is {stored}, expected {expect}")
+            if stored != job.state:
+                check_transition(stored, job.state)
+            cancel = 0 if job.state != stored else None  # a new state clears a pending cancel request
+            db.execute("UPDATE jobs SET state = ?, priority = ?, doc = ?, cancel = COALESCE(?, cancel) WHERE job_id = ?",
+                       (job.state, job.priority, json.dumps(job.to_doc()), cancel, job.job_id))
+
+    def next_queued(self) -> Job | None:
+        """The job to run next: highest priority, then first in."""
+        jobs = self._jobs("SELECT doc FROM jobs WHERE state = ? ORDER BY priority DESC, seq LIMIT 1", (QUEUED,))
+        return jobs[0] if jobs else None
+
+    def in_state(self, *states: str) -> list[Job]:
+        marks = ",".join("?" * len(states))
+        return self._jobs(f"SELECT doc FROM jobs WHERE state IN ({marks}) ORDER BY priority DESC, seq", states)
+
+    def count(self, state: str) -> int:
+        return int(str(self._rows("SELECT COUNT(*) FROM jobs WHERE state = ?", (state,))[0][0]))
+
+    def recent(self, limit: int = 20) -> list[Job]:
+        return self._jobs("SELECT doc FROM jobs WHERE state IN (?, ?, ?) ORDER BY seq DESC LIMIT ?",
+                          (*sorted(TERMINAL), limit))
+
+    def find(self, key: str) -> Job | None:
+        """A job by id, else the newest job with that name."""
+        job = self.get(key)
+        if job is not None:
+            return job
+        jobs = self._jobs("SELECT doc FROM jobs WHERE name = ? ORDER BY seq DESC LIMIT 1", (key,))
+        return jobs[0] if jobs else None
+
+    def by_claim(self, claim_dir: str) -> list[Job]:
+        """Every job whose inputs live in this claimed folder (the entries of one multi-model drop)."""
+        return [j for j in self._jobs("SELECT doc FROM jobs ORDER BY seq") if j.claim_dir == claim_dir]
+
+    def request_cancel(self, job_id: str) -> None:
+        """Flag a running job for the daemon to cancel (a column of its own: the worker rewrites the doc)."""
+        with self._tx() as db:
+            db.execute("UPDATE jobs SET cancel = 1 WHERE job_id = ?", (job_id,))
+
+    def cancel_requested(self, job_id: str) -> bool:
+        rows = self._rows("SELECT cancel FROM jobs WHERE job_id = ?", (job_id,))
+        return bool(rows and rows[0][0])

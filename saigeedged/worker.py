@@ -1,0 +1,215 @@
+"""The single worker: runs queued jobs one at a time and settles each one (publish, requeue or fail)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from saigeedged import jobid, pipeline
+from saigeedged.config import Config
+from saigeedged.container import Container, Containers
+from saigeedged.errors import SaigeError
+from saigeedged.inputs import PathPolicy
+from saigeedged.joblog import JobLog
+from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, TransitionError, entry_from_doc
+from saigeedged.publish import Outbox
+from saigeedged.store import Store
+
+log = structlog.get_logger()
+
+
+def event(name: str, job: Job, level: str = "info", **fields: Any) -> None:
+    """One journal entry for a job event, with the SPEC §9 fields."""
+    getattr(log, level)(name, job_id=job.job_id, job_name=job.name, state=job.state, step=job.step,
+                        error_code=(job.error or {}).get("code"), **fields)
+
+
+@dataclass
+class Places:
+    """The daemon's directories."""
+
+    inbox: Path
+    state_dir: Path
+
+    @property
+    def claimed(self) -> Path:
+        return self.inbox / ".saigeedged" / "claimed"
+
+    @property
+    def failed(self) -> Path:
+        return self.inbox / ".saigeedged" / "failed"
+
+    def local_log(self, job_id: str) -> Path:
+        return self.state_dir / "logs" / f"{job_id}.log"
+
+
+class Jobs:
+    """Job transitions with their side effects: the row, the status file, the journal event."""
+
+    def __init__(self, store: Store, outbox: Outbox, places: Places) -> None:
+        self.store, self.outbox, self.places = store, outbox, places
+
+    def save(self, job: Job, expect: str | None = None) -> None:
+        job.updated_at = jobid.iso(jobid.utc_now())
+        self.store.save(job, expect)
+        try:
+            self.outbox.write_status(job)
+        except SaigeError as exc:  # the row is the truth; the status file catches up at the next change
+            log.error("status.write_failed", job_id=job.job_id, job_name=job.name, error_code=exc.code, message=exc.message)
+
+    def requeue(self, job: Job, reason: str, error: SaigeError | None = None) -> None:
+        job.state, job.attempt, job.step, job.step_index = QUEUED, job.attempt + 1, None, 0
+        self.save(job)
+        event("job.requeued", job, "warning", reason=reason, error_code=error.code if error else None)
+
+    def settle_inputs(self, job: Job) -> None:
+        """After the last job of a claimed folder ends: delete it if all succeeded, else keep it under failed/."""
+        sharing = self.store.by_claim(job.claim_dir)
+        if any(j.state in (QUEUED, RUNNING) for j in sharing):
+            return
+        claim = Path(job.claim_dir)
+        if all(j.state == SUCCEEDED for j in sharing):
+            shutil.rmtree(claim, ignore_errors=True)
+            return
+        dest = self.places.failed / claim.name
+        if claim.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            claim.rename(dest)
+        for other in sharing:
+            if other.state != SUCCEEDED:
+                other.entry["onnx"] = other.entry["onnx"].replace(str(claim), str(dest), 1)
+                other.claim_dir = str(dest)
+                self.store.save(other)
+
+    def end(self, job: Job, state: str, error: SaigeError | None = None) -> None:
+        """A terminal state: the log moves to the outbox first, so a reader of the final status finds it."""
+        job.state, job.finished_at = state, jobid.iso(jobid.utc_now())
+        job.error = error.as_dict(error.fields.get("step")) if error else None
+        try:
+            self.outbox.move_log(self.places.local_log(job.job_id), job.job_id)
+        except SaigeError as exc:
+            log.error("log.move_failed", job_id=job.job_id, job_name=job.name, error_code=exc.code)
+        self.save(job)
+        self.settle_inputs(job)
+        names = {SUCCEEDED: "job.succeeded", FAILED: "job.failed", CANCELLED: "job.cancelled"}
+        event(names[state], job, "info" if state == SUCCEEDED else "warning",
+              message=error.message.splitlines()[0] if error else None)
+
+
+class Worker(threading.Thread):
+    """Takes the next queued job (priority, then FIFO) and runs it; one at a time."""
+
+    def __init__(self, config: Config, jobs: Jobs, containers: Containers, places: Places) -> None:
+        super().__init__(name="saigeedged-worker", daemon=True)
+        self.config, self.jobs, self.containers, self.places = config, jobs, containers, places
+        self.wake = threading.Event()
+        self.stop_event = threading.Event()
+        self.current: Job | None = None
+        self._reason: str | None = None
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            job = self.jobs.store.next_queued()
+            if job is None:
+                self.wake.wait(1.0)
+                self.wake.clear()
+                continue
+            self.execute(job)
+
+    def interrupt(self, reason: str) -> None:
+        """Stop the running job: kill its step in the container; in-process steps stop at the next step."""
+        with self._lock:
+            job, self._reason = self.current, reason
+        container = self.containers.active
+        if job is not None and container is not None:
+            container.interrupt(self.config.work_root / job.job_id, reason)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.wake.set()
+        self.interrupt("stop")
+
+    def _start(self, job: Job) -> bool:
+        job.state, job.started_at, job.step, job.error = RUNNING, jobid.iso(jobid.utc_now()), None, None
+        try:
+            self.jobs.save(job, expect=QUEUED)
+        except TransitionError:
+            return False  # cancelled by `saigeedged cancel` meanwhile
+        with self._lock:
+            self.current, self._reason = job, None
+        event("job.started", job, attempt=job.attempt)
+        return True
+
+    def execute(self, job: Job) -> None:
+        if not self._start(job):
+            return
+        work = self.config.work_root / job.job_id
+        shutil.rmtree(work, ignore_errors=True)
+        joblog = JobLog(self.places.local_log(job.job_id))
+        joblog.line(f"### {job.job_id} attempt {job.attempt} on saigeedged")
+        try:
+            self._run(job, work, joblog)
+            joblog.close()
+            self.jobs.end(job, SUCCEEDED)
+        except SaigeError as exc:
+            joblog.line(f"### {exc.code}: {exc.message}")
+            joblog.close()
+            self._settle(job, exc)
+        finally:
+            self.containers.release()
+            with self._lock:
+                self.current = None
+            if not self.config.keep_work:
+                shutil.rmtree(work, ignore_errors=True)
+
+    def _run(self, job: Job, work: Path, joblog: JobLog) -> None:
+        entry = entry_from_doc(job.entry)
+        output = entry.output or f"{entry.stem}.{entry.target}.saigeedge"
+        rel = Path(job.subdir) / output
+        policy = PathPolicy((Path(job.claim_dir), self.places.inbox, *self.config.allowed_roots))
+
+        def on_step(name: str, index: int, count: int) -> None:
+            job.step, job.step_index, job.step_count, job.progress = name, index, count, None
+            self.jobs.save(job)
+            event("job.step", job, index=index, count=count)
+
+        def on_progress(progress: dict[str, Any]) -> None:
+            job.progress = progress
+            self.jobs.save(job)
+
+        def publish(bundle: Path) -> None:
+            job.bundle = self.jobs.outbox.publish_bundle(bundle, rel)
+
+        limits = self.config.section("limits")
+        run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, on_step, on_progress,
+                           container=self.containers.get, deadline=time.monotonic() + limits["job_timeout_s"],
+                           interrupted=lambda: self._reason)
+        result = pipeline.run(run, publish, job.created_at)
+        job.onnx_sha256, job.calib_samples, job.report = result.onnx_sha256, result.calib_samples, result.report
+        if result.report and result.report.get("flagged"):
+            event("job.quantization_flagged", job, "warning", outputs=",".join(result.report["flagged"]))
+
+    def _settle(self, job: Job, exc: SaigeError) -> None:
+        """Requeue an interrupted or retryable job, else end it failed or cancelled."""
+        max_attempts = int(self.config.section("limits")["max_attempts"])
+        if exc.code == "CANCELLED" and exc.fields.get("reason") == "stop":
+            self.jobs.requeue(job, "stop")
+        elif exc.code == "CANCELLED":
+            self.jobs.end(job, CANCELLED, exc)
+        elif exc.retryable and job.attempt < max_attempts:
+            if exc.code == "CONTAINER_LOST":
+                self._recreate(job)
+            self.jobs.requeue(job, exc.code.lower(), exc)
+        else:
+            self.jobs.end(job, FAILED, exc)
+
+    def _recreate(self, job: Job) -> None:
+        container: Container = self.containers.container(job.target)
+        container.recreate()

@@ -1,0 +1,159 @@
+"""The daemon as a subprocess, a real sd_notify socket, and waits on status files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+POLL_S = 0.05
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll a condition (files on disk change without an event we can subscribe to) until true or timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(POLL_S)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Daemon:
+    """`saigeedged run` in a subprocess, with NOTIFY_SOCKET bound to a socket this object reads."""
+
+    def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
+        self.config = config
+        data = yaml.safe_load(config.read_text())
+        self.outbox = Path(data["outbox"])
+        self.inbox = Path(data["inbox"])
+        self.state_dir = Path(data["state_dir"])
+        self.stderr_path = config.parent / f"daemon-{time.monotonic_ns()}.err"
+        self.sock_path = config.parent / f"notify-{time.monotonic_ns()}.sock"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(self.sock_path))
+        self.messages: list[str] = []
+        self._arrived = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.env = dict(os.environ, NOTIFY_SOCKET=str(self.sock_path), **(env or {}))
+        self.env.pop("JOURNAL_STREAM", None)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready_timeout: float = 30) -> Daemon:
+        with self.stderr_path.open("ab") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "saigeedged", "run", "-c", str(self.config)],
+                                         stdout=subprocess.DEVNULL, stderr=err, env=self.env)
+        self.expect("READY=1", ready_timeout)
+        return self
+
+    def _read(self) -> None:
+        """Drain the socket like systemd does, so the daemon never finds it full."""
+        while True:
+            try:
+                message = self.sock.recv(4096).decode()
+            except OSError:
+                return
+            with self._arrived:
+                self.messages.append(message)
+                self._arrived.notify_all()
+
+    def expect(self, text: str, timeout: float, after: int = 0) -> str:
+        """Wait for a notify datagram containing `text` (among those from index `after` on)."""
+        def found() -> str | None:
+            return next((m for m in self.messages[after:] if text in m), None)
+
+        with self._arrived:
+            if self._arrived.wait_for(found, timeout):
+                return found() or ""
+        raise AssertionError(f"no notify message with {text!r} in {timeout}s; got {self.messages[-5:]}\n{self.stderr()}")
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        out = []
+        for line in self.stderr().splitlines():
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if name is None or doc.get("event") == name:
+                out.append(doc)
+        return out
+
+    def statuses(self) -> list[dict[str, Any]]:
+        folder = self.outbox / "status"
+        docs = []
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            try:
+                docs.append(json.loads(path.read_text()))
+            except (OSError, ValueError):  # replaced between glob and read
+                continue
+        return docs
+
+    def status(self, job_id: str) -> dict[str, Any] | None:
+        try:
+            doc: dict[str, Any] = json.loads((self.outbox / "status" / f"{job_id}.json").read_text())
+            return doc
+        except (OSError, ValueError):
+            return None
+
+    def wait_job(self, name: str, states: tuple[str, ...] = ("succeeded", "failed", "cancelled"),
+                 timeout: float = 60) -> dict[str, Any]:
+        def find() -> dict[str, Any] | None:
+            return next((d for d in self.statuses() if d["name"] == name and d["state"] in states), None)
+
+        return wait_for(find, timeout, f"job {name} in {states}\n{self.stderr()[-3000:]}")  # type: ignore[no-any-return]
+
+    def wait_state(self, job_id: str, states: tuple[str, ...], timeout: float = 60,
+                   step: str | None = None) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            doc = self.status(job_id)
+            ok = doc is not None and doc["state"] in states and (step is None or doc["step"] == step)
+            return doc if ok else None
+
+        return wait_for(check, timeout, f"{job_id} in {states} step {step}")  # type: ignore[no-any-return]
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def close(self) -> None:
+        self.kill()
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.sock_path.unlink(missing_ok=True)
+
+
+def drop(folder: Path, stem: str, onnx_src: Path, manifest: dict[str, Any]) -> None:
+    """A hand drop as a careful writer does it: ONNX first, manifest last, each renamed into place."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{stem}.onnx.part"
+    tmp.write_bytes(onnx_src.read_bytes())
+    tmp.rename(folder / f"{stem}.onnx")
+    tmp = folder / f"{stem}.yml.tmp"
+    tmp.write_text(yaml.safe_dump(manifest))
+    tmp.rename(folder / f"{stem}.yml")

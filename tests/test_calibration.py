@@ -1,0 +1,115 @@
+"""Calibration files, samplers and staging (SPEC §5)."""
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from factory import image, random_labels, valjson
+
+from saigeedged import calibration
+from saigeedged.calibration import Sample, sample_balanced, sample_uniform
+from saigeedged.errors import SaigeError
+
+
+def samples(labels: list[list[int]]) -> list[Sample]:
+    return [Sample(Path(f"/x/{i}.jpg"), tuple(lab)) for i, lab in enumerate(labels)]
+
+
+def test_valjson_relative_images_and_names(tmp_path: Path) -> None:
+    """Relative image paths resolve against the JSON's folder; class names are kept."""
+    path = valjson(tmp_path, [[0], [1, 1], [2]], names=["helmet", "head", "person"], relative=True)
+    calib = calibration.read(path, 3)
+    assert [s.image for s in calib.samples][0] == tmp_path / "images" / "img0000.jpg"
+    assert calib.class_names == ("helmet", "head", "person")
+    assert calib.samples[1].labels == (1, 1)
+
+
+def test_coco_instances(tmp_path: Path) -> None:
+    """A COCO file is recognised by its keys; category ids map to 0-based classes in id order."""
+    image(tmp_path / "a.jpg", 1)
+    image(tmp_path / "b.jpg", 2)
+    coco = {"images": [{"id": 10, "file_name": "a.jpg"}, {"id": 11, "file_name": "b.jpg"}],
+            "annotations": [{"image_id": 10, "category_id": 7}, {"image_id": 11, "category_id": 3},
+                            {"image_id": 11, "category_id": 7}],
+            "categories": [{"id": 7, "name": "person"}, {"id": 3, "name": "helmet"}]}
+    (tmp_path / "instances.json").write_text(json.dumps(coco))
+    calib = calibration.read(tmp_path / "instances.json", 2)
+    assert calib.class_names == ("helmet", "person")
+    assert [s.labels for s in calib.samples] == [(1,), (0, 1)]
+
+
+@pytest.mark.parametrize(("labels", "n_classes", "message"), [
+    ([[0], [5]], 3, "outside [0, 3)"),
+    ([], 3, "empty"),
+    ([[0], [1]], 2, "n_classes is 2"),
+])
+def test_bad_calibration(tmp_path: Path, labels: list[list[int]], n_classes: int, message: str) -> None:
+    """Out-of-range ids, an empty split and a class-count mismatch are CALIB_INVALID."""
+    path = valjson(tmp_path, labels, n_classes=n_classes)
+    with pytest.raises(SaigeError) as err:
+        calibration.read(path, 3)
+    assert err.value.code == "CALIB_INVALID" and message in err.value.message
+
+
+def test_missing_and_undecodable_images_are_named(tmp_path: Path) -> None:
+    """A missing image fails the read; a corrupt one fails when chosen, both naming the file."""
+    path = valjson(tmp_path, [[0], [1], [2]])
+    (tmp_path / "images" / "img0001.jpg").unlink()
+    with pytest.raises(SaigeError, match="img0001.jpg"):
+        calibration.read(path, 3)
+    (tmp_path / "images" / "img0001.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    calib = calibration.read(path, 3)
+    with pytest.raises(SaigeError, match="img0001.jpg") as err:
+        calibration.choose(calib, 10, 1, "uniform")
+    assert err.value.code == "CALIB_INVALID"
+
+
+def test_uniform_is_seeded_without_replacement() -> None:
+    """Same seed, same sample; no image twice; fewer images than asked gives them all."""
+    pool = samples([[0]] * 50)
+    a, b = sample_uniform(pool, 20, 3), sample_uniform(pool, 20, 3)
+    assert a == b and len(set(a)) == 20
+    assert sample_uniform(pool, 20, 4) != a
+    assert sorted(s.image for s in sample_uniform(pool, 80, 3)) == sorted(s.image for s in pool)
+
+
+def test_balanced_covers_every_class_rarest_first() -> None:
+    """With n >= classes present, every class is in the sample, the rarest picked first, no duplicates."""
+    labels = [[0]] * 40 + [[1]] * 10 + [[2]] * 2 + [[0, 3]]
+    pool = samples(labels)
+    chosen = sample_balanced(pool, 4, seed=11)
+    assert {c for s in chosen for c in s.labels} == {0, 1, 2, 3}
+    assert chosen[0].labels == (0, 3)  # class 3: one image, the rarest
+    assert 2 in chosen[1].labels
+    many = sample_balanced(pool, 30, seed=11)
+    assert len(many) == len(set(many)) == 30
+
+
+def test_balanced_round_robin_balances_counts() -> None:
+    """Visiting classes in turn keeps the per-class image counts within one of each other while all last."""
+    pool = samples(random_labels(0, 3) + [[c] for c in (0, 1, 2) for _ in range(20)])
+    chosen = sample_balanced(pool, 30, seed=5)
+    counts = Counter(c for s in chosen for c in s.labels)
+    assert counts == {0: 10, 1: 10, 2: 10}
+    assert sample_balanced(pool, 30, seed=5) == chosen and sample_balanced(pool, 30, seed=6) != chosen
+
+
+def test_balanced_uses_everything_when_short() -> None:
+    """Fewer images than n_samples: all are used, unlabelled ones included."""
+    pool = samples([[0], [1], [], [1]])
+    assert sorted(s.image.name for s in sample_balanced(pool, 10, 0)) == ["0.jpg", "1.jpg", "2.jpg", "3.jpg"]
+
+
+def test_stage_hardlinks_and_writes_dataset(tmp_path: Path) -> None:
+    """Chosen images are hard-linked as calib/NNNN_<name>; dataset.txt lists absolute paths, no comments."""
+    path = valjson(tmp_path / "src", [[0], [1], [2]])
+    chosen = calibration.choose(calibration.read(path, 3), 3, 0, "uniform")
+    dataset = calibration.stage(chosen, tmp_path / "work")
+    lines = dataset.read_text().splitlines()
+    assert len(lines) == 3 and all(Path(line).is_absolute() and Path(line).is_file() for line in lines)
+    assert not any(line.startswith("#") for line in lines)
+    first = Path(lines[0])
+    assert first.name == f"0000_{chosen[0].image.name}"
+    assert os.stat(first).st_ino == os.stat(chosen[0].image).st_ino

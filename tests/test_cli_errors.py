@@ -1,0 +1,86 @@
+"""Bad input on the command line: its stable code, the field or file named, a hint, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from factory import classifier, manifest, random_labels, valjson, yolox
+
+from saigeedged import cli
+
+
+def inputs(tmp_path: Path) -> dict[str, Any]:
+    yolox(tmp_path / "det.onnx")
+    calib = valjson(tmp_path / "data", random_labels(6, 3))
+    return {"task": "detection", "num_classes": 3, "calib": str(calib), "target": "host"}
+
+
+def break_calib_label(tmp_path: Path) -> None:
+    data = json.loads((tmp_path / "data" / "val.json").read_text())
+    data["validation"][2]["labels"] = [7]
+    (tmp_path / "data" / "val.json").write_text(json.dumps(data))
+
+
+CASES = [
+    ("unknown key", lambda t, m: m.update(calib_path="x"), None, "MANIFEST_INVALID", "calib_path"),
+    ("num_classes 0", lambda t, m: m.update(num_classes=0), None, "MANIFEST_INVALID", "num_classes"),
+    ("missing onnx", lambda t, m: m.update(onnx="nope.onnx"), None, "INPUT_NOT_FOUND", "nope.onnx"),
+    ("symbolic", lambda t, m: classifier(t / "det.onnx", batch="N"), None, "SYMBOLIC_DIM", "dim"),
+    ("size mismatch", lambda t, m: m.update(input_size=[32, 32]), None, "INPUT_SIZE_MISMATCH", "input_size"),
+    ("airockchip", lambda t, m: yolox(t / "det.onnx", head_prefix="/model/Concat"), None,
+     "SURGERY_OUTPUTS_NOT_FOUND", "/head/Concat_output_0"),
+    ("wrong task", lambda t, m: classifier(t / "det.onnx", size=(64, 64)), None, "SURGERY_OUTPUTS_NOT_FOUND", "det.onnx"),
+    ("calib label", lambda t, m: break_calib_label(t), None, "CALIB_INVALID", "img0002.jpg"),
+    ("two inputs", lambda t, m: classifier(t / "det.onnx", extra_input=True), None, "ONNX_INVALID", "one input"),
+]
+
+
+@pytest.mark.parametrize(("label", "mutate", "_", "code", "named"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_exits_2(tmp_path: Path, config_path: Path, capsys: Any, label: str, mutate: Any, _: Any,
+                           code: str, named: str) -> None:
+    """compile, compile --dry-run and validate all stop with the code, the name and a hint."""
+    fields = inputs(tmp_path)
+    mutate(tmp_path, fields)
+    mf = manifest(tmp_path / "det.yml", **fields)
+    for argv in (["compile", str(mf)], ["compile", str(mf), "--dry-run"], ["validate", str(mf)]):
+        assert cli.main([*argv, "-c", str(config_path)]) == 2, argv
+        err = capsys.readouterr().err
+        assert f"saigeedged: {code}:" in err and named in err and "hint:" in err, err
+        assert "Traceback" not in err
+
+
+def test_no_traceback_from_the_real_command(tmp_path: Path, config_path: Path) -> None:
+    """The installed entry point prints one error line and a hint, exit 2."""
+    fields = inputs(tmp_path)
+    fields["task"] = "segmentation"
+    mf = manifest(tmp_path / "det.yml", **fields)
+    run = subprocess.run([sys.executable, "-m", "saigeedged", "validate", str(mf), "-c", str(config_path)],
+                         capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.startswith("saigeedged: MANIFEST_INVALID: det.yml: `task` must be one of detection, mlc, reid")
+    assert "Traceback" not in run.stderr
+
+
+def test_validate_prints_the_resolved_profile(tmp_path: Path, config_path: Path, capsys: Any) -> None:
+    """validate runs every check and prints input size, outputs and steps."""
+    mf = manifest(tmp_path / "det.yml", **inputs(tmp_path))
+    assert cli.main(["validate", str(mf), "-c", str(config_path)]) == 0
+    out = capsys.readouterr().out
+    assert "input_size  [64, 64]" in out and "[[1, 8, 8, 8], [1, 8, 4, 4], [1, 8, 2, 2]]" in out and "det.yml: valid" in out
+
+
+def test_only_selects_entries(tmp_path: Path, config_path: Path, capsys: Any) -> None:
+    """--only TASK keeps the entries of that task; no match is an error."""
+    fields = inputs(tmp_path)
+    classifier(tmp_path / "cls.onnx", 3, (224, 224))
+    mf = manifest(tmp_path / "m.yml", target="host", models=[
+        {**fields, "onnx": "det.onnx"}, {**fields, "task": "mlc", "onnx": "cls.onnx"}])
+    assert cli.main(["compile", str(mf), "--only", "mlc", "--dry-run", "-c", str(config_path)]) == 0
+    out = capsys.readouterr().out
+    assert "m.mlc: task mlc" in out and "m.detection" not in out
+    assert cli.main(["compile", str(mf), "--only", "reid", "--dry-run", "-c", str(config_path)]) == 2

@@ -1,0 +1,248 @@
+"""The daemon end to end on the host target (SPEC §3, §8, §9): drops, claims, the queue, status files, logs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from factory import classifier, manifest
+from harness import drop, wait_for
+
+from saigeedged.inputs import sha256_file
+
+
+def test_hand_drop_is_compiled_and_published(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """A drop in a sub-folder goes queued -> running -> succeeded; bundle, digest, log and cleanup as specified."""
+    d = daemon()
+    drop(d.inbox / "teamA", "det", det_inputs["onnx"], det_inputs["manifest"])
+    done = d.wait_job("det")
+    assert done["state"] == "succeeded", done
+    assert done["bundle"]["path"] == "teamA/det.host.saigeedge"
+    bundle = d.outbox / done["bundle"]["path"]
+    assert sha256_file(bundle) == done["bundle"]["sha256"] and bundle.stat().st_size == done["bundle"]["bytes"]
+    assert done["inputs"] == {"onnx": "det.onnx", "onnx_sha256": sha256_file(det_inputs["onnx"]), "manifest": "det.yml",
+                              "calib_samples": 4}
+    assert done["step"] == "publish" and done["step_index"] == done["step_count"] == 8
+    assert done["created_at"].endswith("Z") and done["finished_at"].endswith("Z") and done["attempt"] == 1
+    log = (d.outbox / done["log"]).read_text()
+    assert "[5/8] quantize" in log and "----- publish: ok" in log
+    assert not (d.state_dir / "logs" / f"{done['job_id']}.log").exists()
+    assert not any((d.inbox / "teamA").iterdir())  # claimed inputs deleted on success
+    assert not any((d.inbox / ".saigeedged" / "claimed").iterdir())
+    seen = [e["state"] for e in d.events() if e.get("job_id") == done["job_id"]]
+    assert seen[0] == "queued" and "running" in seen and seen[-1] == "succeeded"
+    assert [e["step"] for e in d.events("job.step")] == ["validate", "surgery", "calibration", "wrap", "quantize",
+                                                         "report", "bundle", "publish"]
+
+
+def test_submit_wait(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
+    """`submit --wait` drops safely, prints the status path and exits 0 on success, 1 on failure."""
+    d = daemon()
+    mf = manifest(tmp_path / "det.yml", **det_inputs["manifest"])
+    run = subprocess.run([sys.executable, "-m", "saigeedged", "submit", str(det_inputs["onnx"]), str(mf), "--wait",
+                          "--subdir", "team", "--timeout", "60", "-c", str(d.config)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    status_path = Path(run.stdout.splitlines()[0])
+    doc = json.loads(status_path.read_text())
+    assert doc["state"] == "succeeded" and doc["request_id"] and "succeeded" in run.stdout
+    assert (d.outbox / "team" / "det.host.saigeedge").is_file()
+    bad = manifest(tmp_path / "bad.yml", **{**det_inputs["manifest"], "num_classes": 5})
+    run = subprocess.run([sys.executable, "-m", "saigeedged", "submit", str(det_inputs["onnx"]), str(bad), "--wait",
+                          "-c", str(d.config)], capture_output=True, text=True)
+    assert run.returncode == 1 and "CALIB_INVALID" in run.stdout
+
+
+def test_lone_onnx_ignored_names_and_symlinks(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
+    """A lone ONNX, hidden and temporary names and symlinked manifests are never claimed."""
+    d = daemon()
+    (d.inbox / "lone.onnx").write_bytes(det_inputs["onnx"].read_bytes())
+    for name in (".hidden.yml", "x.yml.tmp", "y.yml.part", "z.yml~", "w.yml.swp"):
+        (d.inbox / name).write_text(yaml.safe_dump(det_inputs["manifest"]))
+    (tmp_path / "outside.yml").write_text(yaml.safe_dump(det_inputs["manifest"]))
+    (d.inbox / "linked.onnx").symlink_to(det_inputs["onnx"])
+    (d.inbox / "linked.yml").symlink_to(tmp_path / "outside.yml")
+    drop(d.inbox, "marker", det_inputs["onnx"], det_inputs["manifest"])  # a real drop after them: when it is done,
+    d.wait_job("marker")  # the others have been scanned at least once after settle
+    assert [s["name"] for s in d.statuses()] == ["marker"]
+    assert (d.inbox / "lone.onnx").exists() and (d.inbox / "linked.yml").is_symlink()
+
+
+def test_onnx_still_being_written_is_not_claimed(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """With the manifest already there, a growing ONNX is claimed only after it stops changing for settle_s."""
+    d = daemon(watch={"settle_s": 1.0})
+    data = det_inputs["onnx"].read_bytes()
+    (d.inbox / "slow.yml").write_text(yaml.safe_dump(det_inputs["manifest"]))
+    with (d.inbox / "slow.onnx").open("wb") as fh:
+        for i in range(0, len(data), len(data) // 8 + 1):
+            fh.write(data[i:i + len(data) // 8 + 1])
+            fh.flush()
+            time.sleep(0.3)  # a slow writer: each chunk arrives within settle_s of the last
+            assert d.statuses() == []
+    done = d.wait_job("slow")
+    assert done["state"] == "succeeded" and done["inputs"]["onnx_sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_sha256_claims_without_settle_and_mismatch_times_out(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """A matching sha256 is claimed at once despite a long settle; a wrong one fails INPUT_INCOMPLETE."""
+    d = daemon(watch={"settle_s": 3600, "orphan_timeout_s": 2})
+    digest = sha256_file(det_inputs["onnx"])
+    drop(d.inbox, "fast", det_inputs["onnx"], {**det_inputs["manifest"], "sha256": digest})
+    assert d.wait_job("fast", timeout=30)["state"] == "succeeded"
+    drop(d.inbox, "torn", det_inputs["onnx"], {**det_inputs["manifest"], "sha256": "0" * 64})
+    failed = d.wait_job("torn", timeout=30)
+    assert failed["state"] == "failed" and failed["error"]["code"] == "INPUT_INCOMPLETE"
+    assert (d.inbox / ".saigeedged" / "failed" / failed["job_id"] / "torn.onnx").is_file()
+
+
+def test_orphan_manifest_fails_after_timeout(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """A manifest whose ONNX never appears fails with INPUT_NOT_FOUND naming it."""
+    d = daemon(watch={"orphan_timeout_s": 1})
+    (d.inbox / "ghost.yml").write_text(yaml.safe_dump(det_inputs["manifest"]))
+    failed = d.wait_job("ghost", timeout=30)
+    assert failed["error"]["code"] == "INPUT_NOT_FOUND" and "ghost.onnx" in failed["error"]["message"]
+
+
+BAD_DROPS = [
+    ("badyaml", None, "MANIFEST_INVALID"),
+    ("badfield", {"num_classes": -1}, "MANIFEST_INVALID"),
+    ("badcalib", {"num_classes": 7}, "CALIB_INVALID"),
+    ("badpath", {"calib": "/etc/passwd"}, "PATH_NOT_ALLOWED"),
+    ("badsize", {"input_size": [32, 32]}, "INPUT_SIZE_MISMATCH"),
+    ("badout", {"output": "../../x.saigeedge"}, "MANIFEST_INVALID"),
+]
+
+
+def test_bad_drops_fail_with_codes_and_the_daemon_goes_on(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """Each bad drop ends failed with its code, keeps its inputs under failed/, and a good drop still succeeds."""
+    d = daemon()
+    for name, change, _ in BAD_DROPS:
+        if change is None:
+            drop(d.inbox, name, det_inputs["onnx"], det_inputs["manifest"])
+            (d.inbox / f"{name}.yml").write_text("task: [detection\n")
+        else:
+            drop(d.inbox, name, det_inputs["onnx"], {**det_inputs["manifest"], **change})
+    drop(d.inbox, "good", det_inputs["onnx"], det_inputs["manifest"])
+    assert d.wait_job("good")["state"] == "succeeded"
+    for name, _, code in BAD_DROPS:
+        doc = d.wait_job(name)
+        assert (doc["state"], doc["error"]["code"]) == ("failed", code), doc
+        assert doc["error"]["hint"] and name in os.listdir(d.inbox / ".saigeedged" / "failed" / doc["job_id"])[0]
+        assert (d.outbox / doc["log"]).is_file()
+    assert {e["job_name"] for e in d.events("drop.invalid")} == {"badyaml", "badfield", "badout"}
+    assert d.proc.poll() is None
+
+
+def test_multi_model_manifest_drop(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
+    """Each entry of a models: list is its own job; onnx paths relative to the manifest move with it."""
+    d = daemon()
+    (d.inbox / "batch" / "models").mkdir(parents=True)
+    (d.inbox / "batch" / "models" / "det.onnx").write_bytes(det_inputs["onnx"].read_bytes())
+    classifier(d.inbox / "batch" / "models" / "cls.onnx", 3, (224, 224))
+    m = det_inputs["manifest"]
+    (d.inbox / "batch" / "compile_models.yml").write_text(yaml.safe_dump({"target": "host", "models": [
+        {**m, "onnx": "models/det.onnx"}, {**m, "task": "mlc", "onnx": "models/cls.onnx", "name": "tags"}]}))
+    det, tags = d.wait_job("compile_models.detection"), d.wait_job("tags")
+    assert det["state"] == tags["state"] == "succeeded"
+    assert det["bundle"]["path"] == "batch/compile_models.detection.host.saigeedge"
+    assert tags["bundle"]["path"] == "batch/tags.host.saigeedge"
+    wait_for(lambda: not any((d.inbox / ".saigeedged" / "claimed").iterdir()), 10, "claimed folder removed")
+
+
+def test_burst_of_drops_all_succeed_once(daemon: Any, tmp_path: Path) -> None:
+    """50 drops at once: all claimed once, all succeed, in FIFO order within a priority."""
+    d = daemon()
+    src = classifier(tmp_path / "tiny.onnx", 2, (32, 32))
+    from factory import random_labels, valjson
+
+    calib = valjson(tmp_path / "data", random_labels(4, 2))
+    m = {"task": "mlc", "num_classes": 2, "calib": str(calib), "n_samples": 2, "input_size": [32, 32]}
+    for i in range(50):
+        drop(d.inbox / f"b{i % 5}", f"m{i:02d}", src, m)
+    def all_done() -> list[dict[str, Any]] | None:
+        docs = d.statuses()
+        return docs if sum(x["state"] == "succeeded" for x in docs) == 50 else None
+
+    docs = wait_for(all_done, 240, "50 succeeded")
+    assert sorted(x["name"] for x in docs) == [f"m{i:02d}" for i in range(50)]
+    assert len({x["job_id"] for x in docs}) == 50 and len(d.events("drop.claimed")) == 50
+
+
+def test_poll_mode(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """mode: poll finds drops by scanning every poll_interval_s (no inotify)."""
+    d = daemon(watch={"mode": "poll", "poll_interval_s": 0.5})
+    assert d.events("daemon.ready")[0]["mode"] == "poll"
+    drop(d.inbox, "polled", det_inputs["onnx"], det_inputs["manifest"])
+    assert d.wait_job("polled")["state"] == "succeeded"
+
+
+def test_priority_then_fifo(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """Higher priority runs first; equal priorities run in claim order."""
+    d = daemon()
+    d.stop()  # queue while no daemon runs, then start: the start-up scan claims all
+    for name, prio in (("low1", 0), ("low2", 0), ("high", 5)):
+        drop(d.inbox, name, det_inputs["onnx"], {**det_inputs["manifest"], "priority": prio})
+    d.start()
+    for name in ("low1", "low2", "high"):
+        d.wait_job(name)
+    order = [e["job_name"] for e in d.events("job.started")]
+    assert order[0] == "high" and order.index("low1") < order.index("low2")
+
+
+def test_retry_after_fixing_the_input(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """A failed job keeps its inputs under failed/; after the cause is fixed, `retry` runs it again to success."""
+    from saigeedged import cli
+
+    d = daemon()
+    calib = Path(det_inputs["manifest"]["calib"])
+    good = calib.read_text()
+    doc = json.loads(good)
+    doc["validation"][0]["labels"] = [9]
+    calib.write_text(json.dumps(doc))
+    drop(d.inbox, "fixme", det_inputs["onnx"], det_inputs["manifest"])
+    failed = d.wait_job("fixme")
+    assert failed["error"]["code"] == "CALIB_INVALID" and "img0000.jpg" in failed["error"]["message"]
+    calib.write_text(good)
+    assert cli.main(["retry", failed["job_id"], "-c", str(d.config)]) == 0
+    done = d.wait_state(failed["job_id"], ("succeeded",))
+    assert done["attempt"] == 2 and done["error"] is None
+    assert not (d.inbox / ".saigeedged" / "failed" / failed["job_id"]).exists()
+    assert cli.main(["retry", failed["job_id"], "-c", str(d.config)]) == 2  # succeeded jobs are not retried
+
+
+def test_sigterm_when_idle_exits_zero(daemon: Any) -> None:
+    """SIGTERM: STOPPING=1 and exit 0."""
+    d = daemon()
+    d.signal(signal.SIGTERM)
+    d.expect("STOPPING=1", 10)
+    assert d.proc.wait(30) == 0
+    assert d.events("daemon.stopping")
+
+
+def test_notify_ready_status_watchdog(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """READY=1 with STATUS, WATCHDOG=1 pings at half WATCHDOG_USEC, STATUS names the job while it compiles."""
+    d = daemon(env={"WATCHDOG_USEC": "400000"})
+    assert "STATUS=idle, 0 queued" in d.expect("READY=1", 1)
+    d.expect("WATCHDOG=1", 5)
+    count = sum(m == "WATCHDOG=1" for m in d.messages)
+    drop(d.inbox, "watched", det_inputs["onnx"], det_inputs["manifest"])
+    assert d.wait_job("watched")["state"] == "succeeded"
+    d.expect("STATUS=idle", 5)
+    assert any(m.startswith("STATUS=compiling watched (") for m in d.messages)
+    assert sum(m == "WATCHDOG=1" for m in d.messages) > count
+
+
+def test_run_requires_named_dirs(tmp_path: Path) -> None:
+    """`run` without a config naming inbox and outbox is bad usage."""
+    from saigeedged import cli
+
+    (tmp_path / "c.yml").write_text("state_dir: s\n")
+    assert cli.main(["run", "-c", str(tmp_path / "c.yml")]) == 2
