@@ -21,6 +21,7 @@ from saigeedged.errors import SaigeError
 
 MANAGED_LABEL = "io.saigeedge.managed"
 KILL_AFTER = "30s"
+LOST_GRACE_S = 2  # how long a step killed by a signal waits to see whether its whole container is going down
 PIDFILE = ".step.pid"
 # by path: a busybox sh would run its own applet for a bare `timeout` (coreutils lives here on Ubuntu)
 TIMEOUT_BIN = "/usr/bin/timeout"
@@ -201,10 +202,20 @@ class Container:
             reason, self._interrupt = self._interrupt, None
         if reason is not None:
             raise SaigeError("CANCELLED", f"step {shlex.join(argv[:3])} was stopped ({reason})", reason=reason)
-        if code is None or not self.alive():
+        if self._lost(ctr, code):
             raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} died during {shlex.join(argv[:3])}")
         Path(pidfile).unlink(missing_ok=True)
         return code
+
+    def _lost(self, ctr: Any, code: int | None) -> bool:
+        """Did the container die under the step? A kill shows as 137 (or no code) before the engine marks it exited."""
+        if code is not None and code < 128:
+            return not self.alive()
+        try:
+            self.docker.api.wait(ctr.id, timeout=LOST_GRACE_S)  # returns as soon as the container stops
+        except Exception:  # still running after the grace period: the step alone was killed (e.g. timeout)
+            return not self.alive()
+        return True
 
     def interrupt(self, workdir: Path, reason: str) -> None:
         """Kill the running step of the job in `workdir` (cancel or daemon stop); its run_step raises CANCELLED."""

@@ -26,8 +26,8 @@ log = structlog.get_logger()
 
 def event(name: str, job: Job, level: str = "info", **fields: Any) -> None:
     """One journal entry for a job event, with the SPEC §9 fields."""
-    getattr(log, level)(name, job_id=job.job_id, job_name=job.name, state=job.state, step=job.step,
-                        error_code=(job.error or {}).get("code"), **fields)
+    fields.setdefault("error_code", (job.error or {}).get("code"))
+    getattr(log, level)(name, job_id=job.job_id, job_name=job.name, state=job.state, step=job.step, **fields)
 
 
 @dataclass

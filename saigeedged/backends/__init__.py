@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from saigeedged.joblog import JobLog
 
@@ -48,15 +48,7 @@ class Backend(Protocol):
 
 
 def get(target: str) -> Backend:
-    """The backend module for a target."""
-    if target == "host":
-        from saigeedged.backends import host
+    """The backend module for a target (modules satisfy the Backend protocol)."""
+    import importlib
 
-        return host
-    if target == "mobilint":
-        from saigeedged.backends import mobilint
-
-        return mobilint
-    from saigeedged.backends import cubie
-
-    return cubie
+    return cast(Backend, importlib.import_module(f"saigeedged.backends.{target}"))

@@ -1,0 +1,69 @@
+#!/bin/sh
+# Stand-in for Mobilint qb Compiler 1.3 (`python3 -m qbcompiler`, tests only). It checks argv and the exact
+# target-device strings like the real CLI, reads calib.txt and every .npy it lists, writes .mblt/.mxq where
+# asked, and with QBCOMPILER_JSONL=1 reports as JSON lines (status, progress, result, log, error).
+# Failure modes, chosen by a word in the model name: qbfail (an `error` event, exit 1), qbnooutput (exit 0,
+# no output file), qbhang (never returns), slow (3 s per step).
+set -u
+jsonl="${QBCOMPILER_JSONL:-0}"
+say() { [ "$jsonl" = 1 ] && printf '{"type": "%s", %s}\n' "$1" "$2" || echo "$3" >&2; }
+error() { if [ "$jsonl" = 1 ]; then printf '{"type": "error", "code": "%s", "message": "%s"}\n' "$1" "$2"; else echo "ERROR [$1]: $2" >&2; fi; exit "${3:-1}"; }
+get() { eval "printf '%s' \"\${opt_$1:-}\""; }
+
+cmd="${1:-}"
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  --help|-h|"") echo "usage: qbcompiler {compile,parse,quantize,dump-config,presets,info,check} ..."; exit 0 ;;
+  parse) allowed="--model --backend --target-device --config-preset --output" ;;
+  quantize) allowed="--mblt --calib-data-path --target-device --config-preset --compile-config --output" ;;
+  *) error ARGUMENT_ERROR "unknown command '$cmd'" 2 ;;
+esac
+while [ $# -gt 0 ]; do
+  flag="$1"
+  shift
+  case " $allowed " in
+    *" $flag "*) [ $# -gt 0 ] || error ARGUMENT_ERROR "argument $flag: expected one argument" 2
+                 key=$(echo "${flag#--}" | tr - _); eval "opt_$key=\$1"; shift ;;
+    *) error ARGUMENT_ERROR "unrecognized arguments: $flag" 2 ;;
+  esac
+done
+device=$(get target_device)
+case "$device" in
+  aries-rb|regulus-ra|regulus-rb|regulus-rb-usb) ;;
+  *) error ARGUMENT_ERROR "invalid target device '$device' (aries-rb, regulus-ra, regulus-rb, regulus-rb-usb)" 2 ;;
+esac
+preset=$(get config_preset)
+case "$preset" in
+  ""|classification|classification_torchvision|detection|yolo_640|yolo_1280|llm|llm_fast|vision_transformer|multimodal) ;;
+  *) error ARGUMENT_ERROR "unknown config preset '$preset'" 2 ;;
+esac
+out=$(get output)
+[ -n "$out" ] || error ARGUMENT_ERROR "the following arguments are required: --output" 2
+src=$(get model)
+[ "$cmd" = quantize ] && src=$(get mblt)
+[ -f "$src" ] || error ARGUMENT_ERROR "no such file: '$src'" 2
+case "$src" in *qbhang*) exec sleep 100000 ;; *slow*) sleep 3 ;; esac
+say status "\"stage\": \"$cmd\", \"device\": \"$device\"" "I $cmd for $device"
+if [ "$cmd" = parse ]; then
+  [ "$(get backend)" = onnx ] || error ARGUMENT_ERROR "unsupported backend '$(get backend)'" 2
+  case "$src" in *qbfail*) error INTERNAL_ERROR "unsupported layer 'If' in the middle of the graph (simplify first)" ;; esac
+  say progress '"stage": "parse", "progress": 1.0' "I parsed"
+  case "$src" in *qbnooutput*) exit 0 ;; esac
+  { printf 'MBLT'; cat "$src"; } > "$out"
+else
+  calib=$(get calib_data_path)
+  [ -f "$calib" ] || error ARGUMENT_ERROR "No calibration dataset is provided" 2
+  n=0
+  total=$(grep -c . "$calib")
+  while IFS= read -r npy; do
+    [ -f "$npy" ] || error ARGUMENT_ERROR "calibration file not found: $npy" 2
+    [ "$(head -c 6 "$npy" | tail -c 5)" = NUMPY ] || error ARGUMENT_ERROR "not a .npy file: $npy" 2
+    n=$((n + 1))
+    say progress "\"stage\": \"calibration\", \"done\": $n, \"total\": $total" "I calibration $n/$total"
+  done < "$calib"
+  [ "$n" -gt 0 ] || error ARGUMENT_ERROR "No calibration dataset is provided" 2
+  case "$src" in *qbnooutput*) exit 0 ;; esac
+  { printf 'MXQ1%s' "$device"; cat "$src"; } > "$out"
+fi
+say result "\"output\": \"$out\"" "I wrote $out"
+exit 0

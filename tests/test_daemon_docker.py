@@ -1,0 +1,169 @@
+"""Daemon faults against a real Docker engine (SPEC §9): kills, stops, dead containers, timeouts, cancel."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from factory import classifier, yolox
+from harness import drop, wait_for
+
+from saigeedged import cli
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def cubie_daemon(daemon: Any, docker_config: Path) -> Any:
+    """daemon(...) with the stand-in container settings of docker_config and target cubie."""
+    settings = yaml.safe_load(docker_config.read_text())
+
+    def start(**overrides: Any) -> Any:
+        limits = {**settings["limits"], **overrides.pop("limits", {})}
+        return daemon(cubie=settings["cubie"], mobilint=settings["mobilint"], limits=limits,
+                      defaults={"target": "cubie"}, **overrides)
+
+    return start
+
+
+def procs(docker_client: Any, d: Any) -> str:
+    name = yaml.safe_load(d.config.read_text())["cubie"]["container"]
+    return str(docker_client.containers.get(name).exec_run(["ps", "-o", "args"]).output.decode())
+
+
+def named_model(tmp_path: Path, name: str) -> Path:
+    return yolox(tmp_path / f"{name}.onnx", size=(64, 64))
+
+
+def test_cubie_drop_and_failure_modes_keep_the_daemon_going(cubie_daemon: Any, det_inputs: dict[str, Any],
+                                                            tmp_path: Path) -> None:
+    """Failing pegasus jobs end with their codes; the good one beside them succeeds with an A733 bundle."""
+    d = cubie_daemon()
+    m = det_inputs["manifest"]
+    drop(d.inbox, "failimport", named_model(tmp_path, "failimport"), m)
+    drop(d.inbox, "fatal65280", named_model(tmp_path, "fatal65280"), m)
+    drop(d.inbox, "silent", det_inputs["onnx"], {**m, "qtype": "int16"})
+    drop(d.inbox, "good", det_inputs["onnx"], m)
+    codes = {n: d.wait_job(n)["error"] for n in ("failimport", "fatal65280", "silent")}
+    assert {n: e["code"] for n, e in codes.items()} == {"failimport": "STEP_FAILED", "fatal65280": "EXPORT_FAILED",
+                                                       "silent": "QUANTIZE_NO_OUTPUT"}
+    assert codes["failimport"]["step"] == "import" and "exited 1" in codes["failimport"]["message"]
+    good = d.wait_job("good")
+    assert good["state"] == "succeeded" and good["step_count"] == 11
+    assert (d.outbox / good["bundle"]["path"]).is_file()
+
+
+def test_sigkill_mid_step_resumes_on_restart(cubie_daemon: Any, docker_client: Any, tmp_path: Path,
+                                             det_inputs: dict[str, Any]) -> None:
+    """SIGKILL during quantize; the next start kills the leftover step, runs the job again (attempt 2), once."""
+    d = cubie_daemon()
+    drop(d.inbox, "slowjob", named_model(tmp_path, "slowjob"), det_inputs["manifest"])
+    first = d.wait_job("slowjob", ("running",))
+    d.wait_state(first["job_id"], ("running",), step="quantize")
+    wait_for(lambda: "sleep 3" in procs(docker_client, d), 10, "the quantize step running")
+    d.signal(signal.SIGKILL)
+    d.proc.wait(10)
+    d.start()
+    done = d.wait_state(first["job_id"], ("succeeded",))
+    assert done["attempt"] == 2
+    assert [s["job_id"] for s in d.statuses()] == [first["job_id"]]
+    requeued = [e for e in d.events("job.requeued") if e["job_id"] == first["job_id"]]
+    assert requeued and requeued[0]["reason"] == "restart"
+
+
+def test_sigterm_mid_step_requeues_and_exits(cubie_daemon: Any, docker_client: Any, tmp_path: Path,
+                                             det_inputs: dict[str, Any]) -> None:
+    """SIGTERM during a hung step: STOPPING=1, the step is killed in the container, the job is queued, exit 0 < 30 s."""
+    d = cubie_daemon()
+    drop(d.inbox, "hang", named_model(tmp_path, "hang"), det_inputs["manifest"])
+    job = d.wait_job("hang", ("running",))
+    d.wait_state(job["job_id"], ("running",), step="quantize")
+    wait_for(lambda: "sleep 100000" in procs(docker_client, d), 10, "the hung step running")
+    start = time.monotonic()
+    d.signal(signal.SIGTERM)
+    assert d.proc.wait(30) == 0
+    assert time.monotonic() - start < 30
+    assert "STOPPING=1" in " ".join(d.messages)
+    doc = d.status(job["job_id"])
+    assert doc is not None and doc["state"] == "queued" and doc["attempt"] == 2
+    wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 10, "the step killed")
+
+
+def test_container_killed_mid_job_is_recreated_and_retried(cubie_daemon: Any, docker_client: Any, tmp_path: Path,
+                                                           det_inputs: dict[str, Any]) -> None:
+    """docker kill during a step: CONTAINER_LOST, container recreated, job retried to success."""
+    d = cubie_daemon()
+    drop(d.inbox, "slowkill", named_model(tmp_path, "slowkill"), det_inputs["manifest"])
+    job = d.wait_job("slowkill", ("running",))
+    d.wait_state(job["job_id"], ("running",), step="quantize")
+    name = yaml.safe_load(d.config.read_text())["cubie"]["container"]
+    old = docker_client.containers.get(name)
+    wait_for(lambda: "sleep 3" in procs(docker_client, d), 10, "the quantize step running")
+    old.kill()
+    done = d.wait_state(job["job_id"], ("succeeded", "failed"))
+    assert done["state"] == "succeeded" and done["attempt"] == 2
+    assert docker_client.containers.get(name).id != old.id
+    assert [e["error_code"] for e in d.events("job.requeued")] == ["CONTAINER_LOST"]
+    assert d.events("container.created")
+
+
+def test_container_lost_is_bounded_by_max_attempts(cubie_daemon: Any, docker_client: Any, tmp_path: Path,
+                                                   det_inputs: dict[str, Any]) -> None:
+    """With max_attempts 1 a lost container fails the job with CONTAINER_LOST."""
+    d = cubie_daemon(limits={"max_attempts": 1})
+    drop(d.inbox, "slowlost", named_model(tmp_path, "slowlost"), det_inputs["manifest"])
+    job = d.wait_job("slowlost", ("running",))
+    d.wait_state(job["job_id"], ("running",), step="quantize")
+    wait_for(lambda: "sleep 3" in procs(docker_client, d), 10, "the quantize step running")
+    docker_client.containers.get(yaml.safe_load(d.config.read_text())["cubie"]["container"]).kill()
+    assert d.wait_state(job["job_id"], ("failed",))["error"]["code"] == "CONTAINER_LOST"
+
+
+def test_hung_step_times_out(cubie_daemon: Any, docker_client: Any, tmp_path: Path, det_inputs: dict[str, Any]) -> None:
+    """A hung step past step_timeout_s ends TIMEOUT with nothing left running; the queue goes on."""
+    d = cubie_daemon(limits={"step_timeout_s": 2})
+    drop(d.inbox, "hang", named_model(tmp_path, "hang"), det_inputs["manifest"])
+    drop(d.inbox, "after", det_inputs["onnx"], det_inputs["manifest"])
+    failed = d.wait_job("hang")
+    assert failed["error"]["code"] == "TIMEOUT" and failed["error"]["step"] == "quantize"
+    assert "sleep 100000" not in procs(docker_client, d)
+    assert d.wait_job("after")["state"] == "succeeded"
+
+
+def test_cancel_running_and_queued(cubie_daemon: Any, docker_client: Any, tmp_path: Path,
+                                   det_inputs: dict[str, Any]) -> None:
+    """cancel kills a running step (state cancelled) and cancels a queued job before it starts."""
+    d = cubie_daemon()
+    drop(d.inbox, "hang", named_model(tmp_path, "hang"), det_inputs["manifest"])
+    running = d.wait_job("hang", ("running",))
+    drop(d.inbox, "waiting", det_inputs["onnx"], det_inputs["manifest"])
+    queued = d.wait_job("waiting", ("queued",))
+    assert cli.main(["cancel", queued["job_id"], "-c", str(d.config)]) == 0
+    assert d.status(queued["job_id"])["state"] == "cancelled"
+    d.wait_state(running["job_id"], ("running",), step="quantize")
+    assert cli.main(["cancel", running["job_id"], "-c", str(d.config)]) == 0
+    done = d.wait_state(running["job_id"], ("cancelled",))
+    assert done["error"]["code"] == "CANCELLED"
+    assert "sleep 100000" not in procs(docker_client, d)
+    assert (d.inbox / ".saigeedged" / "failed" / running["job_id"] / "hang.onnx").is_file()
+    assert [e["job_name"] for e in d.events("job.started")] == ["hang"]
+
+
+def test_mobilint_and_cubie_share_the_queue(cubie_daemon: Any, tmp_path: Path, det_inputs: dict[str, Any]) -> None:
+    """A regulus-rb classifier and a cubie detector dropped together both succeed; a chip name is refused."""
+    d = cubie_daemon()
+    cls = classifier(tmp_path / "cls.onnx", 3, (224, 224))
+    m = {**det_inputs["manifest"], "task": "mlc", "target": "mobilint", "device": "regulus-rb"}
+    drop(d.inbox, "tags", cls, m)
+    drop(d.inbox, "det", det_inputs["onnx"], det_inputs["manifest"])
+    drop(d.inbox, "chip", cls, {**m, "device": "REGULUS"})
+    tags, det = d.wait_job("tags"), d.wait_job("det")
+    assert tags["state"] == det["state"] == "succeeded"
+    assert tags["bundle"]["path"] == "tags.mobilint.saigeedge" and tags["target"] == "mobilint"
+    bad = d.wait_job("chip")
+    assert bad["error"]["code"] == "MANIFEST_INVALID" and "regulus-rb-usb" in bad["error"]["message"]
+    assert any(p.get("step") == "quantize" for p in [tags.get("progress") or {}]) or tags["step"] == "publish"
