@@ -202,14 +202,14 @@ class Container:
             reason, self._interrupt = self._interrupt, None
         if reason is not None:
             raise SaigeError("CANCELLED", f"step {shlex.join(argv[:3])} was stopped ({reason})", reason=reason)
-        if self._lost(ctr, code):
+        if code is None or self._lost(ctr, code):
             raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} died during {shlex.join(argv[:3])}")
         Path(pidfile).unlink(missing_ok=True)
         return code
 
-    def _lost(self, ctr: Any, code: int | None) -> bool:
-        """Did the container die under the step? A kill shows as 137 (or no code) before the engine marks it exited."""
-        if code is not None and code < 128:
+    def _lost(self, ctr: Any, code: int) -> bool:
+        """Did the container die under the step? A kill shows as 137 before the engine marks it exited."""
+        if code < 128:
             return not self.alive()
         try:
             self.docker.api.wait(ctr.id, timeout=LOST_GRACE_S)  # returns as soon as the container stops

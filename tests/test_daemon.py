@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from factory import classifier, manifest
 from harness import drop, wait_for
