@@ -1,0 +1,103 @@
+"""The inbox scanner with time passed in (SPEC §3): settle, sha256, orphans, ignored names, symlinks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+from factory import yolox
+
+from saigeedged.inbox import Drop, Rejected, Scanner, claim, ignored
+from saigeedged.inputs import sha256_file
+from saigeedged.watch import filesystem_type, use_polling
+
+M = {"task": "detection", "num_classes": 3, "calib": "/data/val.json"}
+
+
+def scanner(inbox: Path, settle: float = 2.0, orphan: float = 600.0) -> Scanner:
+    return Scanner(inbox, settle, orphan, {})
+
+
+def write(path: Path, data: dict[str, object]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_settle_waits_for_unchanged_files(tmp_path: Path) -> None:
+    """A drop is ready only after both files kept (size, mtime, inode) for settle_s; a change restarts the wait."""
+    s = scanner(tmp_path)
+    yolox(tmp_path / "det.onnx")
+    write(tmp_path / "det.yml", M)
+    assert s.scan(100.0) == [] and s.next_due == 102.0
+    assert s.scan(101.9) == []
+    with (tmp_path / "det.onnx").open("ab") as fh:
+        fh.write(b"\0")
+    assert s.scan(102.0) == []  # changed: the clock restarts for the ONNX
+    (found,) = s.scan(104.0)
+    assert isinstance(found, Drop) and found.files == [tmp_path / "det.yml", tmp_path / "det.onnx"]
+
+
+def test_sha256_match_skips_settle_and_mismatch_waits(tmp_path: Path) -> None:
+    """A matching digest is ready at once; a mismatch waits, then is INPUT_INCOMPLETE after orphan_timeout_s."""
+    s = scanner(tmp_path, settle=3600, orphan=60)
+    onnx = yolox(tmp_path / "a.onnx")
+    write(tmp_path / "a.yml", {**M, "sha256": sha256_file(onnx)})
+    (found,) = s.scan(0.0)
+    assert isinstance(found, Drop)
+    s.forget(found.files)  # as after a claim: a later drop with the same name is new
+    write(tmp_path / "a.yml", {**M, "sha256": "ab" * 32})
+    assert s.scan(1.0) == [] and s.scan(60.0) == []
+    (bad,) = s.scan(61.0)
+    assert isinstance(bad, Rejected) and bad.error.code == "INPUT_INCOMPLETE"
+
+
+def test_orphan_and_invalid_manifests(tmp_path: Path) -> None:
+    """A lone manifest fails INPUT_NOT_FOUND after orphan_timeout_s; a settled unparsable one is MANIFEST_INVALID."""
+    s = scanner(tmp_path, settle=1, orphan=10)
+    write(tmp_path / "ghost.yml", M)
+    (tmp_path / "broken.yml").write_text("task: [")
+    assert s.scan(0.0) == []
+    (broken,) = s.scan(1.0)
+    assert isinstance(broken, Rejected) and broken.error.code == "MANIFEST_INVALID" and broken.files == [tmp_path / "broken.yml"]
+    (tmp_path / "broken.yml").unlink()
+    (ghost,) = s.scan(10.0)
+    assert isinstance(ghost, Rejected) and ghost.error.code == "INPUT_NOT_FOUND" and "ghost.onnx" in ghost.error.message
+
+
+def test_ignored_names_symlinks_and_own_dir(tmp_path: Path) -> None:
+    """Hidden/temp names, symlinks and the .saigeedged folder are never considered; a lone ONNX waits forever."""
+    s = scanner(tmp_path, settle=0, orphan=0)
+    for name in ("x.yml.tmp", "x.yml.part", "x.yml.partial", "x.yml.crdownload", "x.yml.swp", "x.yml~", ".x.yml"):
+        assert ignored(name)
+        write(tmp_path / name, M)
+    write(tmp_path / ".saigeedged" / "claimed" / "j" / "det.yml", M)
+    write(tmp_path / "elsewhere" / "real.yml", M)
+    (tmp_path / "link.yml").symlink_to(tmp_path / "elsewhere" / "real.yml")
+    yolox(tmp_path / "lone.onnx")
+    found = s.scan(0.0)
+    assert [f.manifest for f in found] == [tmp_path / "elsewhere" / "real.yml"]  # only the real one (orphan: 0)
+
+
+def test_claim_keeps_relative_layout(tmp_path: Path) -> None:
+    """Claim renames files under the job's folder, keeping paths relative to the manifest."""
+    inbox = tmp_path / "inbox"
+    write(inbox / "team" / "m.yml", M)
+    (inbox / "team" / "models").mkdir(parents=True)
+    yolox(inbox / "team" / "models" / "det.onnx")
+    dest = inbox / ".saigeedged" / "claimed" / "job"
+    ino = os.stat(inbox / "team" / "models" / "det.onnx").st_ino
+    moved = claim([inbox / "team" / "m.yml", inbox / "team" / "models" / "det.onnx"], inbox / "team", dest)
+    assert moved[inbox / "team" / "models" / "det.onnx"] == dest / "models" / "det.onnx"
+    assert os.stat(dest / "models" / "det.onnx").st_ino == ino  # a rename, not a copy
+    assert not (inbox / "team" / "m.yml").exists()
+
+
+def test_network_filesystems_are_polled() -> None:
+    """auto polls on NFS/CIFS (from the mount table), uses events elsewhere."""
+    mounts = "/dev/vda / ext4 rw 0 0\nsrv:/x /srv/saige nfs4 rw 0 0\n//nas/in /mnt/in cifs rw 0 0\n"
+    assert filesystem_type(Path("/srv/saige/inbox"), mounts) == "nfs4"
+    assert use_polling("auto", Path("/mnt/in/teamA"), mounts)
+    assert not use_polling("auto", Path("/var/inbox"), mounts)
+    assert use_polling("poll", Path("/var/inbox"), mounts) and not use_polling("events", Path("/srv/saige"), mounts)

@@ -1,0 +1,87 @@
+"""Job events in the real journal (SPEC §9), read back with journalctl."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import drop, wait_for
+
+from saigeedged.log import journal_field, journal_fields
+
+pytestmark = pytest.mark.journald
+
+JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
+
+
+def journal(**match: str) -> list[dict[str, Any]]:
+    args = ["journalctl", "--no-pager", "-o", "json", *[f"{k}={v}" for k, v in match.items()]]
+    run = subprocess.run(args, capture_output=True, text=True)
+    return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(autouse=True)
+def _needs_journald() -> None:
+    assert JOURNAL_SOCKET.exists(), "systemd-journald is not running (scripts/setup-host starts it)"
+
+
+def test_field_names_are_valid() -> None:
+    """Keys become SAIGEEDGE_* fields of A-Z0-9_ only, no leading digit, at most 64 characters."""
+    assert journal_field("job_id") == "SAIGEEDGE_JOB_ID"
+    assert journal_field("error-code.x") == "SAIGEEDGE_ERROR_CODE_X"
+    assert journal_field("9lives") == "SAIGEEDGE_LIVES"
+    assert len(journal_field("k" * 100)) == 64
+    fields = journal_fields({"event": "job.failed", "level": "warning", "job_id": "a-1", "error_code": "TIMEOUT",
+                             "step": None})
+    assert fields["SAIGEEDGE_EVENT"] == "job.failed" and fields["PRIORITY"] == "4"
+    assert fields["SAIGEEDGE_ERROR_CODE"] == "TIMEOUT" and "SAIGEEDGE_STEP" not in fields
+    assert fields["MESSAGE"].startswith("job.failed a-1")
+
+
+def test_a_job_tells_its_story_in_the_journal(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """journalctl SAIGEEDGE_JOB_ID=<id> shows claim, start, each step and success, with the SPEC's fields."""
+    d = daemon(log={"format": "journal"})
+    drop(d.inbox, "journaled", det_inputs["onnx"], det_inputs["manifest"])
+    job_id = d.wait_job("journaled")["job_id"]
+    entries = wait_for(lambda: (e := journal(SAIGEEDGE_JOB_ID=job_id)) and e[-1].get("SAIGEEDGE_EVENT") == "job.succeeded"
+                       and e, 10, "the job's journal entries")
+    events = [e["SAIGEEDGE_EVENT"] for e in entries]
+    assert events[:2] == ["drop.claimed", "job.started"] and events[-1] == "job.succeeded"
+    assert events.count("job.step") == 8
+    last = entries[-1]
+    assert last["SYSLOG_IDENTIFIER"] == "saigeedged" and last["SAIGEEDGE_JOB_NAME"] == "journaled"
+    assert last["SAIGEEDGE_STATE"] == "succeeded" and last["SAIGEEDGE_STEP"] == "publish"
+    assert "job.step" not in d.stderr()  # nothing printed: journal only
+
+
+def test_failures_carry_the_error_code(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """A failed job's entry has SAIGEEDGE_ERROR_CODE and warning priority."""
+    d = daemon(log={"format": "journal"})
+    drop(d.inbox, "jfail", det_inputs["onnx"], {**det_inputs["manifest"], "num_classes": 9})
+    job_id = d.wait_job("jfail")["job_id"]
+    failed = wait_for(lambda: journal(SAIGEEDGE_JOB_ID=job_id, SAIGEEDGE_EVENT="job.failed"), 10, "job.failed entry")
+    assert failed[0]["SAIGEEDGE_ERROR_CODE"] == "CALIB_INVALID" and failed[0]["PRIORITY"] == "4"
+
+
+def test_auto_format_detects_a_journal_stream_and_logs_once(tmp_path: Path) -> None:
+    """With stderr being the stream JOURNAL_STREAM names, auto sends to the journal and prints nothing."""
+    marker = f"auto-{os.getpid()}-{tmp_path.name}"
+    err = (tmp_path / "stderr").open("w+b")
+    st = os.fstat(err.fileno())
+    code = ("import structlog; from saigeedged import log; "
+            f"print(log.configure('auto'), flush=True); structlog.get_logger().info('daemon.ready', marker='{marker}')")
+    env = dict(os.environ, JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
+    run = subprocess.run([sys.executable, "-c", code], stderr=err, capture_output=False, stdout=subprocess.PIPE,
+                         text=True, env=env)
+    assert run.stdout.strip() == "journal"
+    err.seek(0)
+    assert err.read() == b""
+    assert wait_for(lambda: journal(SAIGEEDGE_MARKER=marker), 10, "the entry")[0]["SAIGEEDGE_EVENT"] == "daemon.ready"
+    env["JOURNAL_STREAM"] = "1:1"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.stdout.strip() == "json" and '"event": "daemon.ready"' in run.stderr

@@ -1,0 +1,77 @@
+"""The SQLite queue: WAL, priority then FIFO, checked transitions, cancel flags."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from saigeedged.jobs import FAILED, QUEUED, RUNNING, SUCCEEDED, Job, TransitionError, status_text
+from saigeedged.store import Store
+
+
+def job(job_id: str, priority: int = 0, **fields: object) -> Job:
+    return Job(job_id=job_id, name=job_id.split("-")[0], target="host", task="mlc", entry={"onnx": "/x.onnx"},
+               subdir="", claim_dir=f"/c/{job_id}", manifest="x.yml", priority=priority, created_at="t", **fields)  # type: ignore[arg-type]
+
+
+def test_wal_and_durability(tmp_path: Path) -> None:
+    """The database is in WAL mode and a job survives reopening."""
+    store = Store(tmp_path / "q.db")
+    store.add(job("a-1"))
+    store.close()
+    assert sqlite3.connect(tmp_path / "q.db").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert Store(tmp_path / "q.db").get("a-1") == job("a-1")
+
+
+def test_priority_then_fifo(tmp_path: Path) -> None:
+    """next_queued: highest priority first, then the order of claiming."""
+    store = Store(tmp_path / "q.db")
+    for job_id, prio in (("a-1", 0), ("b-2", 0), ("c-3", 5), ("d-4", 5)):
+        store.add(job(job_id, prio))
+    order = []
+    while (nxt := store.next_queued()) is not None:
+        order.append(nxt.job_id)
+        nxt.state = RUNNING
+        store.save(nxt)
+    assert order == ["c-3", "d-4", "a-1", "b-2"]
+
+
+def test_transitions_are_checked(tmp_path: Path) -> None:
+    """succeeded is final; an expected state that changed meanwhile is refused."""
+    store = Store(tmp_path / "q.db")
+    a = job("a-1")
+    store.add(a)
+    a.state = SUCCEEDED
+    with pytest.raises(TransitionError):
+        store.save(a)  # queued -> succeeded skips running
+    a.state = RUNNING
+    store.save(a, expect=QUEUED)
+    with pytest.raises(TransitionError):
+        store.save(a, expect=QUEUED)
+    a.state = FAILED
+    store.save(a)
+    a.state = QUEUED
+    store.save(a)  # retry
+
+
+def test_cancel_flag_survives_doc_writes(tmp_path: Path) -> None:
+    """A cancel request stays set while the worker rewrites the row, and clears on the next state."""
+    store = Store(tmp_path / "q.db")
+    a = job("a-1", state=RUNNING)
+    store.add(a)
+    store.request_cancel("a-1")
+    a.step = "quantize"
+    store.save(a)
+    assert store.cancel_requested("a-1")
+    a.state = QUEUED
+    store.save(a)
+    assert not store.cancel_requested("a-1")
+
+
+def test_status_text() -> None:
+    """The STATUS line names the job, its step and the queue length."""
+    running = job("det-1", step="quantize", step_index=8, step_count=11)
+    assert status_text(running, 3) == "compiling det (quantize 8/11), 3 queued"
+    assert status_text(None, 0) == "idle, 0 queued"
