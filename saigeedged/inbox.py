@@ -148,7 +148,8 @@ class Scanner:
             return False
         if entry.sha256:
             return self._digest(onnx, files[onnx]).lower() == entry.sha256.lower()
-        return self._stable(entry.manifest, files[entry.manifest], now) and self._stable(onnx, files[onnx], now)
+        settled = [self._stable(p, files[p], now) for p in (entry.manifest, onnx)]  # both clocks start now
+        return all(settled)
 
     def forget(self, paths: list[Path]) -> None:
         for p in paths:

@@ -245,3 +245,30 @@ def test_run_requires_named_dirs(tmp_path: Path) -> None:
 
     (tmp_path / "c.yml").write_text("state_dir: s\n")
     assert cli.main(["run", "-c", str(tmp_path / "c.yml")]) == 2
+
+
+def test_flagged_quantization_warns(daemon: Any, tmp_path: Path) -> None:
+    """A host job whose INT8 output collapses is flagged in the status file and by a warning event."""
+    import numpy as np
+    from factory import collapsing, valjson
+    from PIL import Image
+
+    d = daemon()
+    src = collapsing(tmp_path / "sig.onnx", (32, 32))
+    calib = valjson(tmp_path / "data", [[0]] * 6, n_classes=1, grey=128)
+    Image.fromarray(np.full((32, 32, 3), 255, np.uint8)).save(tmp_path / "data" / "images" / "img0000.jpg", quality=100)
+    drop(d.inbox, "sig", src, {"task": "mlc", "num_classes": 1, "calib": str(calib), "input_size": [32, 32]})
+    done = d.wait_job("sig")
+    assert done["state"] == "succeeded" and done["quantization_report"]["flagged"] == ["prob"]
+    (warning,) = d.events("job.quantization_flagged")
+    assert warning["level"] == "warning" and warning["outputs"] == "prob"
+
+
+def test_demo_prints_a_succeeded_job(tmp_path: Path) -> None:
+    """The README's first command: a succeeded job, its bundle path and the quantization report."""
+    run = subprocess.run([sys.executable, "-m", "saigeedged.demo", "--dir", str(tmp_path / "demo")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "status   succeeded" in run.stdout and "quantization report" in run.stdout
+    bundle = run.stdout.split("bundle   ")[1].split()[0]
+    assert Path(bundle).is_file() and bundle.endswith("ppe_detector.host.saigeedge")

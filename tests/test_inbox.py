@@ -101,3 +101,13 @@ def test_network_filesystems_are_polled() -> None:
     assert use_polling("auto", Path("/mnt/in/teamA"), mounts)
     assert not use_polling("auto", Path("/var/inbox"), mounts)
     assert use_polling("poll", Path("/var/inbox"), mounts) and not use_polling("events", Path("/srv/saige"), mounts)
+
+
+def test_both_files_start_settling_at_first_sight(tmp_path: Path) -> None:
+    """A drop seen complete at t is ready at t + settle_s, not later (both clocks start together)."""
+    s = scanner(tmp_path, settle=1.0)
+    yolox(tmp_path / "det.onnx")
+    write(tmp_path / "det.yml", M)
+    assert s.scan(50.0) == []
+    (found,) = s.scan(51.0)
+    assert isinstance(found, Drop)

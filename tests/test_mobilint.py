@@ -48,7 +48,7 @@ def test_output_events_are_read() -> None:
 pytest_docker = pytest.mark.docker
 
 
-def setup(tmp_path: Path, name: str, task: str = "mlc", **fields: Any) -> Path:
+def setup(tmp_path: Path, name: str, task: str = "mlc", device: str = "regulus-rb", **fields: Any) -> Path:
     size = {"mlc": (224, 224), "reid": (256, 128)}.get(task)
     if task == "detection":
         yolox(tmp_path / f"{name}.onnx", size=(64, 64))
@@ -56,7 +56,7 @@ def setup(tmp_path: Path, name: str, task: str = "mlc", **fields: Any) -> Path:
         classifier(tmp_path / f"{name}.onnx", 3, size or (224, 224))
     calib = valjson(tmp_path / "data", random_labels(5, 3))
     return manifest(tmp_path / f"{name}.yml", task=task, num_classes=3, calib=str(calib), target="mobilint",
-                    device="regulus-rb", output=str(tmp_path / f"{name}.saigeedge"), **fields)
+                    device=device, output=str(tmp_path / f"{name}.saigeedge"), **fields)
 
 
 @pytest_docker

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -85,10 +86,14 @@ def quantize(float_path: Path, int8_path: Path, input_name: str, batches: list[N
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     calib_method, moving = METHODS[method]
-    quantize_static(str(float_path), str(int8_path), _Reader(input_name, batches),
-                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    calibrate_method=getattr(CalibrationMethod, calib_method),
-                    extra_options={"CalibMovingAverage": moving})
+    logging.disable(logging.WARNING)  # onnxruntime logs "consider pre-processing" advice to the root logger
+    try:
+            quantize_static(str(float_path), str(int8_path), _Reader(input_name, batches),
+                        quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        calibrate_method=getattr(CalibrationMethod, calib_method),
+                        extra_options={"CalibMovingAverage": moving})
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def cosine(a: NDArray[np.float32], b: NDArray[np.float32]) -> float:
@@ -106,6 +111,9 @@ def report(float_path: Path, int8_path: Path, input_name: str, batches: list[NDA
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    # no busy-waiting worker threads: on a small compile host they would starve the daemon's main loop
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
     sessions = [ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"]) for p in (float_path, int8_path)]
     names = [o.name for o in sessions[0].get_outputs()]
     cos: dict[str, list[float]] = {n: [] for n in names}
