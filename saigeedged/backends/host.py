@@ -88,7 +88,7 @@ def quantize(float_path: Path, int8_path: Path, input_name: str, batches: list[N
     calib_method, moving = METHODS[method]
     logging.disable(logging.WARNING)  # onnxruntime logs "consider pre-processing" advice to the root logger
     try:
-            quantize_static(str(float_path), str(int8_path), _Reader(input_name, batches),
+        quantize_static(str(float_path), str(int8_path), _Reader(input_name, batches),
                         quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                         calibrate_method=getattr(CalibrationMethod, calib_method),
                         extra_options={"CalibMovingAverage": moving})
