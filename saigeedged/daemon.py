@@ -44,7 +44,8 @@ class Daemon:
         self.wake = threading.Event()
         self.watcher = None if self.polling else Watcher(config.inbox, self.wake)
         self.containers = Containers(config, on_event=self._container_event)
-        self.worker = Worker(config, self.jobs, self.containers, self.places)
+        self._status_lock = threading.Lock()
+        self.worker = Worker(config, self.jobs, self.containers, self.places, on_change=self._status)
 
     @staticmethod
     def _container_event(name: str, fields: dict[str, object]) -> None:
@@ -130,8 +131,9 @@ class Daemon:
             self.worker.interrupt("cancel")
 
     def _status(self) -> None:
-        current = self.worker.current
-        self.notifier.status(status_text(current, self.store.count(QUEUED)))
+        """STATUS= from the main loop and from the worker at each job and step change."""
+        with self._status_lock:
+            self.notifier.status(status_text(self.worker.current, self.store.count(QUEUED)))
 
     def run(self) -> int:
         self.recover()
@@ -141,9 +143,9 @@ class Daemon:
         watch = self.config.section("watch")
         period = watch["poll_interval_s"] if self.polling else watch["rescan_interval_s"]
         next_scan = self.clock()
-        self.notifier.ready(status_text(None, self.store.count(QUEUED)))
         log.info("daemon.ready", inbox=str(self.config.inbox), outbox=str(self.config.outbox),
                  mode="poll" if self.polling else "events", queued=self.store.count(QUEUED))
+        self.notifier.ready(status_text(None, self.store.count(QUEUED)))
         while not self.stop.is_set():
             now = self.clock()
             due = self.scanner.next_due

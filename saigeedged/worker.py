@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,9 +106,11 @@ class Jobs:
 class Worker(threading.Thread):
     """Takes the next queued job (priority, then FIFO) and runs it; one at a time."""
 
-    def __init__(self, config: Config, jobs: Jobs, containers: Containers, places: Places) -> None:
+    def __init__(self, config: Config, jobs: Jobs, containers: Containers, places: Places,
+                 on_change: Callable[[], None] = lambda: None) -> None:
         super().__init__(name="saigeedged-worker", daemon=True)
         self.config, self.jobs, self.containers, self.places = config, jobs, containers, places
+        self.on_change = on_change  # the daemon's STATUS= line follows the running job
         self.wake = threading.Event()
         self.stop_event = threading.Event()
         self.current: Job | None = None
@@ -145,6 +148,7 @@ class Worker(threading.Thread):
         with self._lock:
             self.current, self._reason = job, None
         event("job.started", job, attempt=job.attempt)
+        self.on_change()
         return True
 
     def execute(self, job: Job) -> None:
@@ -166,6 +170,7 @@ class Worker(threading.Thread):
             self.containers.release()
             with self._lock:
                 self.current = None
+            self.on_change()
             if not self.config.keep_work:
                 shutil.rmtree(work, ignore_errors=True)
 
@@ -179,6 +184,7 @@ class Worker(threading.Thread):
             job.step, job.step_index, job.step_count, job.progress = name, index, count, None
             self.jobs.save(job)
             event("job.step", job, index=index, count=count)
+            self.on_change()
 
         def on_progress(progress: dict[str, Any]) -> None:
             job.progress = progress
