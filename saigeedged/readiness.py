@@ -49,18 +49,26 @@ def _container(report: Report, api: Any, spec: Spec) -> None:
            f"{'managed by saigeedged' if managed else 'not created by saigeedged'}")
 
 
-def _cubie(report: Report, api: Any, config: Config) -> None:
-    section = cubie_section(config)
-    spec = Spec.for_target(config, "cubie")
+def _image(report: Report, api: Any, spec: Spec, target: str, missing: tuple[str, str]) -> bool:
+    """Report the target's image and, when it is loaded, its container; False when the image is missing."""
     from docker.errors import ImageNotFound
 
     try:
         api.images.get(spec.image)
     except ImageNotFound:
-        report(FAIL, "image", f"cubie {spec.image} not loaded: docker load -i ubuntu-npu_v2.0.10.1.tar, then check the tag")
-        return
-    report(OK, "image", f"cubie {spec.image}")
+        level, advice = missing
+        report(level, "image", f"{target} {spec.image} not loaded: {advice}")
+        return False
+    report(OK, "image", f"{target} {spec.image}")
     _container(report, api, spec)
+    return True
+
+
+def _cubie(report: Report, api: Any, config: Config) -> None:
+    section = cubie_section(config)
+    spec = Spec.for_target(config, "cubie")
+    if not _image(report, api, spec, "cubie", (FAIL, "docker load -i ubuntu-npu_v2.0.10.1.tar, then check the tag")):
+        return
     entry = section["pegasus"] if section["pegasus"] != "auto" else _probe_image(api, spec.image, cubie.PROBE)
     report(OK if entry else FAIL, "pegasus", entry.splitlines()[0] if entry else "no pegasus on PATH nor pegasus.py in the image")
     cfg = _probe_image(api, spec.image, f"ls {section['viv_sdk']}/common/cfg/ 2>/dev/null | grep '\\.config$' || true")
@@ -69,16 +77,9 @@ def _cubie(report: Report, api: Any, config: Config) -> None:
 
 
 def _mobilint(report: Report, api: Any, config: Config) -> None:
-    from docker.errors import ImageNotFound
-
     spec = Spec.for_target(config, "mobilint")
-    try:
-        api.images.get(spec.image)
-    except ImageNotFound:
-        report(WARN, "image", f"mobilint {spec.image} not loaded (only needed for target mobilint)")
+    if not _image(report, api, spec, "mobilint", (WARN, "only needed for target mobilint")):
         return
-    report(OK, "image", f"mobilint {spec.image}")
-    _container(report, api, spec)
     entry = _probe_image(api, spec.image, MOBILINT_PROBE)
     report(OK if entry else FAIL, "qbcompiler", entry.splitlines()[-1] if entry else "no qbcompiler in the image")
 

@@ -39,6 +39,16 @@ def named_model(tmp_path: Path, name: str) -> Path:
     return yolox(tmp_path / f"{name}.onnx", size=(64, 64))
 
 
+def in_quantize(d: Any, docker_client: Any, tmp_path: Path, name: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Drop a model whose name picks the stand-in's behaviour; return once its quantize step runs in the container."""
+    drop(d.inbox, name, named_model(tmp_path, name), manifest)
+    job: dict[str, Any] = d.wait_job(name, ("running",))
+    d.wait_state(job["job_id"], ("running",), step="quantize")
+    marker = "sleep 100000" if "hang" in name else "sleep 3"
+    wait_for(lambda: marker in procs(docker_client, d), 10, f"{name}'s quantize step running")
+    return job
+
+
 def test_cubie_drop_and_failure_modes_keep_the_daemon_going(cubie_daemon: Any, det_inputs: dict[str, Any],
                                                             tmp_path: Path) -> None:
     """Failing pegasus jobs end with their codes; the good one beside them succeeds with an A733 bundle."""
@@ -61,10 +71,7 @@ def test_sigkill_mid_step_resumes_on_restart(cubie_daemon: Any, docker_client: A
                                              det_inputs: dict[str, Any]) -> None:
     """SIGKILL during quantize; the next start kills the leftover step, runs the job again (attempt 2), once."""
     d = cubie_daemon()
-    drop(d.inbox, "slowjob", named_model(tmp_path, "slowjob"), det_inputs["manifest"])
-    first = d.wait_job("slowjob", ("running",))
-    d.wait_state(first["job_id"], ("running",), step="quantize")
-    wait_for(lambda: "sleep 3" in procs(docker_client, d), 10, "the quantize step running")
+    first = in_quantize(d, docker_client, tmp_path, "slowjob", det_inputs["manifest"])
     d.signal(signal.SIGKILL)
     d.proc.wait(10)
     d.start()
@@ -79,10 +86,7 @@ def test_sigterm_mid_step_requeues_and_exits(cubie_daemon: Any, docker_client: A
                                              det_inputs: dict[str, Any]) -> None:
     """SIGTERM during a hung step: STOPPING=1, the step is killed in the container, the job is queued, exit 0 < 30 s."""
     d = cubie_daemon()
-    drop(d.inbox, "hang", named_model(tmp_path, "hang"), det_inputs["manifest"])
-    job = d.wait_job("hang", ("running",))
-    d.wait_state(job["job_id"], ("running",), step="quantize")
-    wait_for(lambda: "sleep 100000" in procs(docker_client, d), 10, "the hung step running")
+    job = in_quantize(d, docker_client, tmp_path, "hang", det_inputs["manifest"])
     start = time.monotonic()
     d.signal(signal.SIGTERM)
     assert d.proc.wait(30) == 0
@@ -97,12 +101,9 @@ def test_container_killed_mid_job_is_recreated_and_retried(cubie_daemon: Any, do
                                                            det_inputs: dict[str, Any]) -> None:
     """docker kill during a step: CONTAINER_LOST, container recreated, job retried to success."""
     d = cubie_daemon()
-    drop(d.inbox, "slowkill", named_model(tmp_path, "slowkill"), det_inputs["manifest"])
-    job = d.wait_job("slowkill", ("running",))
-    d.wait_state(job["job_id"], ("running",), step="quantize")
+    job = in_quantize(d, docker_client, tmp_path, "slowkill", det_inputs["manifest"])
     name = yaml.safe_load(d.config.read_text())["cubie"]["container"]
     old = docker_client.containers.get(name)
-    wait_for(lambda: "sleep 3" in procs(docker_client, d), 10, "the quantize step running")
     old.kill()
     done = d.wait_state(job["job_id"], ("succeeded", "failed"))
     assert done["state"] == "succeeded" and done["attempt"] == 2
@@ -115,10 +116,7 @@ def test_container_lost_is_bounded_by_max_attempts(cubie_daemon: Any, docker_cli
                                                    det_inputs: dict[str, Any]) -> None:
     """With max_attempts 1 a lost container fails the job with CONTAINER_LOST."""
     d = cubie_daemon(limits={"max_attempts": 1})
-    drop(d.inbox, "slowlost", named_model(tmp_path, "slowlost"), det_inputs["manifest"])
-    job = d.wait_job("slowlost", ("running",))
-    d.wait_state(job["job_id"], ("running",), step="quantize")
-    wait_for(lambda: "sleep 3" in procs(docker_client, d), 10, "the quantize step running")
+    job = in_quantize(d, docker_client, tmp_path, "slowlost", det_inputs["manifest"])
     docker_client.containers.get(yaml.safe_load(d.config.read_text())["cubie"]["container"]).kill()
     assert d.wait_state(job["job_id"], ("failed",))["error"]["code"] == "CONTAINER_LOST"
 
