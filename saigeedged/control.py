@@ -153,7 +153,9 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
         return 0
     jobs = store.in_state(RUNNING, QUEUED) + store.recent()
     if as_json:
-        print(json.dumps([j.job_id for j in jobs]), file=out)
+        from saigeedged.publish import status_doc
+
+        print(json.dumps([status_doc(j) for j in jobs], indent=1), file=out)
         return 0
     print(f"{'JOB':<44} {'STATE':<10} {'STEP':<18} {'TARGET':<8} ERROR", file=out)
     for job in jobs:

@@ -143,8 +143,9 @@ class Daemon:
 
     def close(self) -> None:
         self.kill()
-        self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
+        if self.sock.fileno() != -1:  # closing twice (test and fixture teardown) is fine
+            self.sock.shutdown(socket.SHUT_RDWR)
+            self.sock.close()
         self.sock_path.unlink(missing_ok=True)
 
 

@@ -177,3 +177,33 @@ def test_dry_run_never_talks_to_docker(tmp_path: Path, config_path: Path, capsys
                          capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
     assert "steps       validate surgery calibration import" in run.stdout and "nothing compiled" in run.stdout
+
+
+def test_job_timeout_bounds_the_steps(tmp_path: Path, docker_config: Path, capsys: Any) -> None:
+    """limits.job_timeout_s caps each step at the time left: a slow job in a 1 s budget ends TIMEOUT."""
+    data = yaml.safe_load(docker_config.read_text())
+    data["limits"]["job_timeout_s"] = 1
+    docker_config.write_text(yaml.safe_dump(data))
+    assert compile_(setup_det(tmp_path, "slow"), docker_config) == 1
+    assert "FAIL  slow: TIMEOUT" in capsys.readouterr().out
+
+
+def test_compile_waits_for_the_container_lock(tmp_path: Path, docker_config: Path) -> None:
+    """A one-shot compile next to a job holding the container waits for the lock under state_dir, then runs."""
+    import subprocess
+    import sys
+
+    from saigeedged.container import HostLock
+
+    lock = HostLock(tmp_path / "state")
+    lock.acquire()
+    mf = setup_det(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "saigeedged", "compile", str(mf), "-c", str(docker_config)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "waiting for the container lock" in line:
+            break
+    assert proc.poll() is None and not (tmp_path / "out" / "best.saigeedge").exists()
+    lock.release()
+    assert proc.wait(60) == 0 and (tmp_path / "out" / "best.saigeedge").is_file()

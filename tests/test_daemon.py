@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from factory import classifier, manifest
 from harness import drop, wait_for
@@ -272,3 +273,31 @@ def test_demo_prints_a_succeeded_job(tmp_path: Path) -> None:
     assert "status   succeeded" in run.stdout and "quantization report" in run.stdout
     bundle = run.stdout.split("bundle   ")[1].split()[0]
     assert Path(bundle).is_file() and bundle.endswith("ppe_detector.host.saigeedge")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
+def test_full_outbox_is_publish_failed_never_succeeded(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
+    """An outbox without room for the bundle: PUBLISH_FAILED, retried up to max_attempts, no bundle, no succeeded."""
+    outbox = tmp_path / "outbox"
+    outbox.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(outbox)], check=True)
+    try:
+        filler = outbox / ".filler"
+        with filler.open("wb", buffering=0) as fh:
+            try:
+                while True:
+                    fh.write(b"\0" * 4096)
+            except OSError:  # ENOSPC: the tmpfs is full
+                pass
+        os.truncate(filler, filler.stat().st_size - 16 * 1024)  # room for status files and the log, not a bundle
+        d = daemon(limits={"max_attempts": 2})
+        drop(d.inbox, "full", det_inputs["onnx"], det_inputs["manifest"])
+        done = d.wait_job("full", ("failed",))
+        assert done["error"]["code"] == "PUBLISH_FAILED" and done["attempt"] == 2
+        assert "No space left" in done["error"]["message"]
+        assert [e["error_code"] for e in d.events("job.requeued")] == ["PUBLISH_FAILED"]
+        assert not d.events("job.succeeded")
+        assert sorted(p.name for p in outbox.iterdir()) == [".filler", "logs", "status"]
+    finally:
+        d.close() if "d" in locals() else None
+        subprocess.run(["umount", str(outbox)], check=False)
