@@ -113,7 +113,10 @@ class Daemon:
         event("drop.invalid", job, "warning", manifest=bad.manifest.name, message=bad.error.message)
 
     def scan(self) -> None:
-        for found in self.scanner.scan(self.clock()):
+        found_now = self.scanner.scan(self.clock())
+        for link in self.scanner.new_symlinks:
+            log.info("drop.ignored", path=str(link), message="symlinks in the inbox are never followed")
+        for found in found_now:
             if self.stop.is_set():
                 return
             if isinstance(found, Drop):

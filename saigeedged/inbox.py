@@ -25,17 +25,20 @@ def ignored(name: str) -> bool:
     return name.startswith(".") or name.endswith(IGNORED_SUFFIXES)
 
 
-def walk(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
-    """Every regular, non-ignored file under root with its lstat; symlinks are never followed."""
+def walk(root: Path, symlinks: list[Path] | None = None) -> Iterator[tuple[Path, os.stat_result]]:
+    """Every regular, non-ignored file under root with its lstat; symlinks are never followed (only listed)."""
     try:
         entries = list(os.scandir(root))
     except OSError:
         return
     for item in entries:
-        if ignored(item.name) or item.is_symlink():
+        if ignored(item.name):
             continue
-        if item.is_dir(follow_symlinks=False):
-            yield from walk(Path(item.path))
+        if item.is_symlink():
+            if symlinks is not None:
+                symlinks.append(Path(item.path))
+        elif item.is_dir(follow_symlinks=False):
+            yield from walk(Path(item.path), symlinks)
         elif item.is_file(follow_symlinks=False):
             yield Path(item.path), item.stat(follow_symlinks=False)
 
@@ -79,7 +82,9 @@ class Scanner:
     _seen: dict[Path, _Seen] = field(default_factory=dict)
     _first: dict[Path, float] = field(default_factory=dict)
     _digests: dict[tuple[Path, Signature], str] = field(default_factory=dict)
+    _symlinks: set[Path] = field(default_factory=set)
     next_due: float | None = None
+    new_symlinks: list[Path] = field(default_factory=list)  # seen for the first time in the last scan
 
     def _stable(self, path: Path, sig: Signature, now: float) -> bool:
         seen = self._seen.get(path)
@@ -104,7 +109,10 @@ class Scanner:
     def scan(self, now: float) -> list[Drop | Rejected]:
         """One pass over the inbox. `now` is time.monotonic(); next_due says when a pending drop needs a look."""
         self.next_due = None
-        files = {p: signature(st) for p, st in walk(self.inbox)}
+        links: list[Path] = []
+        files = {p: signature(st) for p, st in walk(self.inbox, links)}
+        self.new_symlinks = [p for p in links if p not in self._symlinks]
+        self._symlinks = set(links)
         found: list[Drop | Rejected] = []
         for path in sorted(files):
             if path.suffix in MANIFEST_SUFFIXES:

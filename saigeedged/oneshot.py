@@ -87,6 +87,9 @@ def _compile_one(config: Config, entry: Entry, out: TextIO) -> Path:
                        deadline=time.monotonic() + config.section("limits")["job_timeout_s"])
     try:
         pipeline.run(job, publish, jobid.iso(now))
+    except SaigeError as exc:
+        exc.fields["log"] = str(log.path)
+        raise
     finally:
         log.close()
         containers.release()
@@ -120,7 +123,8 @@ def compile_manifest(config: Config, path: Path, only: Sequence[str], dry_run: b
                     print(line, file=out)
                 raise
             failed += 1
-            summary.append(f"FAIL  {entry.stem}: {exc.code}: {exc.message}\n      hint: {exc.hint}")
+            summary.append(f"FAIL  {entry.stem}: {exc.code}: {exc.message}\n      hint: {exc.hint}"
+                           f"\n      log: {exc.fields.get('log', '-')}")
     for line in summary:
         print(line, file=out)
     return 1 if failed else 0

@@ -74,6 +74,7 @@ def test_lone_onnx_ignored_names_and_symlinks(daemon: Any, det_inputs: dict[str,
     d.wait_job("marker")  # the others have been scanned at least once after settle
     assert [s["name"] for s in d.statuses()] == ["marker"]
     assert (d.inbox / "lone.onnx").exists() and (d.inbox / "linked.yml").is_symlink()
+    assert sorted(Path(e["path"]).name for e in d.events("drop.ignored")) == ["linked.onnx", "linked.yml"]
 
 
 def test_onnx_still_being_written_is_not_claimed(daemon: Any, det_inputs: dict[str, Any]) -> None:
