@@ -69,6 +69,13 @@ def cubie_section(config: Config) -> dict[str, Any]:
     return section
 
 
+def pick_runtime(setting: str, info: dict[str, Any]) -> str | None:
+    """The container runtime: `auto` avoids an nvidia default (runc when the engine has it), else the engine's default."""
+    if setting != "auto":
+        return setting
+    return "runc" if info.get("DefaultRuntime") == "nvidia" and "runc" in info.get("Runtimes", {}) else None
+
+
 def exec_user(setting: str) -> str:
     if setting == "auto":
         return f"{os.getuid()}:{os.getgid()}"
@@ -89,10 +96,7 @@ class Container:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _runtime(self) -> str | None:
-        if self.spec.runtime == "auto":
-            info = self.docker.info()
-            return "runc" if info.get("DefaultRuntime") == "nvidia" and "runc" in info.get("Runtimes", {}) else None
-        return self.spec.runtime
+        return pick_runtime(self.spec.runtime, self.docker.info() if self.spec.runtime == "auto" else {})
 
     def _has_mount(self, attrs: dict[str, Any]) -> bool:
         root = str(self.spec.work_root)

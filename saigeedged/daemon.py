@@ -35,7 +35,12 @@ class Daemon:
         self.notifier = notifier or Notifier()
         self.places = Places(config.inbox, config.state_dir)
         for folder in (config.inbox, config.outbox, config.state_dir, self.places.claimed, self.places.failed):
-            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise SaigeError("PUBLISH_FAILED", f"cannot create {folder}: {exc.strerror}",
+                                 hint="check the inbox/outbox shares are mounted and writable by the service user; "
+                                 "`saigeedged check` lists them") from None
         self.store = Store(config.state_dir / "saigeedged.db")
         self.jobs = Jobs(self.store, Outbox(config.outbox), self.places)
         watch = config.section("watch")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,8 +53,12 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def validate(entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: int | None = None) -> Prepared:
-    """Step `validate`: paths, ONNX load/check/shapes, input size, calibration file; copies the model into work_dir."""
+def validate(entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: int | None = None,
+             on_digest: Callable[[str], None] = lambda digest: None) -> Prepared:
+    """Step `validate`: paths, ONNX load/check/shapes, input size, calibration file; copies the model into work_dir.
+
+    `on_digest` gets the ONNX's sha256 as soon as the file is known to be there (a later check may still fail).
+    """
     for path in (entry.onnx, entry.calib):
         policy.check(path)
         if not path.is_file():
@@ -62,6 +66,8 @@ def validate(entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: i
     if max_onnx_bytes is not None and entry.onnx.stat().st_size > max_onnx_bytes:
         raise SaigeError("ONNX_INVALID", f"{entry.onnx.name} is larger than limits.max_onnx_bytes ({max_onnx_bytes})",
                          hint="raise limits.max_onnx_bytes in the daemon config")
+    digest = sha256_file(entry.onnx)
+    on_digest(digest)
     model = onnxcheck.load(entry.onnx)
     info = onnxcheck.describe(model, entry.onnx)
     if entry.task != "detection":  # detection outputs are checked on the cut model
@@ -73,7 +79,7 @@ def validate(entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: i
     name = safe_stem(entry.onnx.stem)
     dest = work_dir / f"{name}.onnx"
     onnx.save(model, str(dest))
-    return Prepared(entry, work_dir, name, dest, onnxcheck.describe(model, dest), size, calib, sha256_file(entry.onnx))
+    return Prepared(entry, work_dir, name, dest, onnxcheck.describe(model, dest), size, calib, digest)
 
 
 def surgery(prep: Prepared) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from saigeedged import inputs, jobid, manifest, pipeline
+from saigeedged import calibration, inputs, jobid, manifest, pipeline
 from saigeedged.config import Config
 from saigeedged.errors import ENVIRONMENT_CODES, INPUT_CODES, SaigeError
 from saigeedged.joblog import JobLog
@@ -38,8 +38,6 @@ def describe(config: Config, entry: Entry, out: TextIO) -> None:
         prep = inputs.validate(entry, Path(tmp), inputs.PathPolicy(), config.section("limits")["max_onnx_bytes"])
         if inputs.needs_surgery(entry):
             inputs.surgery(prep)
-        from saigeedged import calibration
-
         chosen = calibration.choose(prep.calib, entry.n_samples, entry.seed, entry.profile.sampler)
     profile = entry.profile
     print(f"{entry.stem}: task {entry.task} -> {profile.bundle_task}, target {entry.target}", file=out)

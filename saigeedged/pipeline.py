@@ -38,6 +38,7 @@ class Job:
     policy: PathPolicy = field(default_factory=PathPolicy)
     on_step: Callable[[str, int, int], None] = lambda name, index, count: None
     on_progress: Callable[[dict[str, Any]], None] = lambda event: None
+    on_inputs: Callable[[dict[str, Any]], None] = lambda facts: None  # onnx_sha256, calib_samples as soon as known
     container: Callable[[str], Container] | None = None
     deadline: float | None = None  # time.monotonic() limit for the whole job
     interrupted: Callable[[], str | None] = lambda: None  # "stop" | "cancel" once the job must end
@@ -78,13 +79,15 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
     step = _Steps(job)
     try:
         step("validate")
-        prep = inputs.validate(entry, job.work_dir, job.policy, job.config.section("limits")["max_onnx_bytes"])
+        prep = inputs.validate(entry, job.work_dir, job.policy, job.config.section("limits")["max_onnx_bytes"],
+                               lambda digest: job.on_inputs({"onnx_sha256": digest}))
         if inputs.needs_surgery(entry):
             step("surgery")
             inputs.surgery(prep)
             job.log.line(f"cut at {', '.join(prep.surgery or ())}: outputs {[list(s) for s in prep.info.output_shapes]}")
         step("calibration")
         inputs.calibrate(prep)
+        job.on_inputs({"calib_samples": len(prep.chosen)})
         job.log.line(f"{len(prep.chosen)} calibration images ({entry.profile.sampler}, seed {entry.seed}) -> {prep.dataset}")
         ctx = Context(job.log, step, job.config, job.container, job.on_progress, job.deadline)
         art = backends.get(entry.target).compile(prep, ctx)

@@ -186,6 +186,10 @@ class Worker(threading.Thread):
             event("job.step", job, index=index, count=count)
             self.on_change()
 
+        def on_inputs(facts: dict[str, Any]) -> None:
+            job.onnx_sha256 = facts.get("onnx_sha256", job.onnx_sha256)
+            job.calib_samples = facts.get("calib_samples", job.calib_samples)
+
         def on_progress(progress: dict[str, Any]) -> None:
             job.progress = progress
             self.jobs.save(job)
@@ -194,7 +198,7 @@ class Worker(threading.Thread):
             job.bundle = self.jobs.outbox.publish_bundle(bundle, rel)
 
         limits = self.config.section("limits")
-        run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, on_step, on_progress,
+        run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, on_step, on_progress, on_inputs,
                            container=self.containers.get, deadline=time.monotonic() + limits["job_timeout_s"],
                            interrupted=lambda: self._reason)
         result = pipeline.run(run, publish, job.created_at)

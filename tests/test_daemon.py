@@ -211,6 +211,7 @@ def test_retry_after_fixing_the_input(daemon: Any, det_inputs: dict[str, Any]) -
     drop(d.inbox, "fixme", det_inputs["onnx"], det_inputs["manifest"])
     failed = d.wait_job("fixme")
     assert failed["error"]["code"] == "CALIB_INVALID" and "img0000.jpg" in failed["error"]["message"]
+    assert failed["inputs"]["onnx_sha256"] == sha256_file(det_inputs["onnx"])  # known before the failure
     calib.write_text(good)
     assert cli.main(["retry", failed["job_id"], "-c", str(d.config)]) == 0
     done = d.wait_state(failed["job_id"], ("succeeded",))

@@ -137,6 +137,11 @@ def fatal_code(output: bytes) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def pegasus_prefix(found: str) -> list[str]:
+    """argv prefix from the probe's answer: a pegasus executable, or pegasus.py run by the image's python3."""
+    return ["python3", found] if found.endswith(".py") else [found]
+
+
 class Runner(StepRunner):
     """pegasus calls: the entry point probed once per container start; fatal export lines mapped."""
 
@@ -148,7 +153,7 @@ class Runner(StepRunner):
                 raise SaigeError("CONTAINER_FAILED", f"no pegasus in image {ctr.spec.image}",
                                  hint="set cubie.pegasus to the entry point, "
                                  "e.g. `python3 /root/acuity-toolkit-whl-6.30.22/bin/pegasus.py`")
-            prefix = ["python3", found] if found.endswith(".py") else [found]
+            prefix = pegasus_prefix(found)
         else:
             prefix = shlex.split(setting)
         super().__init__(ctx, ctr, work, prefix, "pegasus")
