@@ -7,14 +7,16 @@ from typing import Any
 HINTS: dict[str, str] = {
     "MANIFEST_INVALID": "fix the named field in the manifest; `saigeedged validate MANIFEST` checks it without compiling",
     "PATH_NOT_ALLOWED": "put the file inside the inbox or add its folder to `allowed_roots` in the daemon config",
-    "INPUT_NOT_FOUND": "check the path; relative paths are resolved against the manifest's folder",
+    "INPUT_NOT_FOUND": "check the path; relative paths are resolved against the manifest's folder, and a share "
+    "must be mounted on the compile host itself",
     "INPUT_INCOMPLETE": "write the ONNX first and the manifest last, each under a temporary name then renamed "
     "(`saigeedged submit` does this); check the manifest's sha256",
     "ONNX_INVALID": "re-export the model (opset >= 11, one input) and check it with onnx.checker",
     "SYMBOLIC_DIM": "re-export with static shapes (no dynamic_axes), e.g. batch 1 and a fixed input size",
     "INPUT_SIZE_MISMATCH": "drop `input_size` from the manifest or re-export the ONNX at that size",
     "SURGERY_OUTPUTS_NOT_FOUND": "the YOLOX head Concat nodes are missing: airockchip-style exports remove them; "
-    "export with the original YOLOX head or name the three head tensors in `surgery.output_names`",
+    "export with the original YOLOX head or name the three head tensors in `surgery.output_names` "
+    "(a classifier or re-id model needs task: mlc or reid, not detection)",
     "CALIB_INVALID": "fix the calibration file: every image must exist and decode, every label must be in [0, num_classes)",
     "DOCKER_UNAVAILABLE": "start dockerd and add the service user to the `docker` group; `saigeedged check` tells more",
     "IMAGE_NOT_FOUND": "docker load -i ubuntu-npu_v2.0.10.1.tar, then check the tag with `docker images`",

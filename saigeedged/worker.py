@@ -140,7 +140,7 @@ class Worker(threading.Thread):
         self.interrupt("stop")
 
     def _start(self, job: Job) -> bool:
-        job.state, job.started_at, job.step, job.error = RUNNING, jobid.iso(jobid.utc_now()), None, None
+        job.state, job.started_at, job.step, job.error, job.progress = RUNNING, jobid.iso(jobid.utc_now()), None, None, None
         try:
             self.jobs.save(job, expect=QUEUED)
         except TransitionError:
@@ -181,7 +181,7 @@ class Worker(threading.Thread):
         policy = PathPolicy((Path(job.claim_dir), self.places.inbox, *self.config.allowed_roots))
 
         def on_step(name: str, index: int, count: int) -> None:
-            job.step, job.step_index, job.step_count, job.progress = name, index, count, None
+            job.step, job.step_index, job.step_count = name, index, count  # progress names its own step
             self.jobs.save(job)
             event("job.step", job, index=index, count=count)
             self.on_change()
