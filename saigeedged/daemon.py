@@ -54,7 +54,8 @@ class Daemon:
 
     @staticmethod
     def _container_event(name: str, fields: dict[str, object]) -> None:
-        log.warning(name, **fields) if name == "container.restarted" else log.info(name, **fields)
+        level = "warning" if name == "container.restarted" else "info"
+        getattr(log, level)(name, **fields)
 
     # -- start-up ------------------------------------------------------------------------------
     def recover(self) -> None:
@@ -129,6 +130,13 @@ class Daemon:
             else:
                 self.reject(found)
 
+    def _guarded_scan(self) -> None:
+        """One bad file must not stop the daemon: an unexpected error is logged and the next scan tries again."""
+        try:
+            self.scan()
+        except Exception as exc:  # a guard, not control flow: everything expected is handled inside scan()
+            log.error("scan.failed", error_code="INTERNAL", message=f"{type(exc).__name__}: {exc}")
+
     # -- the loop ------------------------------------------------------------------------------
     def healthy(self) -> bool:
         return self.worker.is_alive() and (self.watcher is None or self.watcher.alive())
@@ -146,7 +154,11 @@ class Daemon:
     def run(self) -> int:
         self.recover()
         if self.watcher is not None:
-            self.watcher.start()
+            try:
+                self.watcher.start()
+            except OSError as exc:  # e.g. fs.inotify.max_user_watches reached: scanning alone still finds every drop
+                log.warning("watch.unavailable", message=str(exc), mode="poll")
+                self.watcher, self.polling = None, True
         self.worker.start()
         watch = self.config.section("watch")
         period = watch["poll_interval_s"] if self.polling else watch["rescan_interval_s"]
@@ -159,7 +171,7 @@ class Daemon:
             due = self.scanner.next_due
             if self.wake.is_set() or now >= next_scan or (due is not None and now >= due):
                 self.wake.clear()
-                self.scan()
+                self._guarded_scan()
                 next_scan = now + period if now >= next_scan else next_scan
             self._check_cancel()
             self._status()

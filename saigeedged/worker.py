@@ -124,7 +124,13 @@ class Worker(threading.Thread):
                 self.wake.wait(1.0)
                 self.wake.clear()
                 continue
-            self.execute(job)
+            try:
+                self.execute(job)
+            except Exception as exc:  # a guard: a bug settling one job must not stop the queue
+                log.error("job.internal_error", job_id=job.job_id, job_name=job.name, error_code="INTERNAL",
+                          message=f"{type(exc).__name__}: {exc}")
+                self._abandon(job, exc)
+                self.stop_event.wait(1.0)  # if the job could not be settled either, do not spin on it
 
     def interrupt(self, reason: str) -> None:
         """Stop the running job: kill its step in the container; in-process steps stop at the next step."""
@@ -219,6 +225,18 @@ class Worker(threading.Thread):
             self.jobs.requeue(job, exc.code.lower(), exc)
         else:
             self.jobs.end(job, FAILED, exc)
+
+    def _abandon(self, job: Job, exc: Exception) -> None:
+        """Mark a job that hit a bug failed (INTERNAL) so the queue moves on; never raises."""
+        try:
+            current = self.jobs.store.get(job.job_id)
+            if current is not None and current.state in (QUEUED, RUNNING):
+                if current.state == QUEUED:
+                    current.state = RUNNING
+                    self.jobs.store.save(current)
+                self.jobs.end(current, FAILED, SaigeError("INTERNAL", f"{type(exc).__name__}: {exc}"))
+        except Exception as again:  # the store or the outbox itself is broken: leave the row for the next start
+            log.error("job.internal_error", job_id=job.job_id, message=f"cannot settle: {again}")
 
     def _recreate(self, job: Job) -> None:
         container: Container = self.containers.container(job.target)
