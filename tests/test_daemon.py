@@ -303,3 +303,28 @@ def test_full_outbox_is_publish_failed_never_succeeded(daemon: Any, det_inputs: 
     finally:
         d.close() if "d" in locals() else None
         subprocess.run(["umount", str(outbox)], check=False)
+
+
+def test_password_encrypts_and_never_leaks(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """With `password` the model member is AES-encrypted; the password is in no log, status file or checkpoint."""
+    import zipfile
+
+    import pyzipper
+
+    secret = "pa55-w0rd-do-not-leak"
+    d = daemon()
+    drop(d.inbox, "locked", det_inputs["onnx"], {**det_inputs["manifest"], "password": secret})
+    done = d.wait_job("locked")
+    assert done["state"] == "succeeded"
+    bundle = d.outbox / done["bundle"]["path"]
+    with zipfile.ZipFile(bundle) as zf:
+        ckpt = zf.read("checkpoint.yaml").decode()
+    assert yaml.safe_load(ckpt)["encrypted"] is True and secret not in ckpt
+    import onnx
+
+    with pyzipper.AESZipFile(bundle) as zf:
+        zf.setpassword(secret.encode())
+        model = onnx.load_from_string(zf.read(yaml.safe_load(ckpt)["model"]))
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.UINT8
+    texts = [(d.outbox / "status" / f"{done['job_id']}.json").read_text(), (d.outbox / done["log"]).read_text(), d.stderr()]
+    assert not any(secret in text for text in texts)
