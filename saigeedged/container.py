@@ -244,21 +244,30 @@ class Container:
 class HostLock:
     """One job at a time in a container, across processes: an flock under state_dir."""
 
+    POLL_S = 0.2  # flock has no timeout: a waiter polls so that a stop or cancel can end the wait
+
     def __init__(self, state_dir: Path) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
         self._fh = (state_dir / "container.lock").open("a")
         self.held = False
 
-    def acquire(self, on_wait: Callable[[], None] | None = None) -> None:
-        if self.held:
-            return
-        try:
-            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait:
-                on_wait()
-            fcntl.flock(self._fh, fcntl.LOCK_EX)
-        self.held = True
+    def acquire(self, on_wait: Callable[[], None] | None = None,
+                interrupted: Callable[[], str | None] = lambda: None) -> None:
+        """Take the lock; while another process holds it, call on_wait once and raise CANCELLED when interrupted."""
+        waited = False
+        while not self.held:
+            try:
+                fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.held = True
+            except BlockingIOError:
+                if not waited and on_wait:
+                    on_wait()
+                waited = True
+                reason = interrupted()
+                if reason is not None:
+                    raise SaigeError("CANCELLED", f"stopped while waiting for the container lock ({reason})",
+                                     reason=reason) from None
+                time.sleep(self.POLL_S)
 
     def release(self) -> None:
         if self.held:
@@ -278,6 +287,7 @@ class Containers:
         self._by_target: dict[str, Container] = {}
         self.lock = HostLock(config.state_dir)
         self.active: Container | None = None
+        self.interrupted: Callable[[], str | None] = lambda: None  # set by the worker: ends a wait for the lock
 
     def api(self) -> docker.DockerClient:
         if self._api is None:
@@ -291,7 +301,7 @@ class Containers:
 
     def get(self, target: str) -> Container:
         """The target's container, running, with the host lock held (released by release())."""
-        self.lock.acquire(self.on_wait)
+        self.lock.acquire(self.on_wait, self.interrupted)
         self.active = self.container(target)
         self.active.ensure()
         return self.active

@@ -48,7 +48,8 @@ class Daemon:
         self.polling = use_polling(watch["mode"], config.inbox)
         self.wake = threading.Event()
         self.watcher = None if self.polling else Watcher(config.inbox, self.wake)
-        self.containers = Containers(config, on_event=self._container_event)
+        self.containers = Containers(config, on_event=self._container_event,
+                                     on_wait=lambda: log.info("container.lock_wait", state_dir=str(config.state_dir)))
         self._status_lock = threading.Lock()
         self.worker = Worker(config, self.jobs, self.containers, self.places, on_change=self._status)
 

@@ -111,6 +111,7 @@ class Worker(threading.Thread):
         super().__init__(name="saigeedged-worker", daemon=True)
         self.config, self.jobs, self.containers, self.places = config, jobs, containers, places
         self.on_change = on_change  # the daemon's STATUS= line follows the running job
+        containers.interrupted = lambda: self._reason
         self.wake = threading.Event()
         self.stop_event = threading.Event()
         self.current: Job | None = None

@@ -165,3 +165,24 @@ def test_mobilint_and_cubie_share_the_queue(cubie_daemon: Any, tmp_path: Path, d
     bad = d.wait_job("chip")
     assert bad["error"]["code"] == "MANIFEST_INVALID" and "regulus-rb-usb" in bad["error"]["message"]
     assert tags["progress"] == {"step": "quantize", "stage": "calibration", "done": 4, "total": 4}  # qbcompiler's JSON events
+
+
+def test_waiting_for_the_container_lock_ends_on_sigterm(cubie_daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """While a one-shot compile holds the container lock the job waits; SIGTERM still stops the daemon and requeues it."""
+    from saigeedged.container import HostLock
+
+    d = cubie_daemon()
+    lock = HostLock(d.state_dir)
+    lock.acquire()
+    try:
+        drop(d.inbox, "blocked", det_inputs["onnx"], det_inputs["manifest"])
+        job = d.wait_job("blocked", ("running",))
+        wait_for(lambda: d.events("container.lock_wait"), 10, "the worker waiting for the lock")
+        d.signal(signal.SIGTERM)
+        assert d.proc.wait(30) == 0
+        doc = d.status(job["job_id"])
+        assert doc is not None and doc["state"] == "queued" and doc["step"] is None
+    finally:
+        lock.release()
+    d.start()
+    assert d.wait_state(job["job_id"], ("succeeded",))["attempt"] == 2
