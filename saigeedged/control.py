@@ -181,15 +181,11 @@ def retry(config: Config, job_id: str, out: TextIO) -> int:
                          (" and its manifest never parsed: fix it and drop it again" if job.target == "?" else ""),
                          hint="only failed or cancelled jobs can be retried")
     places = Places(config.inbox, config.state_dir)
-    old = Path(job.claim_dir)
-    new = places.claimed / old.name
-    if old.exists() and old != new:
-        new.parent.mkdir(parents=True, exist_ok=True)
-        old.rename(new)
-    job.entry["onnx"] = job.entry["onnx"].replace(str(old), str(new), 1)
-    job.claim_dir = str(new)
+    jobs = Jobs(store, Outbox(config.outbox), places)
+    sharing = [j for j in store.by_claim(job.claim_dir) if j.state in (FAILED, CANCELLED) and j.job_id != job.job_id]
+    jobs.relocate([job, *sharing], places.claimed / Path(job.claim_dir).name)  # entries of one drop share a folder
     job.state, job.attempt, job.error, job.finished_at, job.step, job.bundle = QUEUED, job.attempt + 1, None, None, None, None
-    Jobs(store, Outbox(config.outbox), places).save(job)
+    jobs.save(job)
     print(f"{job_id}: queued again (attempt {job.attempt})", file=out)
     return 0
 

@@ -78,15 +78,18 @@ class Jobs:
         if all(j.state == SUCCEEDED for j in sharing):
             shutil.rmtree(claim, ignore_errors=True)
             return
-        dest = self.places.failed / claim.name
-        if claim.exists():
+        self.relocate([j for j in sharing if j.state != SUCCEEDED], self.places.failed / claim.name)
+
+    def relocate(self, jobs: list[Job], dest: Path) -> None:
+        """Move the jobs' claimed folder (they share one) to `dest` and point their rows at it."""
+        claim = Path(jobs[0].claim_dir)
+        if claim.exists() and claim != dest:
             dest.parent.mkdir(parents=True, exist_ok=True)
             claim.rename(dest)
-        for other in sharing:
-            if other.state != SUCCEEDED:
-                other.entry["onnx"] = other.entry["onnx"].replace(str(claim), str(dest), 1)
-                other.claim_dir = str(dest)
-                self.store.save(other)
+        for job in jobs:
+            job.entry["onnx"] = job.entry["onnx"].replace(str(claim), str(dest), 1)
+            job.claim_dir = str(dest)
+            self.store.save(job)
 
     def end(self, job: Job, state: str, error: SaigeError | None = None) -> None:
         """A terminal state: the log moves to the outbox first, so a reader of the final status finds it."""
