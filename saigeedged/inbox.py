@@ -83,6 +83,7 @@ class Scanner:
     _first: dict[Path, float] = field(default_factory=dict)
     _digests: dict[tuple[Path, Signature], str] = field(default_factory=dict)
     _symlinks: set[Path] = field(default_factory=set)
+    _parsed: dict[Path, tuple[Signature, list[Entry] | SaigeError]] = field(default_factory=dict)
     next_due: float | None = None
     new_symlinks: list[Path] = field(default_factory=list)  # seen for the first time in the last scan
 
@@ -123,15 +124,26 @@ class Scanner:
         self._seen = {p: s for p, s in self._seen.items() if p in live}
         self._first = {p: t for p, t in self._first.items() if p in live}
         self._digests = {k: v for k, v in self._digests.items() if k[0] in live}
+        self._parsed = {p: v for p, v in self._parsed.items() if p in live}
         return found
+
+    def _load(self, path: Path, sig: Signature) -> list[Entry] | SaigeError:
+        """The manifest's entries (or its error), parsed again only when the file changed."""
+        cached = self._parsed.get(path)
+        if cached is None or cached[0] != sig:
+            try:
+                result: list[Entry] | SaigeError = manifest.load(path, self.defaults, drop=True)
+            except SaigeError as exc:
+                result = exc
+            self._parsed[path] = (sig, result)
+        return self._parsed[path][1]
 
     def _consider(self, path: Path, files: dict[Path, Signature], now: float) -> Drop | Rejected | None:
         first = self._first.setdefault(path, now)
         stable = self._stable(path, files[path], now)
-        try:
-            entries = manifest.load(path, self.defaults, drop=True)
-        except SaigeError as exc:
-            return Rejected(path, exc, [path]) if stable else None
+        entries = self._load(path, files[path])
+        if isinstance(entries, SaigeError):
+            return Rejected(path, entries, [path]) if stable else None
         waiting = [e for e in entries if not self._complete(e, files, now)]
         if not waiting:
             return Drop(path, entries, [path] + sorted({e.onnx for e in entries if e.onnx in files}))
@@ -163,6 +175,7 @@ class Scanner:
         for p in paths:
             self._seen.pop(p, None)
             self._first.pop(p, None)
+            self._parsed.pop(p, None)
 
 
 def claim(files: list[Path], base: Path, dest: Path) -> dict[Path, Path]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
@@ -79,7 +79,7 @@ def validate(entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: i
     name = safe_stem(entry.onnx.stem)
     dest = work_dir / f"{name}.onnx"
     onnx.save(model, str(dest))
-    return Prepared(entry, work_dir, name, dest, onnxcheck.describe(model, dest), size, calib, digest)
+    return Prepared(entry, work_dir, name, dest, replace(info, path=dest), size, calib, digest)
 
 
 def surgery(prep: Prepared) -> None:

@@ -87,6 +87,11 @@ class Entry:
     def profile(self) -> TaskProfile:
         return PROFILES[self.task]
 
+    @property
+    def output_name(self) -> str:
+        """`output:` as written, else `<stem>.<target>.saigeedge`."""
+        return self.output or f"{self.stem}.{self.target}.saigeedge"
+
 
 def invalid(path: Path, message: str) -> SaigeError:
     return SaigeError("MANIFEST_INVALID", f"{path.name}: {message}")

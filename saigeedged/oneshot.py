@@ -29,7 +29,7 @@ def select(config: Config, path: Path, only: Sequence[str]) -> list[Entry]:
 
 def output_path(entry: Entry) -> Path:
     """`output:` as a path (absolute, or relative to the current directory); default ./<stem>.<target>.saigeedge."""
-    return Path(entry.output).expanduser().absolute() if entry.output else Path.cwd() / f"{entry.stem}.{entry.target}.saigeedge"
+    return Path(entry.output_name).expanduser().absolute()
 
 
 def describe(config: Config, entry: Entry, out: TextIO) -> None:

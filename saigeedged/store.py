@@ -20,9 +20,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     priority INTEGER NOT NULL DEFAULT 0,
     created_at TEXT NOT NULL,
     cancel INTEGER NOT NULL DEFAULT 0,
+    claim_dir TEXT NOT NULL,
     doc TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS jobs_queue ON jobs (state, priority DESC, seq);
+CREATE INDEX IF NOT EXISTS jobs_claim ON jobs (claim_dir);
 """
 
 
@@ -60,8 +62,9 @@ class Store:
 
     def add(self, job: Job) -> None:
         with self._tx() as db:
-            db.execute("INSERT INTO jobs (job_id, name, state, priority, created_at, doc) VALUES (?, ?, ?, ?, ?, ?)",
-                       (job.job_id, job.name, job.state, job.priority, job.created_at, json.dumps(job.to_doc())))
+            db.execute("INSERT INTO jobs (job_id, name, state, priority, created_at, claim_dir, doc) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?)", (job.job_id, job.name, job.state, job.priority, job.created_at,
+                                                        job.claim_dir, json.dumps(job.to_doc())))
 
     def get(self, job_id: str) -> Job | None:
         jobs = self._jobs("SELECT doc FROM jobs WHERE job_id = ?", (job_id,))
@@ -79,8 +82,9 @@ class Store:
             if stored != job.state:
                 check_transition(stored, job.state)
             cancel = 0 if job.state != stored else None  # a new state clears a pending cancel request
-            db.execute("UPDATE jobs SET state = ?, priority = ?, doc = ?, cancel = COALESCE(?, cancel) WHERE job_id = ?",
-                       (job.state, job.priority, json.dumps(job.to_doc()), cancel, job.job_id))
+            db.execute("UPDATE jobs SET state = ?, priority = ?, claim_dir = ?, doc = ?, cancel = COALESCE(?, cancel) "
+                       "WHERE job_id = ?", (job.state, job.priority, job.claim_dir, json.dumps(job.to_doc()), cancel,
+                                            job.job_id))
 
     def next_queued(self) -> Job | None:
         """The job to run next: highest priority, then first in."""
@@ -108,7 +112,7 @@ class Store:
 
     def by_claim(self, claim_dir: str) -> list[Job]:
         """Every job whose inputs live in this claimed folder (the entries of one multi-model drop)."""
-        return [j for j in self._jobs("SELECT doc FROM jobs ORDER BY seq") if j.claim_dir == claim_dir]
+        return self._jobs("SELECT doc FROM jobs WHERE claim_dir = ? ORDER BY seq", (claim_dir,))
 
     def request_cancel(self, job_id: str) -> None:
         """Flag a running job for the daemon to cancel (a column of its own: the worker rewrites the doc)."""

@@ -186,8 +186,7 @@ class Worker(threading.Thread):
 
     def _run(self, job: Job, work: Path, joblog: JobLog) -> None:
         entry = entry_from_doc(job.entry)
-        output = entry.output or f"{entry.stem}.{entry.target}.saigeedge"
-        rel = Path(job.subdir) / output
+        rel = Path(job.subdir) / entry.output_name
         policy = PathPolicy((Path(job.claim_dir), self.places.inbox, *self.config.allowed_roots))
 
         def on_step(name: str, index: int, count: int) -> None:
