@@ -12,9 +12,11 @@ from typing import TextIO
 
 from saigeedged import calibration, inputs, jobid, manifest, pipeline
 from saigeedged.config import Config
+from saigeedged.container import Containers
 from saigeedged.errors import ENVIRONMENT_CODES, INPUT_CODES, SaigeError
 from saigeedged.joblog import JobLog
 from saigeedged.manifest import Entry
+from saigeedged.publish import place_file
 
 
 def select(config: Config, path: Path, only: Sequence[str]) -> list[Entry]:
@@ -59,7 +61,7 @@ def validate(config: Config, path: Path, out: TextIO | None = None) -> int:
     return 0
 
 
-def _compile_one(config: Config, entry: Entry, out: TextIO) -> Path:
+def _compile_one(config: Config, entry: Entry, containers: Containers, out: TextIO) -> Path:
     now = jobid.utc_now()
     job_id = jobid.new(entry.stem, now)
     work = config.work_root / job_id
@@ -67,20 +69,11 @@ def _compile_one(config: Config, entry: Entry, out: TextIO) -> Path:
     log = JobLog(config.state_dir / "logs" / f"{job_id}.log")
 
     def publish(bundle: Path) -> None:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.tmp")
-        shutil.copyfile(bundle, tmp)
-        tmp.replace(dest)
+        place_file(bundle, dest)
 
     def on_step(name: str, index: int, count: int) -> None:
         print(f"  [{index}/{count}] {entry.stem}: {name}", file=out, flush=True)
 
-    from saigeedged.container import Containers
-
-    def on_wait() -> None:
-        print("  waiting for the container lock (another compile or the daemon)", file=out, flush=True)
-
-    containers = Containers(config, on_wait=on_wait)
     job = pipeline.Job(job_id, entry, work, log, config, on_step=on_step, container=containers.get,
                        deadline=time.monotonic() + config.section("limits")["job_timeout_s"])
     try:
@@ -110,10 +103,15 @@ def compile_manifest(config: Config, path: Path, only: Sequence[str], dry_run: b
         return 0
     summary: list[str] = []
     failed = 0
+
+    def on_wait() -> None:
+        print("  waiting for the container lock (another compile or the daemon)", file=out, flush=True)
+
+    containers = Containers(config, on_wait=on_wait)  # one client and one entry-point probe for all entries
     for entry in entries:
         start = time.monotonic()
         try:
-            dest = _compile_one(config, entry, out)
+            dest = _compile_one(config, entry, containers, out)
             summary.append(f"OK    {entry.stem}: {dest} ({time.monotonic() - start:.1f}s)")
         except SaigeError as exc:
             if exc.code in INPUT_CODES or exc.code in ENVIRONMENT_CODES:

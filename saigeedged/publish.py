@@ -44,6 +44,11 @@ def _place(src: Path | None, data: bytes | None, dest: Path) -> None:
         raise SaigeError("PUBLISH_FAILED", f"cannot write {dest}: {exc.strerror or exc}") from None
 
 
+def place_file(src: Path, dest: Path) -> None:
+    """Copy `src` to `dest` atomically (temp name beside it, fsync, rename): no reader sees a partial file."""
+    _place(src, None, dest)
+
+
 def status_doc(job: Job) -> dict[str, Any]:
     """The status file of SPEC §8 (never the password, never a traceback)."""
     return {
