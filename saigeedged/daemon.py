@@ -24,6 +24,11 @@ from saigeedged.worker import Jobs, Places, Worker, event
 
 log = structlog.get_logger()
 CANCEL_POLL_S = 1.0  # how often the loop looks for `saigeedged cancel` requests when nothing else wakes it
+# Our own claim renames move files into a fresh claimed/<job_id>/ that inotify does not watch yet; watchdog holds
+# such an unpaired IN_MOVED_FROM back ~0.5 s to pair it, and every later event waits behind it. While that lasts
+# the loop scans on its own every BLIND_SCAN_S, so a drop arriving right after a claim is not claimed late.
+BLIND_WINDOW_S = 0.6
+BLIND_SCAN_S = 0.05
 
 
 class Daemon:
@@ -51,6 +56,7 @@ class Daemon:
         self.containers = Containers(config, on_event=self._container_event,
                                      on_wait=lambda: log.info("container.lock_wait", state_dir=str(config.state_dir)))
         self._status_lock = threading.Lock()
+        self._blind_until = 0.0  # see BLIND_WINDOW_S
         self.worker = Worker(config, self.jobs, self.containers, self.places, on_change=self._status)
 
     @staticmethod
@@ -82,6 +88,8 @@ class Daemon:
             log.warning("drop.ignored", manifest=str(drop.manifest), message=f"claim failed: {exc}")
             return
         self.scanner.forget(drop.files)
+        if self.watcher is not None:
+            self._blind_until = self.clock() + BLIND_WINDOW_S
         subdir = drop.manifest.parent.relative_to(self.config.inbox).as_posix()
         for job_id, entry in zip(ids, drop.entries, strict=True):
             doc = entry_to_doc(entry)
@@ -170,7 +178,8 @@ class Daemon:
         while not self.stop.is_set():
             now = self.clock()
             due = self.scanner.next_due
-            if self.wake.is_set() or now >= next_scan or (due is not None and now >= due):
+            blind = now < self._blind_until
+            if self.wake.is_set() or blind or now >= next_scan or (due is not None and now >= due):
                 self.wake.clear()
                 self._guarded_scan()
                 next_scan = now + period if now >= next_scan else next_scan
@@ -181,6 +190,8 @@ class Daemon:
             waits = [next_scan - now, CANCEL_POLL_S] + ([due - now] if (due := self.scanner.next_due) else [])
             if self.notifier.interval:
                 waits.append(self.notifier.interval)
+            if blind:
+                waits.append(BLIND_SCAN_S)
             self.wake.wait(max(0.01, min(waits)))
         return self.shutdown()
 

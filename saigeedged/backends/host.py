@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,9 +65,38 @@ def wrap_uint8(model: onnx.ModelProto, input_name: str, size: tuple[int, int],
     return model
 
 
-def _batches(prep: Prepared) -> list[NDArray[np.uint8]]:
-    letterbox = prep.entry.profile.letterbox
-    return [images.load_rgb(s.image, prep.input_size, letterbox)[None] for s in prep.chosen]
+@dataclass(frozen=True)
+class Calib:
+    """The calibration images as a child process needs them (picklable): uint8 NHWC batches at input size."""
+
+    images: tuple[str, ...]
+    size: tuple[int, int]
+    letterbox: bool
+
+    def batches(self) -> list[NDArray[np.uint8]]:
+        return [images.load_rgb(Path(p), self.size, self.letterbox)[None] for p in self.images]
+
+
+def quantize_job(float_path: Path, int8_path: Path, input_name: str, calib: Calib, method: str) -> None:
+    """Step `quantize`, run in the child process."""
+    quantize(float_path, int8_path, input_name, calib.batches(), method)
+
+
+def report_job(float_path: Path, int8_path: Path, input_name: str, calib: Calib) -> dict[str, Any]:
+    """Step `report`, run in the child process (only the images it compares are loaded)."""
+    subset = Calib(calib.images[:REPORT_IMAGES], calib.size, calib.letterbox)
+    return report(float_path, int8_path, input_name, subset.batches())
+
+
+def child_pool() -> ProcessPoolExecutor:
+    """One child process for a job's onnxruntime work, forked from a server that has onnxruntime loaded.
+
+    onnxruntime keeps its thread pools busy after a run and holds ~50 MB: in the daemon's own process that
+    starved the main loop (claims 0.4 s late right after a host job) and grew its RSS.
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["saigeedged.backends.host", "onnxruntime.quantization"])
+    return ProcessPoolExecutor(max_workers=1, mp_context=context)
 
 
 class _Reader:
@@ -139,13 +171,14 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     onnx.save(model, str(wrapped))
     ctx.log.line(f"wrapped {prep.model.name}: input {prep.info.input_name} uint8 [1, {prep.input_size[0]}, "
                  f"{prep.input_size[1]}, 3], mean {mean}, scale {[round(s, 6) for s in scale]}")
-    ctx.step("quantize")
-    batches = _batches(prep)
+    calib = Calib(tuple(str(s.image) for s in prep.chosen), prep.input_size, entry.profile.letterbox)
     int8 = prep.work_dir / f"{prep.name}.int8.onnx"
-    quantize(wrapped, int8, prep.info.input_name, batches, entry.calibration_method)
-    ctx.log.line(f"quantized {len(batches)} calibration images ({entry.calibration_method}) -> {int8.name}")
-    ctx.step("report")
-    result = report(wrapped, int8, prep.info.input_name, batches)
+    with child_pool() as pool:
+        ctx.step("quantize")
+        pool.submit(quantize_job, wrapped, int8, prep.info.input_name, calib, entry.calibration_method).result()
+        ctx.log.line(f"quantized {len(calib.images)} calibration images ({entry.calibration_method}) -> {int8.name}")
+        ctx.step("report")
+        result = pool.submit(report_job, wrapped, int8, prep.info.input_name, calib).result()
     for name, row in result["outputs"].items():
         flag = "  << FLAGGED: INT8 output diverges" if row["flagged"] else ""
         ctx.log.line(f"report {name}: cosine {row['cosine']:.4f} max_abs_error {row['max_abs_error']:.4g}{flag}")
