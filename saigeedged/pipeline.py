@@ -89,7 +89,7 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
         inputs.calibrate(prep)
         job.on_inputs({"calib_samples": len(prep.chosen)})
         job.log.line(f"{len(prep.chosen)} calibration images ({entry.profile.sampler}, seed {entry.seed}) -> {prep.dataset}")
-        ctx = Context(job.log, step, job.config, job.container, job.on_progress, job.deadline)
+        ctx = Context(job.log, step, job.config, job.container, job.on_progress, job.deadline, job.interrupted)
         art = backends.get(entry.target).compile(prep, ctx)
         step("bundle")
         dest = job.work_dir / f"{job.job_id}.saigeedge"

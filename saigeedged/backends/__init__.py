@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from saigeedged.errors import SaigeError
 from saigeedged.joblog import JobLog
 
 if TYPE_CHECKING:
@@ -39,6 +41,17 @@ class Context:
     container: Callable[[str], Container] | None = None
     progress: Callable[[dict[str, Any]], None] = field(default=lambda event: None)
     deadline: float | None = None  # time.monotonic() limit for the whole job
+    interrupted: Callable[[], str | None] = field(default=lambda: None)  # "stop" | "cancel" once the job must end
+
+    def step_timeout(self) -> int:
+        """Seconds one step may take: limits.step_timeout_s, or less when the job's deadline is nearer."""
+        limit = int(self.config.section("limits")["step_timeout_s"])
+        if self.deadline is None:
+            return limit
+        remaining = int(self.deadline - time.monotonic())
+        if remaining <= 0:
+            raise SaigeError("TIMEOUT", "the job ran longer than limits.job_timeout_s")
+        return min(limit, remaining)
 
 
 class Backend(Protocol):

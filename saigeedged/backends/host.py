@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import multiprocessing
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +13,7 @@ import onnx
 from numpy.typing import NDArray
 from onnx import TensorProto, helper, numpy_helper
 
-from saigeedged import images
+from saigeedged import child, images
 from saigeedged.backends import Artifact, Context
 from saigeedged.profiles import mean_scale
 
@@ -86,17 +84,6 @@ def report_job(float_path: Path, int8_path: Path, input_name: str, calib: Calib)
     """Step `report`, run in the child process (only the images it compares are loaded)."""
     subset = Calib(calib.images[:REPORT_IMAGES], calib.size, calib.letterbox)
     return report(float_path, int8_path, input_name, subset.batches())
-
-
-def child_pool() -> ProcessPoolExecutor:
-    """One child process for a job's onnxruntime work, forked from a server that has onnxruntime loaded.
-
-    onnxruntime keeps its thread pools busy after a run and holds ~50 MB: in the daemon's own process that
-    starved the main loop (claims 0.4 s late right after a host job) and grew its RSS.
-    """
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["saigeedged.backends.host", "onnxruntime.quantization"])
-    return ProcessPoolExecutor(max_workers=1, mp_context=context)
 
 
 class _Reader:
@@ -173,12 +160,13 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
                  f"{prep.input_size[1]}, 3], mean {mean}, scale {[round(s, 6) for s in scale]}")
     calib = Calib(tuple(str(s.image) for s in prep.chosen), prep.input_size, entry.profile.letterbox)
     int8 = prep.work_dir / f"{prep.name}.int8.onnx"
-    with child_pool() as pool:
-        ctx.step("quantize")
-        pool.submit(quantize_job, wrapped, int8, prep.info.input_name, calib, entry.calibration_method).result()
-        ctx.log.line(f"quantized {len(calib.images)} calibration images ({entry.calibration_method}) -> {int8.name}")
-        ctx.step("report")
-        result = pool.submit(report_job, wrapped, int8, prep.info.input_name, calib).result()
+    ctx.step("quantize")
+    child.run(quantize_job, (wrapped, int8, prep.info.input_name, calib, entry.calibration_method), "quantize",
+              ctx.step_timeout(), ctx.interrupted)
+    ctx.log.line(f"quantized {len(calib.images)} calibration images ({entry.calibration_method}) -> {int8.name}")
+    ctx.step("report")
+    result = child.run(report_job, (wrapped, int8, prep.info.input_name, calib), "report", ctx.step_timeout(),
+                       ctx.interrupted)
     for name, row in result["outputs"].items():
         flag = "  << FLAGGED: INT8 output diverges" if row["flagged"] else ""
         ctx.log.line(f"report {name}: cosine {row['cosine']:.4f} max_abs_error {row['max_abs_error']:.4g}{flag}")

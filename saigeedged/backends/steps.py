@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,15 +22,6 @@ class StepRunner:
     def __init__(self, ctx: Context, ctr: Container, work: Path, prefix: Sequence[str], tool: str,
                  env: dict[str, str] | None = None) -> None:
         self.ctx, self.ctr, self.work, self.prefix, self.tool, self.env = ctx, ctr, work, list(prefix), tool, env
-        self.step_timeout = int(ctx.config.section("limits")["step_timeout_s"])
-
-    def timeout(self) -> int:
-        if self.ctx.deadline is None:
-            return self.step_timeout
-        remaining = int(self.ctx.deadline - time.monotonic())
-        if remaining <= 0:
-            raise SaigeError("TIMEOUT", "the job ran longer than limits.job_timeout_s")
-        return min(self.step_timeout, remaining)
 
     def call(self, args: Sequence[str], on_chunk: Callable[[bytes], None] | None = None) -> tuple[int, bytes]:
         """Run and return (exit code, output); output is also streamed to the job log. Raises TIMEOUT."""
@@ -45,7 +35,7 @@ class StepRunner:
 
         argv = self.prefix + list(args)
         self.ctx.log.line(f"$ {shlex.join(argv)}")
-        limit = self.timeout()
+        limit = self.ctx.step_timeout()
         code = self.ctr.run_step(argv, self.work, limit, sink, self.env)
         if code in TIMED_OUT:
             raise SaigeError("TIMEOUT", f"`{self.label(args)}` ran longer than {limit}s and was killed")

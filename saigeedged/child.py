@@ -1,0 +1,57 @@
+"""In-process compiler work (onnxruntime) run in a forked child that a stop, a cancel or a timeout can end."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from saigeedged.errors import SaigeError
+
+POLL_S = 0.2  # how often the parent looks at stop/cancel requests while the child works
+PRELOAD = ["saigeedged.backends.host", "onnxruntime.quantization"]
+
+
+def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any]) -> None:
+    try:
+        conn.send((True, fn(*args)))
+    except BaseException as exc:  # everything goes back to the parent, which decides
+        conn.send((False, exc))
+    finally:
+        conn.close()
+
+
+def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: float,
+        interrupted: Callable[[], str | None]) -> Any:
+    """fn(*args) in a child forked from a server with onnxruntime loaded; its result or its exception.
+
+    Keeping onnxruntime out of the daemon matters: its thread pools spin after a run and starved the
+    daemon's main loop, and it adds ~50 MB to the daemon's RSS for good.
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    parent, child = context.Pipe(duplex=False)
+    proc = context.Process(target=_main, args=(child, fn, args), name=f"saigeedged-{label}", daemon=True)
+    proc.start()
+    child.close()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not parent.poll(POLL_S):
+            reason = interrupted()
+            if reason is not None:
+                raise SaigeError("CANCELLED", f"{label} was stopped ({reason})", reason=reason)
+            if time.monotonic() > deadline:
+                raise SaigeError("TIMEOUT", f"{label} ran longer than {timeout_s:.0f}s and was killed")
+            if not proc.is_alive() and not parent.poll():
+                raise SaigeError("INTERNAL", f"{label} died with exit code {proc.exitcode}")
+        ok, value = parent.recv()
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        parent.close()
+    if not ok:
+        raise value
+    return value

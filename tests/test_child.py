@@ -1,0 +1,62 @@
+"""In-process compiler work in a child process: results, errors, stop/cancel and timeouts end it."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from saigeedged import child
+from saigeedged.errors import SaigeError
+
+
+def pid_then_sleep(path: str, seconds: float) -> None:
+    with open(path, "w") as fh:
+        fh.write(str(os.getpid()))
+    time.sleep(seconds)
+
+
+def fail() -> None:
+    raise ValueError("boom in the child")
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_result_and_exception_come_back() -> None:
+    """The child's return value, and its exception re-raised in the parent."""
+    assert child.run(sum, ([1, 2, 3],), "sum", 30, lambda: None) == 6
+    with pytest.raises(ValueError, match="boom in the child"):
+        child.run(fail, (), "fail", 30, lambda: None)
+
+
+def test_cancel_kills_the_child(tmp_path: object) -> None:
+    """An interrupt ends the wait with CANCELLED (carrying the reason) and the child process is gone."""
+    from pathlib import Path
+
+    pidfile = Path(str(tmp_path)) / "pid"
+    flag = threading.Event()
+    timer = threading.Timer(0.5, flag.set)
+    timer.start()
+    with pytest.raises(SaigeError) as err:
+        child.run(pid_then_sleep, (str(pidfile), 60), "quantize", 60, lambda: "cancel" if flag.is_set() else None)
+    assert err.value.code == "CANCELLED" and err.value.fields["reason"] == "cancel"
+    assert gone(int(pidfile.read_text()))
+
+
+def test_timeout_kills_the_child(tmp_path: object) -> None:
+    """Past its time limit the child is killed and the step ends TIMEOUT."""
+    from pathlib import Path
+
+    pidfile = Path(str(tmp_path)) / "pid"
+    with pytest.raises(SaigeError) as err:
+        child.run(pid_then_sleep, (str(pidfile), 60), "quantize", 1, lambda: None)
+    assert err.value.code == "TIMEOUT"
+    assert gone(int(pidfile.read_text()))
