@@ -37,6 +37,7 @@ def test_service_settings() -> None:
     assert service["Type"] == "notify" and int(service["WatchdogSec"]) > 0
     assert service["User"] == "saigeedged" and service["SupplementaryGroups"] == "docker"
     assert service["StateDirectory"] == "saigeedged" and "PrivateTmp" not in service
+    assert service["Environment"] == f"TMPDIR=/run/{service['RuntimeDirectory']}"  # /tmp is read-only under strict
     assert "AF_UNIX" in service["RestrictAddressFamilies"]  # /run/docker.sock and the notify socket
     assert int(service["TimeoutStopSec"]) > 30
 
