@@ -212,9 +212,12 @@ class Container:
         return code
 
     def _lost(self, ctr: Any, code: int) -> bool:
-        """Did the container die under the step? A kill shows as 137 before the engine marks it exited."""
+        """Did the container die under the step? A kill shows as 137 before the engine marks it exited.
+
+        An exit below 128 is the step's own: a dying container kills it by signal, so no engine call is needed.
+        """
         if code < 128:
-            return not self.alive()
+            return False
         try:
             self.docker.api.wait(ctr.id, timeout=LOST_GRACE_S)  # returns as soon as the container stops
         except Exception:  # still running after the grace period: the step alone was killed (e.g. timeout)

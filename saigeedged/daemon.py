@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import structlog
 
@@ -78,6 +79,11 @@ class Daemon:
             self.jobs.requeue(job, "restart")
 
     # -- claiming ------------------------------------------------------------------------------
+    def _subdir(self, manifest: Path) -> str:
+        """The drop's folder relative to the inbox ("" at the top), kept in the outbox."""
+        rel = manifest.parent.relative_to(self.config.inbox).as_posix()
+        return "" if rel == "." else rel
+
     def claim(self, drop: Drop) -> None:
         now = jobid.utc_now()
         ids = [jobid.new(e.stem, now) for e in drop.entries]
@@ -90,13 +96,12 @@ class Daemon:
         self.scanner.forget(drop.files)
         if self.watcher is not None:
             self._blind_until = self.clock() + BLIND_WINDOW_S
-        subdir = drop.manifest.parent.relative_to(self.config.inbox).as_posix()
         for job_id, entry in zip(ids, drop.entries, strict=True):
             doc = entry_to_doc(entry)
             doc["onnx"] = str(moved.get(entry.onnx, entry.onnx))
             doc["manifest"] = str(moved[drop.manifest])
             job = Job(job_id=job_id, name=entry.stem, target=entry.target, task=entry.task, entry=doc,
-                      subdir="" if subdir == "." else subdir, claim_dir=str(claim_dir), manifest=drop.manifest.name,
+                      subdir=self._subdir(drop.manifest), claim_dir=str(claim_dir), manifest=drop.manifest.name,
                       priority=entry.priority, request_id=entry.request_id, created_at=jobid.iso(now),
                       updated_at=jobid.iso(now))
             self.store.add(job)
@@ -115,9 +120,8 @@ class Daemon:
         except OSError:
             return
         self.scanner.forget(bad.files)
-        subdir = bad.manifest.parent.relative_to(self.config.inbox).as_posix()
         onnx = next((str(dest / p.name) for p in bad.files if p.suffix == ".onnx"), str(dest / f"{stem}.onnx"))
-        job = Job(job_id=job_id, name=stem, target="?", task="?", entry={"onnx": onnx}, subdir="" if subdir == "." else subdir,
+        job = Job(job_id=job_id, name=stem, target="?", task="?", entry={"onnx": onnx}, subdir=self._subdir(bad.manifest),
                   claim_dir=str(dest), manifest=bad.manifest.name, state=FAILED, created_at=jobid.iso(now),
                   updated_at=jobid.iso(now), finished_at=jobid.iso(now), error=bad.error.as_dict("validate"))
         with JobLog(self.places.local_log(job_id)) as joblog:
