@@ -12,6 +12,7 @@ from typing import Any
 import structlog
 
 IDENTIFIER = "saigeedged"
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
 PRIORITY = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -36,17 +37,30 @@ def journal_fields(event_dict: MutableMapping[str, Any]) -> dict[str, str]:
 
 
 class JournalSink:
-    """The last processor: one journal entry per event, then the event is dropped."""
+    """The last processor: one journal entry per event, then the event is dropped.
+
+    When journald cannot be reached (not running, restarting, a stale socket), the event is printed to
+    stderr as a JSON line instead, with `journal_error` set: losing an event, or the daemon, over a log
+    sink would be worse than a line in the wrong place.
+    """
 
     def __init__(self) -> None:
         from systemd import journal
 
         self._send = journal.send
+        self._stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
+        self._render = structlog.processors.JSONRenderer()
 
     def __call__(self, logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> Any:
-        fields = journal_fields(event_dict)
+        fields = journal_fields(dict(event_dict))
         message = fields.pop("MESSAGE")
-        self._send(message, **fields)
+        try:
+            if not os.path.exists(JOURNAL_SOCKET):  # libsystemd drops events silently in this one case
+                raise FileNotFoundError(f"no journal socket at {JOURNAL_SOCKET}")
+            self._send(message, **fields)
+        except OSError as exc:
+            event_dict["journal_error"] = str(exc)
+            return self._render(logger, method, self._stamp(logger, method, event_dict))
         raise structlog.DropEvent
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,13 @@ def journal(**match: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(autouse=True)
 def _needs_journald() -> None:
-    assert JOURNAL_SOCKET.exists(), "systemd-journald is not running (scripts/setup-host starts it)"
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(str(JOURNAL_SOCKET))
+    except OSError as exc:
+        pytest.fail(f"systemd-journald is not listening on {JOURNAL_SOCKET} ({exc}); scripts/setup-host starts it")
+    finally:
+        probe.close()
 
 
 def test_field_names_are_valid() -> None:
@@ -85,3 +92,25 @@ def test_auto_format_detects_a_journal_stream_and_logs_once(tmp_path: Path) -> N
     env["JOURNAL_STREAM"] = "1:1"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert run.stdout.strip() == "json" and '"event": "daemon.ready"' in run.stderr
+
+
+STALE_SOCKET = "import socket, sys; socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).bind(sys.argv[1])"
+
+
+@pytest.mark.parametrize(("setup", "error"), [("true", "no journal socket"),
+                                              (f"python3 -c '{STALE_SOCKET}' {JOURNAL_SOCKET}", "Connection refused")],
+                         ids=["no-socket", "stale-socket"])
+def test_an_unreachable_journal_costs_no_event_and_no_crash(setup: str, error: str) -> None:
+    """journald gone (an empty tmpfs over its socket dir in a private mount namespace, or a socket file nobody
+    listens on): each event is printed as a JSON line naming the journal error, and the process goes on."""
+    code = ("import structlog; from saigeedged import log; log.configure('journal'); "
+            "structlog.get_logger().info('daemon.ready', n=1); structlog.get_logger().warning('job.failed', n=2); "
+            "print('still running')")
+    script = f"mount -t tmpfs none {JOURNAL_SOCKET.parent} && {setup} && exec {sys.executable} -c \"$0\""
+    run = subprocess.run(["unshare", "--mount", "sh", "-c", script, code], capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "still running"
+    lines = [json.loads(line) for line in run.stderr.splitlines()]
+    assert [(e["event"], e["n"], e["level"]) for e in lines] == [("daemon.ready", 1, "info"), ("job.failed", 2, "warning")]
+    assert all(error in e["journal_error"] and e["timestamp"] for e in lines)
