@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
+import socket
 import sys
 from collections.abc import MutableMapping
 from typing import Any
@@ -56,12 +58,24 @@ class JournalSink:
         message = fields.pop("MESSAGE")
         try:
             if not os.path.exists(JOURNAL_SOCKET):  # libsystemd drops events silently in this one case
-                raise FileNotFoundError(f"no journal socket at {JOURNAL_SOCKET}")
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), JOURNAL_SOCKET)
             self._send(message, **fields)
         except OSError as exc:
             event_dict["journal_error"] = str(exc)
             return self._render(logger, method, self._stamp(logger, method, event_dict))
         raise structlog.DropEvent
+
+
+def journal_unreachable() -> str | None:
+    """Why journald cannot take events right now (a connect probe: the socket file can outlive journald)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(JOURNAL_SOCKET)
+    except OSError as exc:
+        return f"{JOURNAL_SOCKET}: {exc.strerror or exc}"
+    finally:
+        probe.close()
+    return None
 
 
 def journal_connected() -> bool:

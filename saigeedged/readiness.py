@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from saigeedged import log
 from saigeedged.backends import cubie
 from saigeedged.config import Config
 from saigeedged.container import MANAGED_LABEL, Spec, client, cubie_section
@@ -108,8 +109,9 @@ def _host(report: Report, config: Config) -> None:
         writable = os.access(probe, os.W_OK)
         report(OK if writable else FAIL, label, f"{path} {'exists' if path.exists() else 'will be created'}"
                + ("" if writable else ", NOT writable"))
-    journal = Path("/run/systemd/journal/socket").exists()
-    report(OK if journal else WARN, "journald", "socket present" if journal else "not running: events go to stderr")
+    journal_error = log.journal_unreachable()
+    report(WARN if journal_error else OK, "journald",
+           f"not reachable ({journal_error}): events go to stderr" if journal_error else "accepting events")
     watches = Path("/proc/sys/fs/inotify/max_user_watches")
     report(OK, "inotify", f"max_user_watches {watches.read_text().strip()}" if watches.exists() else "unavailable: poll mode")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 from harness import drop, wait_for
 
-from saigeedged.log import journal_field, journal_fields
+from saigeedged.log import journal_field, journal_fields, journal_unreachable
 
 pytestmark = pytest.mark.journald
 
@@ -28,13 +27,8 @@ def journal(**match: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(autouse=True)
 def _needs_journald() -> None:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        probe.connect(str(JOURNAL_SOCKET))
-    except OSError as exc:
-        pytest.fail(f"systemd-journald is not listening on {JOURNAL_SOCKET} ({exc}); scripts/setup-host starts it")
-    finally:
-        probe.close()
+    if reason := journal_unreachable():
+        pytest.fail(f"systemd-journald is not listening ({reason}); scripts/setup-host starts it")
 
 
 def test_field_names_are_valid() -> None:
@@ -95,22 +89,37 @@ def test_auto_format_detects_a_journal_stream_and_logs_once(tmp_path: Path) -> N
 
 
 STALE_SOCKET = "import socket, sys; socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).bind(sys.argv[1])"
+DEAD_JOURNALS = pytest.mark.parametrize(
+    ("setup", "error"), [("true", "o such file"), (f"python3 -c '{STALE_SOCKET}' {JOURNAL_SOCKET}", "Connection refused")],
+    ids=["no-socket", "stale-socket"])
 
 
-@pytest.mark.parametrize(("setup", "error"), [("true", "no journal socket"),
-                                              (f"python3 -c '{STALE_SOCKET}' {JOURNAL_SOCKET}", "Connection refused")],
-                         ids=["no-socket", "stale-socket"])
+def with_dead_journal(setup: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run argv where journald is gone: an empty tmpfs over its socket dir in a private mount namespace,
+    then `setup` (e.g. leave a socket file nobody listens on, as a stopped journald does)."""
+    script = f'mount -t tmpfs none {JOURNAL_SOCKET.parent} && {setup} && exec "$@"'
+    return subprocess.run(["unshare", "--mount", "sh", "-c", script, "sh", *argv], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent)
+
+
+@DEAD_JOURNALS
 def test_an_unreachable_journal_costs_no_event_and_no_crash(setup: str, error: str) -> None:
-    """journald gone (an empty tmpfs over its socket dir in a private mount namespace, or a socket file nobody
-    listens on): each event is printed as a JSON line naming the journal error, and the process goes on."""
+    """Each event is printed as a JSON line naming the journal error, and the process goes on."""
     code = ("import structlog; from saigeedged import log; log.configure('journal'); "
             "structlog.get_logger().info('daemon.ready', n=1); structlog.get_logger().warning('job.failed', n=2); "
             "print('still running')")
-    script = f"mount -t tmpfs none {JOURNAL_SOCKET.parent} && {setup} && exec {sys.executable} -c \"$0\""
-    run = subprocess.run(["unshare", "--mount", "sh", "-c", script, code], capture_output=True, text=True,
-                         cwd=Path(__file__).parent.parent)
+    run = with_dead_journal(setup, sys.executable, "-c", code)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "still running"
     lines = [json.loads(line) for line in run.stderr.splitlines()]
     assert [(e["event"], e["n"], e["level"]) for e in lines] == [("daemon.ready", 1, "info"), ("job.failed", 2, "warning")]
-    assert all(error in e["journal_error"] and e["timestamp"] for e in lines)
+    assert all(e["timestamp"] for e in lines)
+    assert all(error in e["journal_error"] for e in lines)
+
+
+@DEAD_JOURNALS
+def test_check_warns_when_journald_does_not_listen(setup: str, error: str, config_path: Path) -> None:
+    """`check` probes the socket rather than trusting the file, and says why events would go to stderr."""
+    run = with_dead_journal(setup, sys.executable, "-m", "saigeedged", "check", "-c", str(config_path))
+    line = next(x for x in run.stdout.splitlines() if x.split()[1] == "journald")
+    assert line.split()[0] == "warn" and error in line and "events go to stderr" in line, run.stdout
