@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,13 +180,23 @@ class Scanner:
 
 
 def claim(files: list[Path], base: Path, dest: Path) -> dict[Path, Path]:
-    """Rename each file into `dest`, keeping its path relative to `base` (the manifest's folder)."""
+    """Rename each file into `dest`, keeping its path relative to `base` (the manifest's folder).
+
+    All or nothing: if one rename fails (a file deleted or replaced under us), those already moved go back
+    where they were and `dest` is removed again, so the next scan sees the drop as the user left it.
+    """
     moved: dict[Path, Path] = {}
     dest.mkdir(parents=True, exist_ok=True)
-    for path in files:
-        rel = path.relative_to(base) if path.is_relative_to(base) else Path(path.name)
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(path, target)
-        moved[path] = target
+    try:
+        for path in files:
+            rel = path.relative_to(base) if path.is_relative_to(base) else Path(path.name)
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(path, target)
+            moved[path] = target
+    except OSError:
+        for path, target in moved.items():
+            os.rename(target, path)
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
     return moved

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import yaml
 from factory import yolox
 
@@ -92,6 +93,25 @@ def test_claim_keeps_relative_layout(tmp_path: Path) -> None:
     assert moved[inbox / "team" / "models" / "det.onnx"] == dest / "models" / "det.onnx"
     assert os.stat(dest / "models" / "det.onnx").st_ino == ino  # a rename, not a copy
     assert not (inbox / "team" / "m.yml").exists()
+
+
+def test_a_claim_that_fails_halfway_puts_everything_back(tmp_path: Path) -> None:
+    """The ONNX deleted between the scan and the claim: the manifest already renamed goes back, no claim folder
+    is left, and the scanner sees the manifest alone again (an orphan, INPUT_NOT_FOUND after orphan_timeout_s)."""
+    s = scanner(tmp_path, settle=1, orphan=10)
+    manifest = write(tmp_path / "det.yml", M)
+    yolox(tmp_path / "det.onnx")
+    assert s.scan(0.0) == []
+    (found,) = s.scan(1.0)
+    (tmp_path / "det.onnx").unlink()
+    dest = tmp_path / ".saigeedged" / "claimed" / "job"
+    with pytest.raises(FileNotFoundError):
+        claim(found.files, tmp_path, dest)
+    assert yaml.safe_load(manifest.read_text()) == M
+    assert not dest.exists()
+    assert s.scan(2.0) == []
+    (bad,) = s.scan(11.0)
+    assert isinstance(bad, Rejected) and bad.error.code == "INPUT_NOT_FOUND" and bad.manifest == manifest
 
 
 def test_network_filesystems_are_polled() -> None:
