@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shlex
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import docker
+import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import Mount
 
@@ -30,6 +32,15 @@ _WRAP = 'echo $$ > "$0"; exec "$@"'
 _KILL = 'p=$(cat "$0" 2>/dev/null) && [ -n "$p" ] && { kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p"; }; rm -f "$0"'
 _REAP = 'for f in "$0"/*/' + PIDFILE + '; do [ -f "$f" ] || continue; p=$(cat "$f"); ' \
         'kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; rm -f "$f"; done; true'
+
+
+@contextlib.contextmanager
+def reaching_engine(doing: str) -> Iterator[None]:
+    """A connection to the engine refused or cut (dockerd stopped or restarting) is DOCKER_UNAVAILABLE."""
+    try:
+        yield
+    except requests.exceptions.ConnectionError as exc:
+        raise SaigeError("DOCKER_UNAVAILABLE", f"lost the Docker engine while {doing}: {exc}") from None
 
 
 def client() -> docker.DockerClient:
@@ -120,6 +131,10 @@ class Container:
 
     def ensure(self) -> Any:
         """The running container; created when missing, started when stopped, recreated when ours is wrong."""
+        with reaching_engine(f"preparing container {self.spec.name}"):
+            return self._ensure()
+
+    def _ensure(self) -> Any:
         try:
             ctr = self.docker.containers.get(self.spec.name)
         except NotFound:
@@ -157,7 +172,7 @@ class Container:
     def alive(self) -> bool:
         try:
             return bool(self.docker.containers.get(self.spec.name).status == "running")
-        except DockerException:
+        except (DockerException, requests.exceptions.ConnectionError):
             return False
 
     # -- execs ---------------------------------------------------------------------------------
@@ -181,7 +196,8 @@ class Container:
     def probe(self, script: str) -> tuple[int, str]:
         """Run a fixed shell snippet (no manifest values) and return (exit code, output)."""
         chunks: list[bytes] = []
-        code = self._exec(self.ensure(), ["sh", "-c", script], "/", None, chunks.append)
+        with reaching_engine("probing the container"):
+            code = self._exec(self.ensure(), ["sh", "-c", script], "/", None, chunks.append)
         return (-1 if code is None else code), b"".join(chunks).decode(errors="replace")
 
     def entry_point(self, key: str, script: str) -> str:
@@ -201,9 +217,12 @@ class Container:
                    *argv]
         with self._lock:
             self._interrupt = None
-        code = self._exec(ctr, wrapped, str(workdir), env, sink)
-        with self._lock:
-            reason, self._interrupt = self._interrupt, None
+        try:
+            with reaching_engine(f"running {shlex.join(argv[:3])}"):
+                code = self._exec(ctr, wrapped, str(workdir), env, sink)
+        finally:
+            with self._lock:
+                reason, self._interrupt = self._interrupt, None
         if reason is not None:
             raise SaigeError("CANCELLED", f"step {shlex.join(argv[:3])} was stopped ({reason})", reason=reason)
         if code is None or self._lost(ctr, code):
@@ -231,17 +250,19 @@ class Container:
         try:
             ctr = self.docker.containers.get(self.spec.name)
             self._exec(ctr, ["sh", "-c", _KILL, str(workdir / PIDFILE)], "/", None, lambda _: None)
-        except DockerException:
+        except (DockerException, requests.exceptions.ConnectionError):
             pass
 
     def reap(self) -> None:
-        """Kill leftover steps of a previous daemon (SIGKILL'd mid-step), recorded by their pidfiles."""
-        try:
-            ctr = self.docker.containers.get(self.spec.name)
-        except NotFound:
-            return
-        if ctr.status == "running":
-            self._exec(ctr, ["sh", "-c", _REAP, str(self.spec.work_root)], "/", None, lambda _: None)
+        """Kill leftover steps recorded by their pidfiles: of a daemon SIGKILL'd mid-step, or of steps whose
+        engine connection was cut (they may have run on while the engine was unreachable)."""
+        with reaching_engine(f"killing leftover steps in {self.spec.name}"):
+            try:
+                ctr = self.docker.containers.get(self.spec.name)
+            except NotFound:
+                return
+            if ctr.status == "running":
+                self._exec(ctr, ["sh", "-c", _REAP, str(self.spec.work_root)], "/", None, lambda _: None)
 
 
 class HostLock:
@@ -296,6 +317,13 @@ class Containers:
         if self._api is None:
             self._api = client()
         return self._api
+
+    def engine_up(self) -> bool:
+        """Does the engine answer a ping now?"""
+        try:
+            return bool(self.api().ping())
+        except (SaigeError, DockerException, requests.exceptions.ConnectionError):
+            return False
 
     def container(self, target: str) -> Container:
         if target not in self._by_target:

@@ -162,7 +162,7 @@ class Daemon:
     def _status(self) -> None:
         """STATUS= from the main loop and from the worker at each job and step change."""
         with self._status_lock:
-            self.notifier.status(status_text(self.worker.current, self.store.count(QUEUED)))
+            self.notifier.status(status_text(self.worker.current, self.store.count(QUEUED), self.worker.outage.active))
 
     def run(self) -> int:
         self.recover()

@@ -90,8 +90,9 @@ def entry_from_doc(doc: dict[str, Any]) -> Entry:
     return Entry(**values)
 
 
-def status_text(running: Job | None, queued: int) -> str:
+def status_text(running: Job | None, queued: int, engine_down: bool = False) -> str:
     """The systemd STATUS= line."""
+    waiting = ", Docker engine unreachable: container jobs wait" if engine_down else ""
     if running is None:
-        return f"idle, {queued} queued"
-    return f"compiling {running.name} ({running.step} {running.step_index}/{running.step_count}), {queued} queued"
+        return f"idle, {queued} queued{waiting}"
+    return f"compiling {running.name} ({running.step} {running.step_index}/{running.step_count}), {queued} queued{waiting}"

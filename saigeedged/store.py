@@ -86,9 +86,11 @@ class Store:
                        "WHERE job_id = ?", (job.state, job.priority, job.claim_dir, json.dumps(job.to_doc()), cancel,
                                             job.job_id))
 
-    def next_queued(self) -> Job | None:
-        """The job to run next: highest priority, then first in."""
-        jobs = self._jobs("SELECT doc FROM jobs WHERE state = ? ORDER BY priority DESC, seq LIMIT 1", (QUEUED,))
+    def next_queued(self, skip_targets: tuple[str, ...] = ()) -> Job | None:
+        """The job to run next: highest priority, then first in (jobs for `skip_targets` wait)."""
+        marks = ",".join("?" * len(skip_targets))
+        jobs = self._jobs(f"SELECT doc FROM jobs WHERE state = ? AND json_extract(doc, '$.target') NOT IN ({marks}) "
+                          "ORDER BY priority DESC, seq LIMIT 1", (QUEUED, *skip_targets))
         return jobs[0] if jobs else None
 
     def in_state(self, *states: str) -> list[Job]:

@@ -19,6 +19,7 @@ from saigeedged.errors import SaigeError
 from saigeedged.inputs import PathPolicy
 from saigeedged.joblog import JobLog
 from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, TransitionError, entry_from_doc
+from saigeedged.outage import DOCKER_TARGETS, Outage
 from saigeedged.publish import Outbox
 from saigeedged.store import Store
 
@@ -64,8 +65,11 @@ class Jobs:
         except SaigeError as exc:  # the row is the truth; the status file catches up at the next change
             log.error("status.write_failed", job_id=job.job_id, job_name=job.name, error_code=exc.code, message=exc.message)
 
-    def requeue(self, job: Job, reason: str, error: SaigeError | None = None) -> None:
-        job.state, job.attempt, job.step, job.step_index = QUEUED, job.attempt + 1, None, 0
+    def requeue(self, job: Job, reason: str, error: SaigeError | None = None, spend_attempt: bool = True) -> None:
+        """Back to the queue; the status file's `error` says why the last attempt did not finish."""
+        job.error = error.as_dict(job.step) if error else None
+        job.state, job.step, job.step_index = QUEUED, None, 0
+        job.attempt += 1 if spend_attempt else 0
         self.save(job)
         event("job.requeued", job, "warning", reason=reason, error_code=error.code if error else None)
 
@@ -118,14 +122,17 @@ class Worker(threading.Thread):
         self.wake = threading.Event()
         self.stop_event = threading.Event()
         self.current: Job | None = None
+        self.outage = Outage()
         self._reason: str | None = None
         self._lock = threading.Lock()
 
     def run(self) -> None:
         while not self.stop_event.is_set():
-            job = self.jobs.store.next_queued()
+            if self.outage.due():
+                self._ping_engine()
+            job = self.jobs.store.next_queued(DOCKER_TARGETS if self.outage.active else ())
             if job is None:
-                self.wake.wait(1.0)
+                self.wake.wait(self.outage.wait_s(1.0))
                 self.wake.clear()
                 continue
             try:
@@ -181,7 +188,7 @@ class Worker(threading.Thread):
             with self._lock:
                 self.current = None
             self.on_change()
-            if not self.config.keep_work:
+            if not self.config.keep_work and not self.outage.active:  # in an outage its pidfile is kept for reap()
                 shutil.rmtree(work, ignore_errors=True)
 
     def _run(self, job: Job, work: Path, joblog: JobLog) -> None:
@@ -222,12 +229,33 @@ class Worker(threading.Thread):
             self.jobs.requeue(job, "stop")
         elif exc.code == "CANCELLED":
             self.jobs.end(job, CANCELLED, exc)
+        elif exc.code == "DOCKER_UNAVAILABLE":
+            self._hold(job, exc)
         elif exc.retryable and job.attempt < max_attempts:
             if exc.code == "CONTAINER_LOST":
                 self._recreate(job)
             self.jobs.requeue(job, exc.code.lower(), exc)
         else:
             self.jobs.end(job, FAILED, exc)
+
+    def _hold(self, job: Job, exc: SaigeError) -> None:
+        """The engine is unreachable: not the job's fault, so it waits in the queue with its attempt unspent."""
+        if self.outage.begin(job.target):
+            log.warning("docker.unavailable", error_code=exc.code, message=exc.message, hint=exc.hint)
+        self.jobs.requeue(job, "docker_unavailable", exc, spend_attempt=False)
+
+    def _ping_engine(self) -> None:
+        """End the outage once the engine answers and the steps it ran unseen are killed."""
+        try:
+            if not self.containers.engine_up():
+                raise SaigeError("DOCKER_UNAVAILABLE", "the engine does not answer")
+            for target in sorted(self.outage.targets):
+                self.containers.container(target).reap()
+        except SaigeError:
+            self.outage.still_down()
+            return
+        log.info("docker.available", down_s=round(self.outage.end(), 1))
+        self.on_change()
 
     def _abandon(self, job: Job, exc: Exception) -> None:
         """Mark a job that hit a bug failed (INTERNAL) so the queue moves on; never raises."""

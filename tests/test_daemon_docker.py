@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from engineproxy import EngineProxy
 from factory import classifier, yolox
 from harness import drop, wait_for
 
@@ -186,3 +187,31 @@ def test_waiting_for_the_container_lock_ends_on_sigterm(cubie_daemon: Any, det_i
         lock.release()
     d.start()
     assert d.wait_state(job["job_id"], ("succeeded",))["attempt"] == 2
+
+
+def test_engine_outage_holds_container_jobs_while_host_jobs_go_on(cubie_daemon: Any, docker_client: Any,
+                                                                 tmp_path: Path, det_inputs: dict[str, Any]) -> None:
+    """The engine goes away mid-step (dockerd stopped, restarting): the job waits in the queue with its attempt
+    unspent and DOCKER_UNAVAILABLE as the reason, a host job still runs, and when the engine is back the step
+    it ran unseen is killed and the job runs again."""
+    proxy = EngineProxy(tmp_path / "engine.sock")
+    proxy.up()
+    d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host})
+    job = in_quantize(d, docker_client, tmp_path, "hang", det_inputs["manifest"])
+    seen = len(d.messages)
+    proxy.down()
+    held = d.wait_state(job["job_id"], ("queued",))
+    assert held["attempt"] == 1 and held["error"]["code"] == "DOCKER_UNAVAILABLE"
+    assert "start dockerd" in held["error"]["hint"] and held["error"]["step"] == "quantize"
+    d.expect("Docker engine unreachable", 10, after=seen)
+    drop(d.inbox, "onhost", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
+    assert d.wait_job("onhost")["state"] == "succeeded"
+    assert d.status(job["job_id"])["state"] == "queued"
+    proxy.up()
+    wait_for(lambda: d.events("docker.available"), 60, "the engine seen again")
+    again = d.wait_state(job["job_id"], ("running",), step="quantize")
+    assert again["attempt"] == 1 and again["error"] is None
+    wait_for(lambda: "sleep 100000" in procs(docker_client, d), 10, "the step running again")
+    assert procs(docker_client, d).count("sleep 100000") == 1  # the one it ran unseen was reaped
+    assert len(d.events("docker.unavailable")) == 1
+    assert [e["error_code"] for e in d.events("job.requeued")] == ["DOCKER_UNAVAILABLE"]

@@ -1,4 +1,4 @@
-"""The SQLite queue: WAL, priority then FIFO, checked transitions, cancel flags."""
+"""The SQLite queue: WAL, priority then FIFO, checked transitions, cancel flags; jobs waiting out an engine outage."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, SUCCEEDED, Job, TransitionError, status_text
+from saigeedged.outage import Outage
 from saigeedged.store import Store
 
 
-def job(job_id: str, priority: int = 0, **fields: object) -> Job:
-    return Job(job_id=job_id, name=job_id.split("-")[0], target="host", task="mlc", entry={"onnx": "/x.onnx"},
+def job(job_id: str, priority: int = 0, target: str = "host", **fields: object) -> Job:
+    return Job(job_id=job_id, name=job_id.split("-")[0], target=target, task="mlc", entry={"onnx": "/x.onnx"},
                subdir="", claim_dir=f"/c/{job_id}", manifest="x.yml", priority=priority, created_at="t", **fields)  # type: ignore[arg-type]
 
 
@@ -36,6 +37,33 @@ def test_priority_then_fifo(tmp_path: Path) -> None:
         nxt.state = RUNNING
         store.save(nxt)
     assert order == ["c-3", "d-4", "a-1", "b-2"]
+
+
+def test_skipped_targets_wait_without_blocking_the_rest(tmp_path: Path) -> None:
+    """next_queued(skip): a cubie job ahead in the queue waits while a host job behind it goes."""
+    store = Store(tmp_path / "q.db")
+    store.add(job("a-1", 5, target="cubie"))
+    store.add(job("b-2"))
+    assert store.next_queued().job_id == "a-1"
+    assert store.next_queued(("cubie", "mobilint")).job_id == "b-2"
+    assert store.next_queued(("cubie", "host")) is None
+
+
+def test_outage_pings_with_a_growing_backoff() -> None:
+    """One outage per engine loss however many jobs meet it; pings at 1, 2, 5, 10, 30, 30 ... s."""
+    now = [100.0]
+    outage = Outage(clock=lambda: now[0])
+    assert not outage.active and not outage.due() and outage.wait_s(1.0) == 1.0
+    assert outage.begin("cubie") and not outage.begin("mobilint")
+    assert outage.targets == {"cubie", "mobilint"}
+    pings = []
+    while len(pings) < 6:
+        now[0] += outage.wait_s(60.0) or 0.5
+        if outage.due():
+            pings.append(now[0] - 100.0)
+            outage.still_down()
+    assert pings == [1.0, 3.0, 8.0, 18.0, 48.0, 78.0]
+    assert outage.end() == 78.0 and not outage.active and not outage.targets
 
 
 def test_transitions_are_checked(tmp_path: Path) -> None:
@@ -75,3 +103,4 @@ def test_status_text() -> None:
     running = job("det-1", step="quantize", step_index=8, step_count=11)
     assert status_text(running, 3) == "compiling det (quantize 8/11), 3 queued"
     assert status_text(None, 0) == "idle, 0 queued"
+    assert status_text(None, 2, engine_down=True) == "idle, 2 queued, Docker engine unreachable: container jobs wait"

@@ -1,0 +1,71 @@
+"""A Docker engine that can go away: a unix-socket relay in front of the real /var/run/docker.sock.
+
+Pointing a daemon's DOCKER_HOST at the relay lets a test take the engine away (connections refused, open
+streams cut) and bring it back, as a dockerd restart does from the client's side, without stopping the
+engine the rest of the suite uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from pathlib import Path
+
+ENGINE = "/var/run/docker.sock"
+
+
+class EngineProxy:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._listener: socket.socket | None = None
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    @property
+    def docker_host(self) -> str:
+        return f"unix://{self.path}"
+
+    def up(self) -> None:
+        """Accept connections and relay them to the engine."""
+        self.path.unlink(missing_ok=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(self.path))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        """Refuse new connections and cut every open one (streams included), like a stopped engine."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        self.path.unlink(missing_ok=True)
+        with self._lock:
+            conns, self._open = self._open, []
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed by down()
+            engine = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            engine.connect(ENGINE)
+            with self._lock:
+                self._open += [client, engine]
+            threading.Thread(target=self._pipe, args=(client, engine), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(engine, client), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
