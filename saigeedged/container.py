@@ -119,6 +119,7 @@ class Container:
             ctr = self.docker.containers.create(
                 self.spec.image, command=["tail", "-f", "/dev/null"], name=self.spec.name,
                 labels={MANAGED_LABEL: "1"}, ipc_mode="host", runtime=self._runtime(), detach=True,
+                init=True,  # an init as PID 1 reaps what killed steps orphan: `tail` would let zombies pile up for months
                 mounts=[Mount(target=str(self.spec.work_root), source=str(self.spec.work_root), type="bind")])
         except ImageNotFound:
             raise SaigeError("IMAGE_NOT_FOUND", f"image {self.spec.image} is not loaded in the Docker engine") from None

@@ -49,6 +49,7 @@ def test_detector_compiles_to_an_a733_bundle(tmp_path: Path, docker_config: Path
     ctr = container(docker_client, docker_config)
     work_root = str(tmp_path / "state" / "work")
     assert ctr.labels["io.saigeedge.managed"] == "1" and ctr.attrs["HostConfig"]["IpcMode"] == "host"
+    assert ctr.attrs["HostConfig"]["Init"] is True
     assert any(m["Source"] == work_root == m["Destination"] for m in ctr.attrs["Mounts"])
     assert not list((tmp_path / "state" / "work").iterdir())  # work dir removed without keep_work
 
@@ -87,15 +88,16 @@ def test_fatal_65280_hint(tmp_path: Path, docker_config: Path, capsys: Any) -> N
 
 def test_hung_step_times_out_and_leaves_nothing_running(tmp_path: Path, docker_config: Path, docker_client: Any,
                                                         capsys: Any) -> None:
-    """A step past step_timeout_s is killed inside the container and the job ends TIMEOUT."""
+    """A step past step_timeout_s is killed inside the container, reaped, and the job ends TIMEOUT."""
     config = Path(str(docker_config))
     data = yaml.safe_load(config.read_text())
     data["limits"]["step_timeout_s"] = 2
     config.write_text(yaml.safe_dump(data))
     assert compile_(setup_det(tmp_path, "hang"), config) == 1
     assert "FAIL  hang: TIMEOUT" in capsys.readouterr().out
-    procs = container(docker_client, config).exec_run(["ps", "-o", "args"]).output.decode()
+    procs = container(docker_client, config).exec_run(["ps", "-o", "stat,args"]).output.decode()
     assert "sleep 100000" not in procs
+    assert not [line for line in procs.splitlines() if line.split()[0] == "Z"], procs  # killed steps leave no zombies
 
 
 def test_hybrid_promotes_worst_non_output_tensors(tmp_path: Path, docker_config: Path) -> None:
