@@ -34,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("manifest", type=Path)
     p.add_argument("--subdir", default="", help="sub-folder of the inbox (kept in the outbox)")
     p.add_argument("--wait", action="store_true", help="wait for the result; exit 0 succeeded, 1 failed")
-    p.add_argument("--timeout", type=float, default=None, help="seconds to wait with --wait")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait in all (default: 60 for the claim, then as long as the job takes)")
     p = add("status", "queue and recent jobs, or one job")
     p.add_argument("job", nargs="?", help="a job id or name")
     p.add_argument("--json", action="store_true")

@@ -26,6 +26,7 @@ from saigeedged.publish import Outbox
 from saigeedged.store import Store
 from saigeedged.worker import Jobs, Places
 
+CLAIM_WAIT_S = 60.0  # `submit` gives up (exit 3) when no daemon claims the drop within this (or --timeout)
 WAIT_POLL_S = 0.2  # status files live on a share: reading them is the only cross-host signal
 
 
@@ -95,8 +96,11 @@ def _find_status(outbox: Outbox, stem: str, request_id: str) -> dict[str, Any] |
 def submit(config: Config, args: argparse.Namespace, out: TextIO) -> int:
     """Copy the model, then the manifest (the commit marker) into the inbox; print the job's status path."""
     for path in (args.model, args.manifest):
-        if not path.is_file():
+        if not path.exists():
             raise SaigeError("INPUT_NOT_FOUND", f"{path} not found")
+        if not path.is_file():
+            raise SaigeError("INPUT_NOT_FOUND", f"{path} is not a regular file", hint="submit copies files: write the "
+                             "manifest to a file first (a pipe or a folder cannot be dropped)")
     if ".." in Path(args.subdir).parts or Path(args.subdir).is_absolute():
         raise SaigeError("MANIFEST_INVALID", f"--subdir {args.subdir!r} must be relative to the inbox, without `..`")
     request_id = uuid.uuid4().hex
@@ -106,9 +110,12 @@ def submit(config: Config, args: argparse.Namespace, out: TextIO) -> int:
     _place(args.model, folder / f"{stem}.onnx")
     _place(args.manifest, folder / f"{stem}.yml", text)
     outbox = Outbox(config.outbox)
-    deadline = time.monotonic() + (args.timeout if args.timeout is not None else 60.0)
+    start = time.monotonic()
+    # a compile takes minutes: without --timeout only the claim is bounded, the result is waited for however long
+    deadline = start + args.timeout if args.timeout is not None else float("inf")
+    claim_deadline = min(deadline, start + CLAIM_WAIT_S)
     doc = None
-    while doc is None and time.monotonic() < deadline:
+    while doc is None and time.monotonic() < claim_deadline:
         doc = _find_status(outbox, stem, request_id)
         if doc is None:
             time.sleep(WAIT_POLL_S)

@@ -84,3 +84,11 @@ def test_only_selects_entries(tmp_path: Path, config_path: Path, capsys: Any) ->
     out = capsys.readouterr().out
     assert "m.mlc: task mlc" in out and "m.detection" not in out
     assert cli.main(["compile", str(mf), "--only", "reid", "--dry-run", "-c", str(config_path)]) == 2
+
+
+def test_submit_refuses_what_is_not_a_file(tmp_path: Path, config_path: Path, capsys: Any) -> None:
+    """A pipe or a folder as the manifest is named as such, exit 2, nothing dropped."""
+    onnx = yolox(tmp_path / "m.onnx", size=(64, 64))
+    assert cli.main(["submit", str(onnx), str(tmp_path), "-c", str(config_path)]) == 2
+    err = capsys.readouterr().err
+    assert "INPUT_NOT_FOUND" in err and "is not a regular file" in err and "write the manifest to a file" in err

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import signal
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from engineproxy import EngineProxy
-from factory import classifier, yolox
+from factory import classifier, manifest, yolox
 from harness import drop, wait_for
 
-from saigeedged import cli
+from saigeedged import cli, control
 
 pytestmark = pytest.mark.docker
 
@@ -215,3 +216,18 @@ def test_engine_outage_holds_container_jobs_while_host_jobs_go_on(cubie_daemon: 
     assert procs(docker_client, d).count("sleep 100000") == 1  # the one it ran unseen was reaped
     assert len(d.events("docker.unavailable")) == 1
     assert [e["error_code"] for e in d.events("job.requeued")] == ["DOCKER_UNAVAILABLE"]
+
+
+def test_submit_wait_outlasts_the_claim_wait(cubie_daemon: Any, tmp_path: Path, det_inputs: dict[str, Any],
+                                             monkeypatch: Any, capsys: Any) -> None:
+    """Without --timeout only the claim is bounded: `submit --wait` waits out a compile longer than that."""
+    monkeypatch.setattr(control, "CLAIM_WAIT_S", 2.0)
+    d = cubie_daemon()
+    mf = manifest(tmp_path / "slow.yml", **det_inputs["manifest"])
+    assert cli.main(["submit", str(named_model(tmp_path, "slow")), str(mf), "--wait", "-c", str(d.config)]) == 0
+    out = capsys.readouterr().out
+    doc = d.status(Path(out.splitlines()[0]).stem)
+    assert doc is not None and doc["state"] == "succeeded" and "succeeded" in out
+    took = datetime.fromisoformat(doc["finished_at"]) - datetime.fromisoformat(doc["created_at"])
+    assert took.total_seconds() > 2.0  # it did outlast the claim wait
+
