@@ -15,7 +15,7 @@ from saigeedged.container import Containers
 from saigeedged.errors import SaigeError
 from saigeedged.inbox import Drop, Rejected, Scanner
 from saigeedged.joblog import JobLog
-from saigeedged.jobs import FAILED, QUEUED, RUNNING, Job, entry_to_doc, status_text
+from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job, entry_to_doc, status_text
 from saigeedged.manifest import safe_stem
 from saigeedged.notify import Notifier
 from saigeedged.publish import Outbox
@@ -29,6 +29,7 @@ CANCEL_POLL_S = 1.0  # how often the loop looks for `saigeedged cancel` requests
 # such an unpaired IN_MOVED_FROM back ~0.5 s to pair it, and every later event waits behind it. While that lasts
 # the loop scans on its own every BLIND_SCAN_S, so a drop arriving right after a claim is not claimed late.
 BLIND_WINDOW_S = 0.6
+CATCH_UP_S = 5.0  # how often status files and logs the outbox refused are tried again
 BLIND_SCAN_S = 0.05
 
 
@@ -58,6 +59,7 @@ class Daemon:
                                      on_wait=lambda: log.info("container.lock_wait", state_dir=str(config.state_dir)))
         self._status_lock = threading.Lock()
         self._blind_until = 0.0  # see BLIND_WINDOW_S
+        self._next_catch_up = 0.0
         self.worker = Worker(config, self.jobs, self.containers, self.places, on_change=self._status)
 
     @staticmethod
@@ -77,6 +79,8 @@ class Daemon:
                 log.warning("container.reap_failed", error_code=exc.code, message=exc.message)
         for job in interrupted:
             self.jobs.requeue(job, "restart")
+        leftover = sorted(self.places.logs.glob("*.log"))
+        self.jobs.strand([j.job_id for p in leftover if (j := self.store.get(p.stem)) and j.state in TERMINAL])
 
     # -- claiming ------------------------------------------------------------------------------
     def _subdir(self, manifest: Path) -> str:
@@ -127,7 +131,7 @@ class Daemon:
         with JobLog(self.places.local_log(job_id)) as joblog:
             joblog.line(f"### {bad.manifest.name}: {bad.error.code}: {bad.error.message}\n### hint: {bad.error.hint}")
         self.store.add(job)
-        self.jobs.outbox.move_log(self.places.local_log(job_id), job_id)
+        self.jobs.move_log(job)
         self.jobs.save(job)
         event("drop.invalid", job, "warning", manifest=bad.manifest.name, message=bad.error.message)
 
@@ -159,6 +163,11 @@ class Daemon:
         if job is not None and self.store.cancel_requested(job.job_id):
             self.worker.interrupt("cancel")
 
+    def _catch_up(self, now: float) -> None:
+        if (self.jobs.behind["status"] or self.jobs.behind["log"]) and now >= self._next_catch_up:
+            self._next_catch_up = now + CATCH_UP_S
+            self.jobs.catch_up()
+
     def _status(self) -> None:
         """STATUS= from the main loop and from the worker at each job and step change."""
         with self._status_lock:
@@ -188,6 +197,7 @@ class Daemon:
                 self._guarded_scan()
                 next_scan = now + period if now >= next_scan else next_scan
             self._check_cancel()
+            self._catch_up(now)
             self._status()
             if self.healthy():
                 self.notifier.watchdog(self.clock())

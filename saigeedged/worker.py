@@ -18,7 +18,7 @@ from saigeedged.container import Container, Containers
 from saigeedged.errors import SaigeError
 from saigeedged.inputs import PathPolicy
 from saigeedged.joblog import JobLog
-from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, TransitionError, entry_from_doc
+from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL, Job, TransitionError, entry_from_doc
 from saigeedged.outage import DOCKER_TARGETS, Outage
 from saigeedged.publish import Outbox
 from saigeedged.store import Store
@@ -47,23 +47,75 @@ class Places:
     def failed(self) -> Path:
         return self.inbox / ".saigeedged" / "failed"
 
+    @property
+    def logs(self) -> Path:
+        return self.state_dir / "logs"
+
     def local_log(self, job_id: str) -> Path:
-        return self.state_dir / "logs" / f"{job_id}.log"
+        return self.logs / f"{job_id}.log"
 
 
 class Jobs:
-    """Job transitions with their side effects: the row, the status file, the journal event."""
+    """Job transitions with their side effects: the row, the status file, the journal event.
+
+    The row is the truth. What the outbox refuses (a full or unmounted share) is remembered and written by
+    catch_up() once the outbox takes it, so a `succeeded` or `failed` is never stuck unseen as `running`.
+    """
 
     def __init__(self, store: Store, outbox: Outbox, places: Places) -> None:
         self.store, self.outbox, self.places = store, outbox, places
+        self.behind: dict[str, set[str]] = {"status": set(), "log": set()}  # job ids whose file is not out yet
+        self._writing = threading.Lock()  # a row and its status file are written together, by one thread at a time
 
     def save(self, job: Job, expect: str | None = None) -> None:
         job.updated_at = jobid.iso(jobid.utc_now())
-        self.store.save(job, expect)
+        with self._writing:
+            self.store.save(job, expect)
+            self._write_status(job)
+
+    def _write_status(self, job: Job) -> None:
         try:
             self.outbox.write_status(job)
-        except SaigeError as exc:  # the row is the truth; the status file catches up at the next change
-            log.error("status.write_failed", job_id=job.job_id, job_name=job.name, error_code=exc.code, message=exc.message)
+        except SaigeError as exc:
+            if job.job_id not in self.behind["status"]:
+                log.error("status.write_failed", job_id=job.job_id, job_name=job.name, error_code=exc.code,
+                          message=exc.message)
+            self.behind["status"].add(job.job_id)
+        else:
+            self.behind["status"].discard(job.job_id)
+
+    def move_log(self, job: Job) -> None:
+        """The ended job's log from state_dir to the outbox (later, by catch_up(), if the outbox refuses it)."""
+        try:
+            self.outbox.move_log(self.places.local_log(job.job_id), job.job_id)
+        except SaigeError as exc:
+            log.error("log.move_failed", job_id=job.job_id, job_name=job.name, error_code=exc.code, message=exc.message)
+            self.behind["log"].add(job.job_id)
+
+    def strand(self, job_ids: list[str]) -> None:
+        """Jobs whose log never left state_dir (the outbox refused it before a restart): catch up on both files."""
+        self.behind["log"].update(job_ids)
+        self.behind["status"].update(job_ids)
+
+    def catch_up(self) -> int:
+        """Write the files the outbox refused; stops at the first refusal. Returns how many are still behind."""
+        try:
+            for job_id in sorted(self.behind["status"]):
+                with self._writing:
+                    job = self.store.get(job_id)
+                    if job is not None:
+                        self.outbox.write_status(job)
+                self.behind["status"].discard(job_id)
+                log.info("status.caught_up", job_id=job_id)
+            for job_id in sorted(self.behind["log"]):
+                job = self.store.get(job_id)
+                if job is not None and job.state in TERMINAL:  # a retried job writes its log anew
+                    self.outbox.move_log(self.places.local_log(job_id), job_id)
+                self.behind["log"].discard(job_id)
+                log.info("log.caught_up", job_id=job_id)
+        except SaigeError:
+            pass  # still refused: the next round tries again
+        return len(self.behind["status"]) + len(self.behind["log"])
 
     def requeue(self, job: Job, reason: str, error: SaigeError | None = None, spend_attempt: bool = True) -> None:
         """Back to the queue; the status file's `error` says why the last attempt did not finish."""
@@ -99,10 +151,7 @@ class Jobs:
         """A terminal state: the log moves to the outbox first, so a reader of the final status finds it."""
         job.state, job.finished_at = state, jobid.iso(jobid.utc_now())
         job.error = error.as_dict(error.fields.get("step")) if error else None
-        try:
-            self.outbox.move_log(self.places.local_log(job.job_id), job.job_id)
-        except SaigeError as exc:
-            log.error("log.move_failed", job_id=job.job_id, job_name=job.name, error_code=exc.code)
+        self.move_log(job)
         self.save(job)
         self.settle_inputs(job)
         names = {SUCCEEDED: "job.succeeded", FAILED: "job.failed", CANCELLED: "job.cancelled"}

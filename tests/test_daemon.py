@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -277,9 +279,9 @@ def test_demo_prints_a_succeeded_job(tmp_path: Path) -> None:
     assert Path(bundle).is_file() and bundle.endswith("ppe_detector.host.saigeedge")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
-def test_full_outbox_is_publish_failed_never_succeeded(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
-    """An outbox without room for the bundle: PUBLISH_FAILED, retried up to max_attempts, no bundle, no succeeded."""
+@contextlib.contextmanager
+def full_outbox(tmp_path: Path) -> Iterator[Path]:
+    """tmp_path/outbox as a 512 KiB tmpfs filled up by <outbox>/.filler (unmounted afterwards)."""
     outbox = tmp_path / "outbox"
     outbox.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(outbox)], check=True)
@@ -291,6 +293,43 @@ def test_full_outbox_is_publish_failed_never_succeeded(daemon: Any, det_inputs: 
                     fh.write(b"\0" * 4096)
             except OSError:  # ENOSPC: the tmpfs is full
                 pass
+        yield filler
+    finally:
+        subprocess.run(["umount", "--lazy", str(outbox)], check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
+@pytest.mark.parametrize("restart", [False, True], ids=["running", "after-restart"])
+def test_what_a_full_outbox_refused_is_written_once_it_has_room(daemon: Any, det_inputs: dict[str, Any],
+                                                                tmp_path: Path, restart: bool) -> None:
+    """No room even for a status file: the job still ends (failed, PUBLISH_FAILED) in the queue, its log stays in
+    state_dir, and once the share has room the final status file and the log reach it (also after a restart)."""
+    with full_outbox(tmp_path) as filler:
+        d = daemon(limits={"max_attempts": 1})
+        drop(d.inbox, "refused", det_inputs["onnx"], det_inputs["manifest"])
+        failed = wait_for(lambda: d.events("job.failed"), 60, "the job to end")[0]
+        job_id = failed["job_id"]
+        assert failed["error_code"] == "PUBLISH_FAILED" and d.status(job_id) is None
+        assert (d.state_dir / "logs" / f"{job_id}.log").is_file()
+        if restart:
+            assert d.stop() == 0
+        filler.unlink()
+        if restart:
+            d.start()
+        doc = d.wait_state(job_id, ("failed",), timeout=30)
+        assert doc["error"]["code"] == "PUBLISH_FAILED"
+        wait_for(lambda: (d.outbox / "logs" / f"{job_id}.log").is_file(), 30, "the log moved")
+        assert not (d.state_dir / "logs" / f"{job_id}.log").exists()
+        assert "### PUBLISH_FAILED" in (d.outbox / "logs" / f"{job_id}.log").read_text()
+        assert [e["job_id"] for e in d.events("status.caught_up")][-1:] == [job_id]
+        assert len([e for e in d.events("status.write_failed") if e["job_id"] == job_id]) == 1
+        d.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
+def test_full_outbox_is_publish_failed_never_succeeded(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
+    """An outbox without room for the bundle: PUBLISH_FAILED, retried up to max_attempts, no bundle, no succeeded."""
+    with full_outbox(tmp_path) as filler:
         os.truncate(filler, filler.stat().st_size - 16 * 1024)  # room for status files and the log, not a bundle
         d = daemon(limits={"max_attempts": 2})
         drop(d.inbox, "full", det_inputs["onnx"], det_inputs["manifest"])
@@ -299,10 +338,8 @@ def test_full_outbox_is_publish_failed_never_succeeded(daemon: Any, det_inputs: 
         assert "No space left" in done["error"]["message"]
         assert [e["error_code"] for e in d.events("job.requeued")] == ["PUBLISH_FAILED"]
         assert not d.events("job.succeeded")
-        assert sorted(p.name for p in outbox.iterdir()) == [".filler", "logs", "status"]
-    finally:
-        d.close() if "d" in locals() else None
-        subprocess.run(["umount", str(outbox)], check=False)
+        assert sorted(p.name for p in d.outbox.iterdir()) == [".filler", "logs", "status"]
+        d.close()
 
 
 def test_password_encrypts_and_never_leaks(daemon: Any, det_inputs: dict[str, Any]) -> None:
