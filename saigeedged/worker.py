@@ -97,8 +97,8 @@ class Jobs:
         self.behind["log"].update(job_ids)
         self.behind["status"].update(job_ids)
 
-    def catch_up(self) -> int:
-        """Write the files the outbox refused; stops at the first refusal. Returns how many are still behind."""
+    def catch_up(self) -> None:
+        """Write the files the outbox refused; stops at the first refusal (the next round goes on from there)."""
         try:
             for job_id in sorted(self.behind["status"]):
                 with self._writing:
@@ -115,7 +115,6 @@ class Jobs:
                 log.info("log.caught_up", job_id=job_id)
         except SaigeError:
             pass  # still refused: the next round tries again
-        return len(self.behind["status"]) + len(self.behind["log"])
 
     def requeue(self, job: Job, reason: str, error: SaigeError | None = None, spend_attempt: bool = True) -> None:
         """Back to the queue; the status file's `error` says why the last attempt did not finish."""
