@@ -303,10 +303,13 @@ def full_outbox(tmp_path: Path) -> Iterator[Path]:
 def test_what_a_full_outbox_refused_is_written_once_it_has_room(daemon: Any, det_inputs: dict[str, Any],
                                                                 tmp_path: Path, restart: bool) -> None:
     """No room even for a status file: the job still ends (failed, PUBLISH_FAILED) in the queue, its log stays in
-    state_dir, and once the share has room the final status file and the log reach it (also after a restart)."""
+    state_dir, and once the share has room the final status file and the log reach it (also after a restart);
+    the same for a drop rejected as invalid meanwhile."""
     with full_outbox(tmp_path) as filler:
         d = daemon(limits={"max_attempts": 1})
         drop(d.inbox, "refused", det_inputs["onnx"], det_inputs["manifest"])
+        drop(d.inbox, "invalid", det_inputs["onnx"], {**det_inputs["manifest"], "num_classes": 0})
+        invalid = wait_for(lambda: d.events("drop.invalid"), 60, "the invalid drop rejected")[0]
         failed = wait_for(lambda: d.events("job.failed"), 60, "the job to end")[0]
         job_id = failed["job_id"]
         assert failed["error_code"] == "PUBLISH_FAILED" and d.status(job_id) is None
@@ -321,7 +324,10 @@ def test_what_a_full_outbox_refused_is_written_once_it_has_room(daemon: Any, det
         wait_for(lambda: (d.outbox / "logs" / f"{job_id}.log").is_file(), 30, "the log moved")
         assert not (d.state_dir / "logs" / f"{job_id}.log").exists()
         assert "### PUBLISH_FAILED" in (d.outbox / "logs" / f"{job_id}.log").read_text()
-        assert [e["job_id"] for e in d.events("status.caught_up")][-1:] == [job_id]
+        rejected = d.wait_state(invalid["job_id"], ("failed",), timeout=30)
+        assert rejected["error"]["code"] == "MANIFEST_INVALID" and "num_classes" in rejected["error"]["message"]
+        wait_for(lambda: (d.outbox / "logs" / f"{invalid['job_id']}.log").is_file(), 30, "the rejected drop's log")
+        assert {e["job_id"] for e in d.events("status.caught_up")} >= {job_id, invalid["job_id"]}
         assert len([e for e in d.events("status.write_failed") if e["job_id"] == job_id]) == 1
         d.close()
 
