@@ -34,6 +34,9 @@ _REAP = 'for f in "$0"/*/' + PIDFILE + '; do [ -f "$f" ] || continue; p=$(cat "$
         'kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; rm -f "$f"; done; true'
 
 
+ENGINE_ERRORS = (DockerException, requests.exceptions.ConnectionError)  # docker-py does not wrap a refused/cut socket
+
+
 @contextlib.contextmanager
 def reaching_engine(doing: str) -> Iterator[None]:
     """A connection to the engine refused or cut (dockerd stopped or restarting) is DOCKER_UNAVAILABLE."""
@@ -173,7 +176,7 @@ class Container:
     def alive(self) -> bool:
         try:
             return bool(self.docker.containers.get(self.spec.name).status == "running")
-        except (DockerException, requests.exceptions.ConnectionError):
+        except ENGINE_ERRORS:
             return False
 
     # -- execs ---------------------------------------------------------------------------------
@@ -251,7 +254,7 @@ class Container:
         try:
             ctr = self.docker.containers.get(self.spec.name)
             self._exec(ctr, ["sh", "-c", _KILL, str(workdir / PIDFILE)], "/", None, lambda _: None)
-        except (DockerException, requests.exceptions.ConnectionError):
+        except ENGINE_ERRORS:
             pass
 
     def reap(self) -> None:
@@ -323,7 +326,7 @@ class Containers:
         """Does the engine answer a ping now?"""
         try:
             return bool(self.api().ping())
-        except (SaigeError, DockerException, requests.exceptions.ConnectionError):
+        except (SaigeError, *ENGINE_ERRORS):
             return False
 
     def container(self, target: str) -> Container:

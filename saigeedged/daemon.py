@@ -18,6 +18,7 @@ from saigeedged.joblog import JobLog
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job, entry_to_doc, status_text
 from saigeedged.manifest import safe_stem
 from saigeedged.notify import Notifier
+from saigeedged.outage import DOCKER_TARGETS
 from saigeedged.publish import Outbox
 from saigeedged.store import Store
 from saigeedged.watch import Watcher, use_polling
@@ -71,7 +72,7 @@ class Daemon:
     def recover(self) -> None:
         """Jobs left running by a crash or a stop go back to the queue; their leftover steps are killed."""
         interrupted = self.store.in_state(RUNNING)
-        docker_targets = {j.target for j in interrupted if j.target != "host"}
+        docker_targets = {j.target for j in interrupted if j.target in DOCKER_TARGETS}
         for target in docker_targets:
             try:
                 self.containers.container(target).reap()
@@ -164,7 +165,7 @@ class Daemon:
             self.worker.interrupt("cancel")
 
     def _catch_up(self, now: float) -> None:
-        if (self.jobs.behind["status"] or self.jobs.behind["log"]) and now >= self._next_catch_up:
+        if any(self.jobs.behind.values()) and now >= self._next_catch_up:
             self._next_catch_up = now + CATCH_UP_S
             self.jobs.catch_up()
 
