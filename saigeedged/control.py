@@ -213,8 +213,7 @@ def cancel(config: Config, job_id: str, out: TextIO) -> int:
     jobs = Jobs(store, Outbox(config.outbox), places)
     job.state, job.finished_at = CANCELLED, jobid.iso(jobid.utc_now())
     job.error = SaigeError("CANCELLED", "cancelled while queued").as_dict(None)
-    jobs.save(job, expect=QUEUED)
-    jobs.settle_inputs(job)
+    jobs.close(job, expect=QUEUED, announce=False)  # no journal here: this is the operator's shell
     print(f"{job_id}: cancelled", file=out)
     return 0
 

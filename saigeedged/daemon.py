@@ -133,8 +133,8 @@ class Daemon:
             joblog.line(f"### {bad.manifest.name}: {bad.error.code}: {bad.error.message}\n### hint: {bad.error.hint}")
         self.store.add(job)
         self.jobs.move_log(job)
-        self.jobs.save(job)
         event("drop.invalid", job, "warning", manifest=bad.manifest.name, message=bad.error.message)
+        self.jobs.save(job)  # the status file last: its reader finds everything else done
 
     def scan(self) -> None:
         found_now = self.scanner.scan(self.clock())

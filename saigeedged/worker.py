@@ -24,6 +24,7 @@ from saigeedged.publish import Outbox
 from saigeedged.store import Store
 
 log = structlog.get_logger()
+ENDED = {SUCCEEDED: "job.succeeded", FAILED: "job.failed", CANCELLED: "job.cancelled"}
 
 
 def event(name: str, job: Job, level: str = "info", **fields: Any) -> None:
@@ -126,7 +127,7 @@ class Jobs:
 
     def settle_inputs(self, job: Job) -> None:
         """After the last job of a claimed folder ends: delete it if all succeeded, else keep it under failed/."""
-        sharing = self.store.by_claim(job.claim_dir)
+        sharing = [job if j.job_id == job.job_id else j for j in self.store.by_claim(job.claim_dir)]
         if any(j.state in (QUEUED, RUNNING) for j in sharing):
             return
         claim = Path(job.claim_dir)
@@ -146,16 +147,29 @@ class Jobs:
             job.claim_dir = str(dest)
             self.store.save(job)
 
+    def close(self, job: Job, expect: str | None = None, announce: bool = True) -> None:
+        """Write a terminal `job`: the row; its log, inputs and journal event; and last the status file.
+
+        So whoever reads the final status finds the log in the outbox, the inputs deleted or under failed/.
+        """
+        with self._writing:
+            self.store.save(job, expect)  # the row first: settle_inputs goes by the states of the jobs sharing inputs
+        self.move_log(job)
+        try:
+            self.settle_inputs(job)
+        except OSError as exc:  # the inputs stay where they are; the job's end is still written
+            log.error("inputs.settle_failed", job_id=job.job_id, job_name=job.name, error_code="INTERNAL",
+                      message=f"{job.claim_dir}: {exc}")
+        if announce:
+            event(ENDED[job.state], job, "info" if job.state == SUCCEEDED else "warning",
+                  message=job.error["message"].splitlines()[0] if job.error else None)
+        self.save(job)
+
     def end(self, job: Job, state: str, error: SaigeError | None = None) -> None:
-        """A terminal state: the log moves to the outbox first, so a reader of the final status finds it."""
+        """A terminal state, from the worker."""
         job.state, job.finished_at = state, jobid.iso(jobid.utc_now())
         job.error = error.as_dict(error.fields.get("step")) if error else None
-        self.move_log(job)
-        self.save(job)
-        self.settle_inputs(job)
-        names = {SUCCEEDED: "job.succeeded", FAILED: "job.failed", CANCELLED: "job.cancelled"}
-        event(names[state], job, "info" if state == SUCCEEDED else "warning",
-              message=error.message.splitlines()[0] if error else None)
+        self.close(job)
 
 
 class Worker(threading.Thread):
