@@ -109,9 +109,8 @@ class Daemon:
                       subdir=self._subdir(drop.manifest), claim_dir=str(claim_dir), manifest=drop.manifest.name,
                       priority=entry.priority, request_id=entry.request_id, created_at=jobid.iso(now),
                       updated_at=jobid.iso(now))
-            self.store.add(job)
-            self.jobs.save(job)
-            event("drop.claimed", job, manifest=drop.manifest.name, priority=entry.priority)
+            event("drop.claimed", job, manifest=drop.manifest.name, priority=entry.priority)  # before job.started
+            self.jobs.add(job)
         self.worker.wake.set()
 
     def reject(self, bad: Rejected) -> None:
@@ -131,10 +130,9 @@ class Daemon:
                   updated_at=jobid.iso(now), finished_at=jobid.iso(now), error=bad.error.as_dict("validate"))
         with JobLog(self.places.local_log(job_id)) as joblog:
             joblog.line(f"### {bad.manifest.name}: {bad.error.code}: {bad.error.message}\n### hint: {bad.error.hint}")
-        self.store.add(job)
         self.jobs.move_log(job)
         event("drop.invalid", job, "warning", manifest=bad.manifest.name, message=bad.error.message)
-        self.jobs.save(job)  # the status file last: its reader finds everything else done
+        self.jobs.add(job)  # the status file last: its reader finds everything else done
 
     def scan(self) -> None:
         found_now = self.scanner.scan(self.clock())

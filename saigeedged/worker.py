@@ -74,6 +74,12 @@ class Jobs:
             self.store.save(job, expect)
             self._write_status(job)
 
+    def add(self, job: Job) -> None:
+        """A new row and its first status file, together: the worker may take the job the moment the row exists."""
+        with self._writing:
+            self.store.add(job)
+            self._write_status(job)
+
     def _write_status(self, job: Job) -> None:
         try:
             self.outbox.write_status(job)
@@ -122,8 +128,8 @@ class Jobs:
         job.error = error.as_dict(job.step) if error else None
         job.state, job.step, job.step_index = QUEUED, None, 0
         job.attempt += 1 if spend_attempt else 0
-        self.save(job)
         event("job.requeued", job, "warning", reason=reason, error_code=error.code if error else None)
+        self.save(job)  # the status file last, as for every transition
 
     def settle_inputs(self, job: Job) -> None:
         """After the last job of a claimed folder ends: delete it if all succeeded, else keep it under failed/."""

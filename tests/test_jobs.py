@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 import structlog
 
 from saigeedged.errors import SaigeError
-from saigeedged.jobs import FAILED, RUNNING, SUCCEEDED, TERMINAL, Job
+from saigeedged.jobs import FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL, Job
 from saigeedged.publish import Outbox
 from saigeedged.store import Store
 from saigeedged.worker import Jobs, Places
@@ -96,3 +97,30 @@ def test_inputs_that_cannot_move_do_not_hide_the_end(setup: tuple[Jobs, Places, 
     jobs.end(job, FAILED, SaigeError("STEP_FAILED", "boom"))
     assert outbox.read_status("a-1")["state"] == FAILED
     assert (places.claimed / "a-1" / "a-1.onnx").is_file()  # nothing lost
+
+
+def test_a_job_taken_at_once_is_not_shown_queued_again(tmp_path: Path) -> None:
+    """The worker may start a job the moment its row exists: the claim's `queued` status file never lands on top
+    of the worker's `running` (nor turns the row back to queued)."""
+    places = Places(tmp_path / "inbox", tmp_path / "state")
+    outbox = Outbox(tmp_path / "outbox")
+    taken = threading.Event()
+
+    class EagerWorkerStore(Store):
+        def add(self, job: Job) -> None:
+            super().add(job)
+            threading.Thread(target=start, args=(job.job_id,)).start()
+            taken.wait(0.5)  # bounded: with the status written under the row's lock the worker cannot finish first
+
+    def start(job_id: str) -> None:
+        job = jobs.store.get(job_id)
+        job.state = RUNNING
+        jobs.save(job, expect=QUEUED)
+        taken.set()
+
+    jobs = Jobs(EagerWorkerStore(tmp_path / "q.db"), outbox, places)
+    job = Job(job_id="a-1", name="a", target="host", task="mlc", entry={"onnx": "/x.onnx"}, subdir="",
+              claim_dir="/c/a-1", manifest="a.yml", created_at="t")
+    jobs.add(job)
+    assert taken.wait(10)
+    assert outbox.read_status("a-1")["state"] == RUNNING and jobs.store.get("a-1").state == RUNNING
