@@ -51,7 +51,9 @@ def run(config: Config) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    return daemon.run(config, stop)
+    service = daemon.Daemon(config, stop)
+    signal.signal(signal.SIGHUP, lambda signum, frame: service.hang_up())  # not death: a rescan
+    return service.run()
 
 
 def _place(src: Path, dest: Path, data: bytes | None = None) -> None:

@@ -61,6 +61,7 @@ class Daemon:
         self._status_lock = threading.Lock()
         self._blind_until = 0.0  # see BLIND_WINDOW_S
         self._next_catch_up = 0.0
+        self._hung_up = False  # set by the SIGHUP handler: a plain flag, no lock in signal context
         self.worker = Worker(config, self.jobs, self.containers, self.places, on_change=self._status)
 
     @staticmethod
@@ -154,6 +155,17 @@ class Daemon:
             log.error("scan.failed", error_code="INTERNAL", message=f"{type(exc).__name__}: {exc}")
 
     # -- the loop ------------------------------------------------------------------------------
+    def hang_up(self) -> None:
+        """SIGHUP: scan the inbox now (a share whose events do not reach us); the config is read at start only."""
+        self._hung_up = True
+
+    def _answer_hangup(self) -> None:
+        if self._hung_up:
+            self._hung_up = False
+            log.info("daemon.hangup", message="rescanning the inbox now; the config is read at start only: "
+                     "`systemctl restart saigeedged` applies changes")
+            self.wake.set()
+
     def healthy(self) -> bool:
         return self.worker.is_alive() and (self.watcher is None or self.watcher.alive())
 
@@ -188,6 +200,7 @@ class Daemon:
                  mode="poll" if self.polling else "events", queued=self.store.count(QUEUED))
         self.notifier.ready(status_text(None, self.store.count(QUEUED)))
         while not self.stop.is_set():
+            self._answer_hangup()
             now = self.clock()
             due = self.scanner.next_due
             blind = now < self._blind_until
@@ -218,7 +231,3 @@ class Daemon:
             self.watcher.stop()
         self.store.close()
         return 0
-
-
-def run(config: Config, stop: threading.Event) -> int:
-    return Daemon(config, stop).run()

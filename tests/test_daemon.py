@@ -187,6 +187,15 @@ def test_poll_mode(daemon: Any, det_inputs: dict[str, Any]) -> None:
     assert d.wait_job("polled")["state"] == "succeeded"
 
 
+def test_sighup_rescans_now_and_keeps_running(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """SIGHUP (an operator's kick, or a closed terminal) does not kill the daemon: it scans the inbox at once."""
+    d = daemon(watch={"mode": "poll", "poll_interval_s": 3600})  # after the start-up scan, none for an hour
+    drop(d.inbox, "kicked", det_inputs["onnx"], det_inputs["manifest"])
+    d.signal(signal.SIGHUP)  # the scan it causes sees the files; their settle time brings the one that claims
+    assert d.wait_job("kicked", timeout=30)["state"] == "succeeded"
+    assert d.proc.poll() is None and "systemctl restart" in d.events("daemon.hangup")[0]["message"]
+
+
 def test_priority_then_fifo(daemon: Any, det_inputs: dict[str, Any]) -> None:
     """Higher priority runs first; equal priorities run in claim order."""
     d = daemon()
