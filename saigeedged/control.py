@@ -16,7 +16,6 @@ from typing import Any, TextIO
 
 import yaml
 
-from saigeedged import jobid
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.inputs import sha256_file
@@ -213,9 +212,8 @@ def cancel(config: Config, job_id: str, out: TextIO) -> int:
         raise SaigeError("MANIFEST_INVALID", f"job {job_id} is already {job.state}", hint="nothing to cancel")
     places = Places(config.inbox, config.state_dir)
     jobs = Jobs(store, Outbox(config.outbox), places)
-    job.state, job.finished_at = CANCELLED, jobid.iso(jobid.utc_now())
-    job.error = SaigeError("CANCELLED", "cancelled while queued").as_dict(None)
-    jobs.close(job, expect=QUEUED, announce=False)  # no journal here: this is the operator's shell
+    jobs.end(job, CANCELLED, SaigeError("CANCELLED", "cancelled while queued"), expect=QUEUED,
+             announce=False)  # no journal here: this is the operator's shell
     print(f"{job_id}: cancelled", file=out)
     return 0
 

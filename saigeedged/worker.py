@@ -153,13 +153,18 @@ class Jobs:
             job.claim_dir = str(dest)
             self.store.save(job)
 
-    def close(self, job: Job, expect: str | None = None, announce: bool = True) -> None:
-        """Write a terminal `job`: the row; its log, inputs and journal event; and last the status file.
+    def end(self, job: Job, state: str, error: SaigeError | None = None, expect: str | None = None,
+            announce: bool = True) -> None:
+        """A terminal state: the row; the log, the inputs and the journal event; and last the status file.
 
         So whoever reads the final status finds the log in the outbox, the inputs deleted or under failed/.
         """
+        job.state, job.finished_at = state, jobid.iso(jobid.utc_now())
+        job.error = error.as_dict(error.fields.get("step")) if error else None
+        # the row first: `expect` is checked before anything moves, and a crash once the inputs are deleted
+        # does not run the job again
         with self._writing:
-            self.store.save(job, expect)  # the row first: settle_inputs goes by the states of the jobs sharing inputs
+            self.store.save(job, expect)
         self.move_log(job)
         try:
             self.settle_inputs(job)
@@ -167,15 +172,9 @@ class Jobs:
             log.error("inputs.settle_failed", job_id=job.job_id, job_name=job.name, error_code="INTERNAL",
                       message=f"{job.claim_dir}: {exc}")
         if announce:
-            event(ENDED[job.state], job, "info" if job.state == SUCCEEDED else "warning",
-                  message=job.error["message"].splitlines()[0] if job.error else None)
+            event(ENDED[state], job, "info" if state == SUCCEEDED else "warning",
+                  message=error.message.splitlines()[0] if error else None)
         self.save(job)
-
-    def end(self, job: Job, state: str, error: SaigeError | None = None) -> None:
-        """A terminal state, from the worker."""
-        job.state, job.finished_at = state, jobid.iso(jobid.utc_now())
-        job.error = error.as_dict(error.fields.get("step")) if error else None
-        self.close(job)
 
 
 class Worker(threading.Thread):

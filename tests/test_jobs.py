@@ -30,11 +30,15 @@ class WatchedOutbox(Outbox):
         super().write_status(job)
 
 
+def queued(job_id: str, claim: Path) -> Job:
+    return Job(job_id=job_id, name=job_id, target="host", task="mlc", entry={"onnx": str(claim / f"{job_id}.onnx")},
+               subdir="", claim_dir=str(claim), manifest="m.yml", created_at="t")
+
+
 def running(store: Store, places: Places, job_id: str, claim: Path) -> Job:
     claim.mkdir(parents=True, exist_ok=True)
     (claim / f"{job_id}.onnx").write_bytes(b"onnx")
-    job = Job(job_id=job_id, name=job_id, target="host", task="mlc", entry={"onnx": str(claim / f"{job_id}.onnx")},
-              subdir="", claim_dir=str(claim), manifest="m.yml", created_at="t")
+    job = queued(job_id, claim)
     store.add(job)
     job.state = RUNNING
     store.save(job)
@@ -45,9 +49,8 @@ def running(store: Store, places: Places, job_id: str, claim: Path) -> Job:
 
 def where(places: Places, outbox: Path) -> Callable[[Job], Any]:
     def look(job: Job) -> Any:
-        claim = places.inbox / ".saigeedged" / "claimed" / Path(job.claim_dir).name
-        failed = places.failed / Path(job.claim_dir).name
-        return {"claimed": claim.exists(), "failed": failed.exists(),
+        folder = Path(job.claim_dir).name
+        return {"claimed": (places.claimed / folder).exists(), "failed": (places.failed / folder).exists(),
                 "log_out": (outbox / "logs" / f"{job.job_id}.log").is_file(),
                 "log_local": places.local_log(job.job_id).exists()}
     return look
@@ -119,8 +122,6 @@ def test_a_job_taken_at_once_is_not_shown_queued_again(tmp_path: Path) -> None:
         taken.set()
 
     jobs = Jobs(EagerWorkerStore(tmp_path / "q.db"), outbox, places)
-    job = Job(job_id="a-1", name="a", target="host", task="mlc", entry={"onnx": "/x.onnx"}, subdir="",
-              claim_dir="/c/a-1", manifest="a.yml", created_at="t")
-    jobs.add(job)
+    jobs.add(queued("a-1", places.claimed / "a-1"))
     assert taken.wait(10)
     assert outbox.read_status("a-1")["state"] == RUNNING and jobs.store.get("a-1").state == RUNNING
