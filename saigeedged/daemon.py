@@ -175,7 +175,7 @@ class Daemon:
             self.worker.interrupt("cancel")
 
     def _catch_up(self, now: float) -> None:
-        if any(self.jobs.behind.values()) and now >= self._next_catch_up:
+        if now >= self._next_catch_up and self.jobs.behind():
             self._next_catch_up = now + CATCH_UP_S
             self.jobs.catch_up()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,9 +27,9 @@ def _fsync_dir(folder: Path) -> None:
 
 def _place(src: Path | None, data: bytes | None, dest: Path) -> None:
     """Copy `src` (or write `data`) to a temp name beside `dest`, fsync, rename, fsync the folder."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)  # inside the try: a sub-folder that cannot be made is retryable
         with tmp.open("wb") as out:
             if src is not None:
                 with src.open("rb") as fh:
@@ -40,7 +41,8 @@ def _place(src: Path | None, data: bytes | None, dest: Path) -> None:
         os.replace(tmp, dest)
         _fsync_dir(dest.parent)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only share refuses the cleanup too: the first error is the one
+            tmp.unlink(missing_ok=True)
         raise SaigeError("PUBLISH_FAILED", f"cannot write {dest}: {exc.strerror or exc}") from None
 
 

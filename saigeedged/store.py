@@ -25,6 +25,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_queue ON jobs (state, priority DESC, seq);
 CREATE INDEX IF NOT EXISTS jobs_claim ON jobs (claim_dir);
+CREATE TABLE IF NOT EXISTS behind (job_id TEXT NOT NULL, kind TEXT NOT NULL, PRIMARY KEY (job_id, kind));
 """
 
 
@@ -124,3 +125,14 @@ class Store:
     def cancel_requested(self, job_id: str) -> bool:
         rows = self._rows("SELECT cancel FROM jobs WHERE job_id = ?", (job_id,))
         return bool(rows and rows[0][0])
+
+    def mark_behind(self, job_id: str, kind: str, behind: bool = True) -> None:
+        """Remember (durably, with the row) that the outbox has not taken this job's `kind` file ("status", "log")."""
+        with self._tx() as db:
+            if behind:
+                db.execute("INSERT OR IGNORE INTO behind (job_id, kind) VALUES (?, ?)", (job_id, kind))
+            else:
+                db.execute("DELETE FROM behind WHERE job_id = ? AND kind = ?", (job_id, kind))
+
+    def behind(self, kind: str) -> list[str]:
+        return [str(r[0]) for r in self._rows("SELECT job_id FROM behind WHERE kind = ? ORDER BY job_id", (kind,))]

@@ -59,13 +59,13 @@ class Places:
 class Jobs:
     """Job transitions with their side effects: the row, the status file, the journal event.
 
-    The row is the truth. What the outbox refuses (a full or unmounted share) is remembered and written by
-    catch_up() once the outbox takes it, so a `succeeded` or `failed` is never stuck unseen as `running`.
+    The row is the truth. What the outbox refuses (a full or unmounted share) is remembered in the database and
+    written by catch_up() once the outbox takes it, so a `succeeded` or `failed` is never stuck unseen as `running`,
+    across restarts too.
     """
 
     def __init__(self, store: Store, outbox: Outbox, places: Places) -> None:
         self.store, self.outbox, self.places = store, outbox, places
-        self.behind: dict[str, set[str]] = {"status": set(), "log": set()}  # job ids whose file is not out yet
         self._writing = threading.Lock()  # a row and its status file are written together, by one thread at a time
 
     def save(self, job: Job, expect: str | None = None) -> None:
@@ -80,16 +80,21 @@ class Jobs:
             self.store.add(job)
             self._write_status(job)
 
+    def behind(self) -> bool:
+        """Has the outbox refused a file that catch_up() still has to write?"""
+        return bool(self.store.behind("status") or self.store.behind("log"))
+
     def _write_status(self, job: Job) -> None:
+        """The status file; called with the row lock held, so the durable "behind" mark matches the last write."""
         try:
             self.outbox.write_status(job)
         except SaigeError as exc:
-            if job.job_id not in self.behind["status"]:
+            if job.job_id not in self.store.behind("status"):
                 log.error("status.write_failed", job_id=job.job_id, job_name=job.name, error_code=exc.code,
                           message=exc.message)
-            self.behind["status"].add(job.job_id)
+                self.store.mark_behind(job.job_id, "status")
         else:
-            self.behind["status"].discard(job.job_id)
+            self.store.mark_behind(job.job_id, "status", False)
 
     def move_log(self, job: Job) -> None:
         """The ended job's log from state_dir to the outbox (later, by catch_up(), if the outbox refuses it)."""
@@ -97,28 +102,29 @@ class Jobs:
             self.outbox.move_log(self.places.local_log(job.job_id), job.job_id)
         except SaigeError as exc:
             log.error("log.move_failed", job_id=job.job_id, job_name=job.name, error_code=exc.code, message=exc.message)
-            self.behind["log"].add(job.job_id)
+            self.store.mark_behind(job.job_id, "log")
 
     def strand(self, job_ids: list[str]) -> None:
         """Jobs whose log never left state_dir (the outbox refused it before a restart): catch up on both files."""
-        self.behind["log"].update(job_ids)
-        self.behind["status"].update(job_ids)
+        for job_id in job_ids:
+            self.store.mark_behind(job_id, "log")
+            self.store.mark_behind(job_id, "status")
 
     def catch_up(self) -> None:
         """Write the files the outbox refused; stops at the first refusal (the next round goes on from there)."""
         try:
-            for job_id in sorted(self.behind["status"]):
-                with self._writing:
+            for job_id in self.store.behind("status"):
+                with self._writing:  # the mark is cleared under the lock: a newer refused write would set it again
                     job = self.store.get(job_id)
                     if job is not None:
                         self.outbox.write_status(job)
-                self.behind["status"].discard(job_id)
+                    self.store.mark_behind(job_id, "status", False)
                 log.info("status.caught_up", job_id=job_id)
-            for job_id in sorted(self.behind["log"]):
+            for job_id in self.store.behind("log"):
                 job = self.store.get(job_id)
                 if job is not None and job.state in TERMINAL:  # a retried job writes its log anew
                     self.outbox.move_log(self.places.local_log(job_id), job_id)
-                self.behind["log"].discard(job_id)
+                self.store.mark_behind(job_id, "log", False)
                 log.info("log.caught_up", job_id=job_id)
         except SaigeError:
             pass  # still refused: the next round tries again

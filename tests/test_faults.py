@@ -1,0 +1,58 @@
+"""Faults on the host target (issue 8): refused status files, blocked outbox folders, kills and a lost database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from factory import classifier
+from faults import bind_mount, needs_root
+from harness import drop, wait_for
+
+
+@needs_root
+def test_a_refused_final_status_is_written_after_a_restart(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """status/ read-only while logs/ takes the log: the job ends unseen; after a restart with status/ writable
+    again its status file says succeeded (the "not yet written" mark survives the restart)."""
+    d = daemon()
+    with bind_mount(d.outbox / "status", read_only=True):
+        drop(d.inbox, "unseen", det_inputs["onnx"], det_inputs["manifest"])
+        done = wait_for(lambda: d.events("job.succeeded"), 60, "the job to end")[0]
+        assert (d.outbox / "logs" / f"{done['job_id']}.log").is_file() and d.status(done["job_id"]) is None
+        assert d.stop() == 0
+    d.start()
+    assert d.wait_state(done["job_id"], ("succeeded",), timeout=30)["bundle"]
+
+
+def test_a_blocked_status_folder_neither_aborts_a_claim_nor_fails_its_jobs(daemon: Any,
+                                                                          det_inputs: dict[str, Any]) -> None:
+    """outbox/status is a file: both entries of a multi-model drop are claimed and compiled; once status/ can be
+    made their status files arrive (succeeded)."""
+    d = daemon()
+    (d.outbox / "status").write_text("in the way")
+    classifier(d.inbox / "cls.onnx", 3, (224, 224))
+    (d.inbox / "det.onnx").write_bytes(det_inputs["onnx"].read_bytes())
+    m = det_inputs["manifest"]
+    (d.inbox / "pair.yml").write_text(yaml.safe_dump({"target": "host", "models": [
+        {**m, "onnx": "det.onnx", "name": "pdet"}, {**m, "task": "mlc", "onnx": "cls.onnx", "name": "pcls"}]}))
+    ended = wait_for(lambda: len(d.events("job.succeeded")) == 2 and d.events("job.succeeded"), 90, "both jobs")
+    (d.outbox / "status").unlink()
+    for e in ended:
+        assert d.wait_state(e["job_id"], ("succeeded",), timeout=30)["name"] in ("pdet", "pcls")
+    assert not list((d.inbox / ".saigeedged" / "claimed").iterdir())
+
+
+def test_an_outbox_sub_folder_that_cannot_be_made_is_retried_not_internal(daemon: Any,
+                                                                         det_inputs: dict[str, Any]) -> None:
+    """<outbox>/sub is a file where the bundle's folder should be: publishing is retried (PUBLISH_FAILED, not
+    INTERNAL) and the job succeeds, compiled once, when the folder can be made."""
+    d = daemon()
+    (d.outbox / "sub").write_text("in the way")
+    drop(d.inbox / "sub", "nested", det_inputs["onnx"], det_inputs["manifest"])
+    retrying = wait_for(lambda: d.events("publish.retrying"), 60, "a refused publish")[0]
+    assert retrying["error_code"] == "PUBLISH_FAILED" and "sub" in retrying["message"]
+    (d.outbox / "sub").unlink()
+    done = d.wait_job("nested")
+    assert done["state"] == "succeeded" and done["attempt"] == 1 and (d.outbox / "sub" / Path(done["bundle"]["path"]).name).is_file()
+    assert len([e for e in d.events("job.step") if e["step"] == "calibration"]) == 1
