@@ -21,6 +21,7 @@ from saigeedged.joblog import JobLog
 from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL, Job, TransitionError, entry_from_doc
 from saigeedged.outage import DOCKER_TARGETS, Outage
 from saigeedged.publish import Outbox
+from saigeedged.publishing import publish_patiently
 from saigeedged.store import Store
 
 log = structlog.get_logger()
@@ -283,10 +284,15 @@ class Worker(threading.Thread):
             job.progress = progress
             self.jobs.save(job)
 
-        def publish(bundle: Path) -> None:
-            job.bundle = self.jobs.outbox.publish_bundle(bundle, rel)
+        def refused(exc: SaigeError, wait_s: float) -> None:
+            event("publish.retrying", job, "warning", error_code=exc.code, message=exc.message, retry_in_s=wait_s)
 
         limits = self.config.section("limits")
+
+        def publish(bundle: Path) -> None:
+            job.bundle = publish_patiently(lambda: self.jobs.outbox.publish_bundle(bundle, rel),
+                                           limits["publish_patience_s"], lambda: self._reason, refused)
+
         run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, on_step, on_progress, on_inputs,
                            container=self.containers.get, deadline=time.monotonic() + limits["job_timeout_s"],
                            interrupted=lambda: self._reason)
@@ -304,7 +310,7 @@ class Worker(threading.Thread):
             self.jobs.end(job, CANCELLED, exc)
         elif exc.code == "DOCKER_UNAVAILABLE":
             self._hold(job, exc)
-        elif exc.retryable and job.attempt < max_attempts:
+        elif exc.retryable and job.attempt < max_attempts and not exc.fields.get("exhausted"):
             if exc.code == "CONTAINER_LOST":
                 self._recreate(job)
             self.jobs.requeue(job, exc.code.lower(), exc)

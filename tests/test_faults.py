@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 from factory import classifier
-from faults import bind_mount, needs_root
+from faults import bind_mount, full_fs, needs_root, set_read_only
 from harness import drop, wait_for
 
 
@@ -56,3 +57,43 @@ def test_an_outbox_sub_folder_that_cannot_be_made_is_retried_not_internal(daemon
     done = d.wait_job("nested")
     assert done["state"] == "succeeded" and done["attempt"] == 1 and (d.outbox / "sub" / Path(done["bundle"]["path"]).name).is_file()
     assert len([e for e in d.events("job.step") if e["step"] == "calibration"]) == 1
+
+
+@needs_root
+def test_a_full_outbox_keeps_the_built_bundles_until_it_has_room(daemon: Any, det_inputs: dict[str, Any],
+                                                                tmp_path: Path) -> None:
+    """No room for bundles: every job waits in its publish step with its bundle built; once there is room all
+    succeed, each compiled once, at attempt 1."""
+    with full_fs(tmp_path / "outbox") as filler:
+        os.truncate(filler, filler.stat().st_size - 16 * 1024)  # room for status files and logs, not a bundle
+        d = daemon()
+        for name in ("full1", "full2", "full3"):
+            drop(d.inbox, name, det_inputs["onnx"], det_inputs["manifest"])
+        wait_for(lambda: len(d.events("publish.retrying")) >= 2, 60, "a refused publish tried again")
+        filler.unlink()
+        docs = [d.wait_job(name) for name in ("full1", "full2", "full3")]
+        assert [(x["state"], x["attempt"]) for x in docs] == [("succeeded", 1)] * 3
+        assert all((d.outbox / x["bundle"]["path"]).is_file() for x in docs)
+        assert len([e for e in d.events("job.step") if e["step"] == "quantize"]) == 3 and not d.events("job.requeued")
+        d.close()
+
+
+@needs_root
+def test_a_read_only_outbox_holds_publishing_and_status_files_until_it_is_writable(daemon: Any,
+                                                                                  det_inputs: dict[str, Any],
+                                                                                  tmp_path: Path) -> None:
+    """The outbox remounted read-only (EROFS) mid-run: jobs wait to publish instead of failing INTERNAL, and
+    once it is writable again they succeed and their status files say so."""
+    with bind_mount(tmp_path / "outbox") as outbox:
+        d = daemon()
+        drop(d.inbox, "before", det_inputs["onnx"], det_inputs["manifest"])
+        assert d.wait_job("before")["state"] == "succeeded"
+        set_read_only(outbox, True)
+        drop(d.inbox, "during", det_inputs["onnx"], det_inputs["manifest"])
+        retrying = wait_for(lambda: d.events("publish.retrying"), 60, "a refused publish")[0]
+        assert "Read-only" in retrying["message"]
+        set_read_only(outbox, False)
+        done = d.wait_job("during")
+        assert (done["state"], done["attempt"]) == ("succeeded", 1) and not d.events("job.internal_error")
+        assert not d.events("job.failed")
+        d.close()
