@@ -34,25 +34,29 @@ _REAP = 'for f in "$0"/*/' + PIDFILE + '; do [ -f "$f" ] || continue; p=$(cat "$
         'kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; rm -f "$f"; done; true'
 
 
-ENGINE_ERRORS = (DockerException, requests.exceptions.ConnectionError)  # docker-py does not wrap a refused/cut socket
+# docker-py wraps neither a refused/cut socket (ConnectionError) nor an engine too busy or hung to answer in time
+# (ReadTimeout): both are the engine being unreachable, not the job's fault
+UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
+ENGINE_ERRORS = (DockerException, *UNREACHABLE)
+ENGINE_TIMEOUT_S = 120.0
 
 
 @contextlib.contextmanager
 def reaching_engine(doing: str) -> Iterator[None]:
-    """A connection to the engine refused or cut (dockerd stopped or restarting) is DOCKER_UNAVAILABLE."""
+    """A connection to the engine refused, cut or unanswered (dockerd stopped, restarting, hung) is DOCKER_UNAVAILABLE."""
     try:
         yield
-    except requests.exceptions.ConnectionError as exc:
+    except UNREACHABLE as exc:
         raise SaigeError("DOCKER_UNAVAILABLE", f"lost the Docker engine while {doing}: {exc}") from None
 
 
-def client() -> docker.DockerClient:
-    """A Docker client, or DOCKER_UNAVAILABLE naming the reason (socket missing, permission denied)."""
+def client(timeout_s: float = ENGINE_TIMEOUT_S) -> docker.DockerClient:
+    """A Docker client, or DOCKER_UNAVAILABLE naming the reason (socket missing, permission denied, no answer)."""
     try:
-        c = docker.from_env(timeout=120)
+        c = docker.from_env(timeout=timeout_s)
         c.ping()
         return c
-    except DockerException as exc:
+    except ENGINE_ERRORS as exc:
         raise SaigeError("DOCKER_UNAVAILABLE", f"cannot reach the Docker engine: {exc}") from None
 
 
@@ -319,7 +323,7 @@ class Containers:
 
     def api(self) -> docker.DockerClient:
         if self._api is None:
-            self._api = client()
+            self._api = client(float(self.config.section("limits")["engine_timeout_s"]))
         return self._api
 
     def engine_up(self) -> bool:

@@ -218,12 +218,19 @@ class Worker(threading.Thread):
                 self.stop_event.wait(1.0)  # if the job could not be settled either, do not spin on it
 
     def interrupt(self, reason: str) -> None:
-        """Stop the running job: kill its step in the container; in-process steps stop at the next step."""
+        """Stop the running job: kill its step in the container; in-process steps stop at the next step.
+
+        The kill is a Docker call that a hung engine may not answer for engine_timeout_s: it runs in a thread of
+        its own so that the main loop (and its watchdog pings) never waits on it.
+        """
         with self._lock:
+            if self._reason == reason:
+                return  # already asked (the main loop sees a cancel request until the job ends)
             job, self._reason = self.current, reason
         container = self.containers.active
         if job is not None and container is not None:
-            container.interrupt(self.config.work_root / job.job_id, reason)
+            threading.Thread(target=container.interrupt, args=(self.config.work_root / job.job_id, reason),
+                             name="saigeedged-interrupt", daemon=True).start()
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -324,13 +331,15 @@ class Worker(threading.Thread):
         self.jobs.requeue(job, "docker_unavailable", exc, spend_attempt=False)
 
     def _ping_engine(self) -> None:
-        """End the outage once the engine answers and the steps it ran unseen are killed."""
+        """End the outage once the engine answers and the steps it ran unseen are killed (never raises)."""
         try:
             if not self.containers.engine_up():
                 raise SaigeError("DOCKER_UNAVAILABLE", "the engine does not answer")
             for target in sorted(self.outage.targets):
                 self.containers.container(target).reap()
-        except SaigeError:
+        except Exception as exc:  # a guard: whatever the engine does, the worker thread goes on
+            if not isinstance(exc, SaigeError):
+                log.warning("docker.ping_failed", message=f"{type(exc).__name__}: {exc}")
             self.outage.still_down()
             return
         log.info("docker.available", down_s=round(self.outage.end(), 1))

@@ -21,6 +21,8 @@ class EngineProxy:
         self._listener: socket.socket | None = None
         self._open: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._flowing = threading.Event()  # cleared by hang(): connections stay open but nothing is relayed
+        self._flowing.set()
 
     @property
     def docker_host(self) -> str:
@@ -48,6 +50,13 @@ class EngineProxy:
                 conn.shutdown(socket.SHUT_RDWR)
             conn.close()
 
+    def hang(self) -> None:
+        """Keep every connection open but relay nothing, like an engine too busy to answer (a ReadTimeout)."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
@@ -61,10 +70,10 @@ class EngineProxy:
             threading.Thread(target=self._pipe, args=(client, engine), daemon=True).start()
             threading.Thread(target=self._pipe, args=(engine, client), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                self._flowing.wait()
                 dst.sendall(data)
             dst.shutdown(socket.SHUT_WR)
         except OSError:

@@ -1,0 +1,60 @@
+"""Faults against a real Docker engine (issue 8): a hung engine, cancels between steps, kills, shared containers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engineproxy import EngineProxy
+from harness import drop, wait_for
+from test_daemon_docker import cubie_daemon, in_quantize, procs  # noqa: F401 (cubie_daemon is a fixture)
+
+from saigeedged import cli
+
+pytestmark = pytest.mark.docker
+
+
+def test_an_engine_that_does_not_answer_holds_jobs_and_keeps_the_worker(cubie_daemon: Any,  # noqa: F811
+                                                                        det_inputs: dict[str, Any],
+                                                                        tmp_path: Path) -> None:
+    """An engine that takes connections but never answers (ReadTimeout, not a refused socket): the cubie job
+    waits in the queue as DOCKER_UNAVAILABLE, the pings that time out too do not kill the worker, and once the
+    engine answers the job succeeds."""
+    proxy = EngineProxy(tmp_path / "engine.sock")
+    proxy.up()
+    d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host}, limits={"engine_timeout_s": 2.0})
+    drop(d.inbox, "first", det_inputs["onnx"], det_inputs["manifest"])
+    assert d.wait_job("first")["state"] == "succeeded"  # the daemon's engine client exists
+    proxy.hang()
+    drop(d.inbox, "busy", det_inputs["onnx"], det_inputs["manifest"])
+    job = d.wait_job("busy", ("queued",))
+    held = wait_for(lambda: (s := d.status(job["job_id"])) and s["error"] and s, 30, "the job held")
+    assert held["error"]["code"] == "DOCKER_UNAVAILABLE" and held["attempt"] == 1
+    wait_for(lambda: len(d.events("docker.unavailable")) == 1 and len(d.messages) > 0, 10, "the outage seen")
+    drop(d.inbox, "onhost", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
+    assert d.wait_job("onhost")["state"] == "succeeded"  # the worker thread outlived the pings that timed out
+    proxy.resume()
+    done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=90)
+    assert (done["state"], done["attempt"]) == ("succeeded", 1)
+    assert not d.events("job.internal_error")
+
+
+def test_cancel_on_a_hung_engine_does_not_block_the_main_loop(cubie_daemon: Any, docker_client: Any,  # noqa: F811
+                                                              det_inputs: dict[str, Any], tmp_path: Path) -> None:
+    """`saigeedged cancel` while the engine hangs: the kill waits for the engine in its own thread, drops are
+    still claimed meanwhile, and the job ends cancelled once the engine answers."""
+    proxy = EngineProxy(tmp_path / "engine.sock")
+    proxy.up()
+    d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host}, limits={"engine_timeout_s": 120.0})
+    job = in_quantize(d, docker_client, tmp_path, "hang", det_inputs["manifest"])
+    proxy.hang()
+    assert cli.main(["cancel", job["job_id"], "-c", str(d.config)]) == 0
+    wait_for(lambda: d.status(job["job_id"]) is not None, 5, "")  # the request is in the database
+    drop(d.inbox, "meanwhile", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
+    wait_for(lambda: [e for e in d.events("drop.claimed") if e["job_name"] == "meanwhile"], 30,
+             "the drop claimed while the engine hangs")
+    proxy.resume()
+    assert d.wait_state(job["job_id"], ("cancelled",), timeout=60)["error"]["code"] == "CANCELLED"
+    assert d.wait_job("meanwhile")["state"] == "succeeded"
+    wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 10, "the step killed")
