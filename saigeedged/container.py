@@ -6,7 +6,6 @@ import contextlib
 import fcntl
 import os
 import shlex
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,10 +24,12 @@ MANAGED_LABEL = "io.saigeedge.managed"
 KILL_AFTER = "30s"
 LOST_GRACE_S = 2  # how long a step killed by a signal waits to see whether its whole container is going down
 PIDFILE = ".step.pid"
+STOPFILE = ".step.stop"  # beside the pidfile: a stop or cancel for this job's steps, holding its reason
 # by path: a busybox sh would run its own applet for a bare `timeout` (coreutils lives here on Ubuntu)
 TIMEOUT_BIN = "/usr/bin/timeout"
-# writes the step's pid (GNU timeout, the head of its process group) before exec'ing it
-_WRAP = 'echo $$ > "$0"; exec "$@"'
+# writes the step's pid (GNU timeout, the head of its process group), then runs it unless a stop came first:
+# interrupt() writes the stop file before it reads the pidfile, so either this sees the stop or the kill sees the pid
+_WRAP = 'echo $$ > "$0"; [ -e "${0%.pid}.stop" ] && exit 143; exec "$@"'
 _KILL = 'p=$(cat "$0" 2>/dev/null) && [ -n "$p" ] && { kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p"; }; rm -f "$0"'
 _REAP = 'for f in "$0"/*/' + PIDFILE + '; do [ -f "$f" ] || continue; p=$(cat "$f"); ' \
         'kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; rm -f "$f"; done; true'
@@ -109,8 +110,6 @@ class Container:
         self.on_event = on_event
         self.image_id: str | None = None
         self._probed: dict[str, list[str]] = {}
-        self._interrupt: str | None = None
-        self._lock = threading.Lock()
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _runtime(self) -> str | None:
@@ -223,16 +222,10 @@ class Container:
         pidfile = str(workdir / PIDFILE)
         wrapped = ["sh", "-c", _WRAP, pidfile, TIMEOUT_BIN, f"--kill-after={KILL_AFTER}", f"{max(1, int(timeout_s))}s",
                    *argv]
-        with self._lock:
-            self._interrupt = None
-        try:
-            with reaching_engine(f"running {shlex.join(argv[:3])}"):
-                code = self._exec(ctr, wrapped, str(workdir), env, sink)
-        finally:
-            with self._lock:
-                reason, self._interrupt = self._interrupt, None
-        if reason is not None:
-            raise SaigeError("CANCELLED", f"step {shlex.join(argv[:3])} was stopped ({reason})", reason=reason)
+        _raise_if_stopped(workdir, argv)  # a stop that came between steps is not erased by this one
+        with reaching_engine(f"running {shlex.join(argv[:3])}"):
+            code = self._exec(ctr, wrapped, str(workdir), env, sink)
+        _raise_if_stopped(workdir, argv)
         if code is None or self._lost(ctr, code):
             raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} died during {shlex.join(argv[:3])}")
         Path(pidfile).unlink(missing_ok=True)
@@ -252,9 +245,12 @@ class Container:
         return True
 
     def interrupt(self, workdir: Path, reason: str) -> None:
-        """Kill the running step of the job in `workdir` (cancel or daemon stop); its run_step raises CANCELLED."""
-        with self._lock:
-            self._interrupt = reason
+        """Kill the running step of the job in `workdir` (cancel or daemon stop); its run_step raises CANCELLED,
+        and so does every later step of that job (the stop file stays until the work folder is removed)."""
+        try:
+            (workdir / STOPFILE).write_text(reason)
+        except OSError:  # no work folder yet: the worker's own flag stops the job before its first step
+            pass
         try:
             ctr = self.docker.containers.get(self.spec.name)
             self._exec(ctr, ["sh", "-c", _KILL, str(workdir / PIDFILE)], "/", None, lambda _: None)
@@ -271,6 +267,14 @@ class Container:
                 return
             if ctr.status == "running":
                 self._exec(ctr, ["sh", "-c", _REAP, str(self.spec.work_root)], "/", None, lambda _: None)
+
+
+def _raise_if_stopped(workdir: Path, argv: Sequence[str]) -> None:
+    try:
+        reason = (workdir / STOPFILE).read_text().strip() or "stop"
+    except FileNotFoundError:
+        return
+    raise SaigeError("CANCELLED", f"step {shlex.join(argv[:3])} was stopped ({reason})", reason=reason)
 
 
 class HostLock:

@@ -32,6 +32,7 @@ CANCEL_POLL_S = 1.0  # how often the loop looks for `saigeedged cancel` requests
 BLIND_WINDOW_S = 0.6
 CATCH_UP_S = 5.0  # how often status files and logs the outbox refused are tried again
 BLIND_SCAN_S = 0.05
+STOP_GRACE_S = 25.0  # how long a stop waits for the worker to requeue its job (systemd's TimeoutStopSec is 30 s)
 
 
 class Daemon:
@@ -226,8 +227,12 @@ class Daemon:
         self.notifier.stopping()
         log.info("daemon.stopping", running=self.worker.current.job_id if self.worker.current else None)
         self.worker.stop()
-        self.worker.join(timeout=25)
+        self.worker.join(timeout=STOP_GRACE_S)
         if self.watcher is not None:
             self.watcher.stop()
-        self.store.close()
+        if self.worker.is_alive():  # e.g. blocked on a hung engine: its row stays `running`, requeued at next start
+            log.error("daemon.stop_timeout", message=f"the running job did not stop within {STOP_GRACE_S:.0f}s; "
+                      "it runs again at the next start")
+        else:
+            self.store.close()  # never under a live worker that may still write its row
         return 0

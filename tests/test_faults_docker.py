@@ -11,6 +11,9 @@ from harness import drop, wait_for
 from test_daemon_docker import cubie_daemon, in_quantize, procs  # noqa: F401 (cubie_daemon is a fixture)
 
 from saigeedged import cli
+from saigeedged import config as configmod
+from saigeedged.container import Containers
+from saigeedged.errors import SaigeError
 
 pytestmark = pytest.mark.docker
 
@@ -58,3 +61,16 @@ def test_cancel_on_a_hung_engine_does_not_block_the_main_loop(cubie_daemon: Any,
     assert d.wait_state(job["job_id"], ("cancelled",), timeout=60)["error"]["code"] == "CANCELLED"
     assert d.wait_job("meanwhile")["state"] == "succeeded"
     wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 10, "the step killed")
+
+
+def test_a_stop_that_lands_between_steps_is_not_erased_by_the_next_one(docker_config: Path, tmp_path: Path) -> None:
+    """A cancel that arrives while no step runs (between two steps) stops the job's next step before it starts."""
+    config = configmod.load(docker_config)
+    container = Containers(config).container("cubie")
+    workdir = config.work_root / "between"
+    workdir.mkdir(parents=True)
+    container.ensure()
+    container.interrupt(workdir, "cancel")
+    with pytest.raises(SaigeError) as stopped:
+        container.run_step(["sleep", "30"], workdir, 60, lambda chunk: None)
+    assert stopped.value.code == "CANCELLED" and stopped.value.fields["reason"] == "cancel"
