@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import structlog
 
-from saigeedged import inbox, jobid
+from saigeedged import claims, inbox, jobid
 from saigeedged.config import Config
 from saigeedged.container import Containers
 from saigeedged.errors import SaigeError
@@ -20,6 +21,7 @@ from saigeedged.manifest import safe_stem
 from saigeedged.notify import Notifier
 from saigeedged.outage import DOCKER_TARGETS
 from saigeedged.publish import Outbox
+from saigeedged.recovery import Recovery
 from saigeedged.store import Store
 from saigeedged.watch import Watcher, use_polling
 from saigeedged.worker import Jobs, Places, Worker, event
@@ -52,6 +54,7 @@ class Daemon:
                                  "`saigeedged check` lists them") from None
         self.store = Store(config.state_dir / "saigeedged.db")
         self.jobs = Jobs(self.store, Outbox(config.outbox), self.places)
+        self.recovery = Recovery(self.jobs)
         watch = config.section("watch")
         self.scanner = Scanner(config.inbox, watch["settle_s"], watch["orphan_timeout_s"], config.section("defaults"))
         self.polling = use_polling(watch["mode"], config.inbox)
@@ -72,7 +75,9 @@ class Daemon:
 
     # -- start-up ------------------------------------------------------------------------------
     def recover(self) -> None:
-        """Jobs left running by a crash or a stop go back to the queue; their leftover steps are killed."""
+        """Jobs left running by a crash or a stop go back to the queue (or end failed past limits.max_attempts);
+        their leftover steps are killed; claimed folders without rows and leftover temp files are settled."""
+        self.recovery.temp_files()
         interrupted = self.store.in_state(RUNNING)
         docker_targets = {j.target for j in interrupted if j.target in DOCKER_TARGETS}
         for target in docker_targets:
@@ -81,7 +86,10 @@ class Daemon:
             except SaigeError as exc:
                 log.warning("container.reap_failed", error_code=exc.code, message=exc.message)
         for job in interrupted:
-            self.jobs.requeue(job, "restart")
+            self.recovery.interrupted(job, int(self.config.section("limits")["max_attempts"]))
+        self.recovery.claims()
+        if self.store.created:
+            self.recovery.lost_statuses()
         leftover = sorted(self.places.logs.glob("*.log"))
         self.jobs.strand([j.job_id for p in leftover if (j := self.store.get(p.stem)) and j.state in TERMINAL])
 
@@ -96,23 +104,32 @@ class Daemon:
         ids = [jobid.new(e.stem, now) for e in drop.entries]
         claim_dir = self.places.claimed / ids[0]
         try:
+            claims.write_record(claim_dir, drop.manifest.parent, drop.files)  # first: a kill mid-claim is undone
             moved = inbox.claim(drop.files, drop.manifest.parent, claim_dir)
         except OSError as exc:  # a file vanished or was replaced under us: the next scan decides again
+            shutil.rmtree(claim_dir, ignore_errors=True)
             log.warning("drop.ignored", manifest=str(drop.manifest), message=f"claim failed: {exc}")
             return
         self.scanner.forget(drop.files)
         if self.watcher is not None:
             self._blind_until = self.clock() + BLIND_WINDOW_S
+        jobs = []
         for job_id, entry in zip(ids, drop.entries, strict=True):
             doc = entry_to_doc(entry)
             doc["onnx"] = str(moved.get(entry.onnx, entry.onnx))
             doc["manifest"] = str(moved[drop.manifest])
-            job = Job(job_id=job_id, name=entry.stem, target=entry.target, task=entry.task, entry=doc,
-                      subdir=self._subdir(drop.manifest), claim_dir=str(claim_dir), manifest=drop.manifest.name,
-                      priority=entry.priority, request_id=entry.request_id, created_at=jobid.iso(now),
-                      updated_at=jobid.iso(now))
-            event("drop.claimed", job, manifest=drop.manifest.name, priority=entry.priority)  # before job.started
-            self.jobs.add(job)
+            jobs.append(Job(job_id=job_id, name=entry.stem, target=entry.target, task=entry.task, entry=doc,
+                            subdir=self._subdir(drop.manifest), claim_dir=str(claim_dir), manifest=drop.manifest.name,
+                            priority=entry.priority, request_id=entry.request_id, created_at=jobid.iso(now),
+                            updated_at=jobid.iso(now)))
+        try:
+            claims.write_record(claim_dir, drop.manifest.parent, drop.files, jobs)
+            for job in jobs:
+                event("drop.claimed", job, manifest=drop.manifest.name, priority=job.priority)  # before job.started
+                self.jobs.add(job)
+        except Exception as exc:  # a row that cannot be written: the record lets recovery finish or fail the claim
+            log.error("claim.unqueued", claim=str(claim_dir), error_code="INTERNAL", message=f"{type(exc).__name__}: {exc}")
+            self.recovery.claims()
         self.worker.wake.set()
 
     def reject(self, bad: Rejected) -> None:
@@ -152,6 +169,8 @@ class Daemon:
         """One bad file must not stop the daemon: an unexpected error is logged and the next scan tries again."""
         try:
             self.scan()
+            if self.recovery.claims():  # a claim whose rows could not be written before (state_dir full, read-only)
+                self.worker.wake.set()
         except Exception as exc:  # a guard, not control flow: everything expected is handled inside scan()
             log.error("scan.failed", error_code="INTERNAL", message=f"{type(exc).__name__}: {exc}")
 
@@ -210,6 +229,9 @@ class Daemon:
                 self._guarded_scan()
                 next_scan = now + period if now >= next_scan else next_scan
             self._check_cancel()
+            if self.store.restore_if_deleted():
+                log.error("store.restored", path=str(self.store.path), error_code="INTERNAL",
+                          message="the job database was deleted while running; rewritten from the open one")
             self._catch_up(now)
             self._status()
             if self.healthy():

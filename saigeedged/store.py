@@ -29,19 +29,59 @@ CREATE TABLE IF NOT EXISTS behind (job_id TEXT NOT NULL, kind TEXT NOT NULL, PRI
 """
 
 
+class CorruptDatabase(Exception):
+    """The job database cannot be read: the daemon must not start on it (nor replace it)."""
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(SCHEMA)
+        check = db.execute("PRAGMA quick_check").fetchone()
+        if check is None or check[0] != "ok":
+            raise sqlite3.DatabaseError(str(check[0] if check else "no answer to quick_check"))
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise CorruptDatabase(f"job database {path} is corrupt ({exc}); move it aside (mv {path} {path}.corrupt) "
+                              "and start again: the queue is rebuilt from claimed/ and the status files") from None
+    return db
+
+
 class Store:
     """Job rows keyed by job_id; every state change is checked against the transition table."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        self.path = path
+        self.created = not path.exists()  # a first start, or a database deleted: the caller rebuilds what it can
+        self._db = _connect(path)
         self._lock = threading.RLock()  # one connection shared by the main loop and the worker thread
 
     def close(self) -> None:
         self._db.close()
+
+    def restore_if_deleted(self) -> bool:
+        """The database file deleted under us: write the open one back to its path and use that.
+
+        The open connection still holds every row, so nothing is lost; True when it had to be restored.
+        """
+        if self.path.exists():
+            return False
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.restore")
+            tmp.unlink(missing_ok=True)
+            copy = sqlite3.connect(str(tmp))
+            self._db.backup(copy)
+            copy.close()
+            self._db.close()  # its WAL (if still there) goes with it
+            for stale in (self.path.with_name(self.path.name + "-wal"), self.path.with_name(self.path.name + "-shm")):
+                stale.unlink(missing_ok=True)
+            tmp.replace(self.path)
+            self._db = _connect(self.path)
+        return True
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:

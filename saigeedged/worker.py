@@ -311,8 +311,8 @@ class Worker(threading.Thread):
     def _settle(self, job: Job, exc: SaigeError) -> None:
         """Requeue an interrupted or retryable job, else end it failed or cancelled."""
         max_attempts = int(self.config.section("limits")["max_attempts"])
-        if exc.code == "CANCELLED" and exc.fields.get("reason") == "stop":
-            self.jobs.requeue(job, "stop")
+        if exc.code == "CANCELLED" and exc.fields.get("reason") == "stop":  # the operator's, not the job's fault:
+            self.jobs.requeue(job, "stop", spend_attempt=job.attempt < max_attempts)  # never past max_attempts
         elif exc.code == "CANCELLED":
             self.jobs.end(job, CANCELLED, exc)
         elif exc.code == "DOCKER_UNAVAILABLE":

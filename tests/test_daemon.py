@@ -315,7 +315,7 @@ def test_what_a_full_outbox_refused_is_written_once_it_has_room(daemon: Any, det
     state_dir, and once the share has room the final status file and the log reach it (also after a restart);
     the same for a drop rejected as invalid meanwhile."""
     with full_outbox(tmp_path) as filler:
-        d = daemon(limits={"max_attempts": 1})
+        d = daemon(limits={"max_attempts": 1, "publish_patience_s": 1.0})
         drop(d.inbox, "refused", det_inputs["onnx"], det_inputs["manifest"])
         drop(d.inbox, "invalid", det_inputs["onnx"], {**det_inputs["manifest"], "num_classes": 0})
         invalid = wait_for(lambda: d.events("drop.invalid"), 60, "the invalid drop rejected")[0]

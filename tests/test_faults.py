@@ -55,7 +55,7 @@ def test_an_outbox_sub_folder_that_cannot_be_made_is_retried_not_internal(daemon
     assert retrying["error_code"] == "PUBLISH_FAILED" and "sub" in retrying["message"]
     (d.outbox / "sub").unlink()
     done = d.wait_job("nested")
-    assert done["state"] == "succeeded" and done["attempt"] == 1 and (d.outbox / "sub" / Path(done["bundle"]["path"]).name).is_file()
+    assert (done["state"], done["attempt"], done["bundle"]["path"]) == ("succeeded", 1, "sub/nested.host.saigeedge")
     assert len([e for e in d.events("job.step") if e["step"] == "calibration"]) == 1
 
 

@@ -1,0 +1,137 @@
+"""Start-up and rescan recovery: claimed folders without rows, leftover temp files, status files a lost database
+left behind, and jobs the daemon died under (bounded by limits.max_attempts)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sqlite3
+
+import structlog
+
+from saigeedged import claims, jobid
+from saigeedged.claims import Orphan
+from saigeedged.errors import SaigeError
+from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job
+from saigeedged.worker import Jobs, event
+
+log = structlog.get_logger()
+TEMP_NAME = re.compile(r"^\..+\.\d+\.tmp$")  # publish._place's temp names: .<name>.<pid>.tmp
+
+
+class Recovery:
+    def __init__(self, jobs: Jobs) -> None:
+        self.jobs = jobs
+        self.store, self.places, self.outbox = jobs.store, jobs.places, jobs.outbox
+        self._reported: set[str] = set()  # folders whose rows could not be written, logged once
+
+    # -- claimed folders -------------------------------------------------------------------------
+    def _settled(self, orphan: Orphan) -> bool:
+        if orphan.jobs:
+            return all(self.store.get(j.job_id) is not None for j in orphan.jobs)
+        return bool(self.store.by_claim(str(orphan.folder)) or self.store.get(orphan.folder.name))
+
+    def claims(self) -> bool:
+        """Settle every claimed folder without rows; True when jobs were queued."""
+        queued = False
+        for orphan in claims.orphans(self.places.claimed, self._settled):
+            try:
+                queued |= self._settle(orphan)
+            except sqlite3.OperationalError as exc:  # state_dir full or read-only: the next rescan tries again
+                if orphan.folder.name not in self._reported:
+                    log.error("claim.unqueued", claim=str(orphan.folder), error_code="INTERNAL",
+                              message=f"cannot write the job rows: {exc}; tried again at each rescan")
+                self._reported.add(orphan.folder.name)
+            except OSError as exc:
+                log.error("claim.unrecovered", claim=str(orphan.folder), error_code="INTERNAL", message=str(exc))
+        return queued
+
+    def _settle(self, orphan: Orphan) -> bool:
+        if orphan.complete:
+            try:
+                return self._requeue(orphan)
+            except sqlite3.OperationalError:
+                raise
+            except Exception as exc:  # a row no database takes (e.g. a priority beyond 64 bits)
+                self._fail(orphan, f"its job row cannot be written: {type(exc).__name__}: {exc}")
+                return False
+        if orphan.record is not None:
+            claims.undo(orphan.folder, orphan.record)
+            log.warning("claim.undone", claim=str(orphan.folder), message="an unfinished claim went back to the inbox")
+        elif not claims.contents(orphan.folder):
+            shutil.rmtree(orphan.folder)
+        else:
+            self._fail(orphan, "no record of the claim (claimed by an older saigeedged, or the record was lost)")
+        return False
+
+    def _requeue(self, orphan: Orphan) -> bool:
+        """The rows the claim did not write (a failed insert, a lost database), with their status file's attempt."""
+        for job in orphan.jobs:
+            if self.store.get(job.job_id) is not None:
+                continue
+            seen = self.outbox.read_status(job.job_id) or {}
+            if seen.get("state") in (QUEUED, RUNNING):
+                job.attempt = int(seen.get("attempt", 1)) + (1 if seen["state"] == RUNNING else 0)
+            job.state, job.updated_at = QUEUED, jobid.iso(jobid.utc_now())
+            self.jobs.add(job)
+            event("claim.recovered", job, "warning", claim=str(orphan.folder), attempt=job.attempt)
+        self._reported.discard(orphan.folder.name)
+        return True
+
+    def _fail(self, orphan: Orphan, reason: str) -> None:
+        """A claimed folder that cannot become jobs: its files under failed/, a failed job with a status file."""
+        dest = self.places.failed / orphan.folder.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        orphan.folder.rename(dest)
+        error = SaigeError("INTERNAL", f"{orphan.folder.name}: found under claimed/ without a job: {reason}",
+                           hint=f"its files are in {dest}: drop them again (fix the manifest if it names the cause)")
+        now = jobid.iso(jobid.utc_now())
+        for job in orphan.jobs or [Job(job_id=orphan.folder.name, name=orphan.folder.name.rsplit("-", 2)[0], target="?",
+                                       task="?", entry={"onnx": str(dest / "?.onnx")}, subdir="", claim_dir=str(dest),
+                                       manifest="?", created_at=now)]:
+            job.state, job.priority, job.claim_dir, job.finished_at, job.updated_at = FAILED, 0, str(dest), now, now
+            job.error = error.as_dict("validate")
+            event("job.failed", job, "warning", message=error.message)
+            try:
+                self.jobs.add(job)
+            except Exception:  # not even a failed row: the status file alone tells the outcome
+                self.outbox.write_status(job)
+
+    # -- interrupted jobs ------------------------------------------------------------------------
+    def interrupted(self, job: Job, max_attempts: int) -> None:
+        """A job the daemon died under (killed, out of memory) runs again, up to max_attempts in all."""
+        if job.attempt < max_attempts:
+            self.jobs.requeue(job, "restart")
+            return
+        error = SaigeError("INTERNAL", f"the daemon stopped during this job {job.attempt} times (last in step "
+                           f"{job.step}): killed, or out of memory?", step=job.step,
+                           hint="`journalctl -u saigeedged` and `dmesg` say why; raise limits.max_attempts or run "
+                           "`saigeedged retry JOB_ID` once fixed")
+        self.jobs.end(job, FAILED, error)
+
+    # -- leftovers -------------------------------------------------------------------------------
+    def temp_files(self) -> None:
+        """Temp files of writes a kill interrupted (status files, logs, bundles) are removed at start."""
+        for folder in (self.outbox.root / "status", self.outbox.root / "logs"):
+            for path in folder.glob(".*.tmp") if folder.is_dir() else []:
+                if TEMP_NAME.match(path.name):
+                    path.unlink(missing_ok=True)
+                    log.info("outbox.temp_removed", path=str(path))
+
+    def lost_statuses(self) -> None:
+        """After the database was rebuilt: a status file still queued or running whose job has no row (its inputs
+        were not under claimed/) is ended, so its readers (`submit --wait`) do not wait forever."""
+        folder = self.outbox.root / "status"
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            doc = self.outbox.read_status(path.stem)
+            if not doc or doc.get("state") in TERMINAL or self.store.get(path.stem) is not None:
+                continue
+            job = Job(job_id=path.stem, name=str(doc.get("name")), target=str(doc.get("target")),
+                      task=str(doc.get("task")), entry={"onnx": str((doc.get("inputs") or {}).get("onnx"))},
+                      subdir="", claim_dir="", manifest=str((doc.get("inputs") or {}).get("manifest")),
+                      state=FAILED, attempt=int(doc.get("attempt") or 1), created_at=str(doc.get("created_at")),
+                      finished_at=jobid.iso(jobid.utc_now()))
+            job.error = SaigeError("INTERNAL", "the job database was lost and this job's inputs were not under "
+                                   "claimed/", hint="drop the model again").as_dict(doc.get("step"))
+            self.jobs.add(job)
+            event("job.failed", job, "warning", message="lost with the job database")
