@@ -27,7 +27,7 @@ def _fsync_dir(folder: Path) -> None:
 
 def _place(src: Path | None, data: bytes | None, dest: Path) -> None:
     """Copy `src` (or write `data`) to a temp name beside `dest`, fsync, rename, fsync the folder."""
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    tmp = dest.with_name(f".{dest.name[:200]}.{os.getpid()}.tmp")  # a long name's temp name must fit NAME_MAX too
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)  # inside the try: a sub-folder that cannot be made is retryable
         with tmp.open("wb") as out:

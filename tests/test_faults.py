@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +14,8 @@ import yaml
 from factory import classifier
 from faults import bind_mount, full_fs, needs_root, set_read_only
 from harness import drop, wait_for
+
+from saigeedged import cli
 
 
 @needs_root
@@ -97,3 +103,102 @@ def test_a_read_only_outbox_holds_publishing_and_status_files_until_it_is_writab
         assert (done["state"], done["attempt"]) == ("succeeded", 1) and not d.events("job.internal_error")
         assert not d.events("job.failed")
         d.close()
+
+
+def test_a_drop_whose_row_cannot_be_written_ends_failed_with_a_status_file(daemon: Any,
+                                                                         det_inputs: dict[str, Any]) -> None:
+    """A priority beyond SQLite's 64 bits (no row can hold it): the claimed drop ends failed with a status file
+    and its files under failed/ instead of sitting in claimed/ unseen; the next drop still succeeds."""
+    d = daemon()
+    drop(d.inbox, "huge", det_inputs["onnx"], {**det_inputs["manifest"], "priority": 2**70})
+    doc = d.wait_job("huge", timeout=30)
+    assert doc["state"] == "failed" and "cannot be written" in doc["error"]["message"]
+    assert (d.inbox / ".saigeedged" / "failed" / doc["job_id"] / "huge.onnx").is_file()
+    assert not list((d.inbox / ".saigeedged" / "claimed").iterdir())
+    drop(d.inbox, "next", det_inputs["onnx"], det_inputs["manifest"])
+    assert d.wait_job("next")["state"] == "succeeded"
+
+
+def test_a_very_long_drop_name_gets_its_status_file_and_bundle(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """A 220-character name the inbox accepts: the job id is shortened so its status file and log fit NAME_MAX,
+    and the bundle keeps the full name."""
+    d = daemon()
+    stem = "n" * 220
+    drop(d.inbox, stem, det_inputs["onnx"], det_inputs["manifest"])
+    doc = d.wait_job(stem, timeout=60)
+    assert doc["state"] == "succeeded" and doc["bundle"]["path"] == f"{stem}.host.saigeedge"
+    assert (d.outbox / doc["log"]).is_file()
+
+
+def test_claimed_folders_without_rows_are_settled_at_start(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """At start: a claimed folder without a row or a record ends failed with a status file and its files under
+    failed/; an empty one is removed; temp files of interrupted outbox writes are removed."""
+    d = daemon()
+    assert d.stop() == 0
+    claimed = d.inbox / ".saigeedged" / "claimed"
+    (claimed / "stray-20261130T000000Z-abcdef").mkdir(parents=True)
+    (claimed / "stray-20261130T000000Z-abcdef" / "stray.yml").write_text("task: detection\n")
+    (claimed / "empty-20261130T000000Z-abcdef").mkdir()
+    leftover = d.outbox / "status" / ".x-20261130T000000Z-abcdef.json.4242.tmp"
+    leftover.parent.mkdir(parents=True, exist_ok=True)
+    leftover.write_text("{")
+    d.start()
+    doc = d.wait_state("stray-20261130T000000Z-abcdef", ("failed",), timeout=10)
+    assert doc["error"]["code"] == "INTERNAL" and "without a job" in doc["error"]["message"]
+    assert (d.inbox / ".saigeedged" / "failed" / "stray-20261130T000000Z-abcdef" / "stray.yml").is_file()
+    assert not list(claimed.iterdir()) and not leftover.exists()
+
+
+def test_the_job_database_deleted_while_running_loses_nothing(daemon: Any, det_inputs: dict[str, Any],
+                                                              capsys: Any) -> None:
+    """The job database deleted under the running daemon is written back from the open one: the jobs before and
+    after are still known after a restart."""
+    d = daemon()
+    drop(d.inbox, "before", det_inputs["onnx"], det_inputs["manifest"])
+    before = d.wait_job("before")
+    for path in d.state_dir.glob("saigeedged.db*"):
+        path.unlink()
+    wait_for(lambda: d.events("store.restored"), 10, "the database restored")
+    drop(d.inbox, "after", det_inputs["onnx"], det_inputs["manifest"])
+    after = d.wait_job("after")
+    assert d.stop() == 0
+    d.start()
+    for doc in (before, after):
+        assert cli.main(["status", doc["job_id"], "--json", "-c", str(d.config)]) == 0
+        assert json.loads(capsys.readouterr().out)["state"] == "succeeded"
+
+
+def test_a_corrupt_job_database_is_one_line_and_exit_2(daemon: Any) -> None:
+    """A job database that is not SQLite: `run` says so in one line naming the file and exits 2 (no traceback)."""
+    d = daemon()
+    assert d.stop() == 0
+    db = d.state_dir / "saigeedged.db"
+    for path in d.state_dir.glob("saigeedged.db-*"):
+        path.unlink()
+    db.write_bytes(b"not a database at all" * 100)
+    run = subprocess.run([sys.executable, "-m", "saigeedged", "run", "-c", str(d.config)], capture_output=True,
+                         text=True, timeout=60, env=d.env)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert str(db) in run.stderr and "mv" in run.stderr
+
+
+def test_a_lost_job_database_is_rebuilt_from_claimed_and_status_files(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """Killed with jobs queued, then the database deleted: at start the claimed drops are queued again under their
+    job ids and succeed; a queued job whose inputs are gone too ends failed instead of queued forever."""
+    d = daemon()
+    names = [f"lost{i}" for i in range(4)]
+    for name in names:
+        drop(d.inbox, name, det_inputs["onnx"], det_inputs["manifest"])
+    claimed = wait_for(lambda: len(d.events("drop.claimed")) == 4 and d.events("drop.claimed"), 30, "4 claimed")
+    d.kill()
+    for path in d.state_dir.glob("saigeedged.db*"):
+        path.unlink()
+    ids = {e["job_name"]: e["job_id"] for e in claimed}
+    gone = ids[names[-1]]
+    if (d.status(gone) or {}).get("state") == "queued":
+        shutil.rmtree(d.inbox / ".saigeedged" / "claimed" / gone)
+    d.start()
+    for name in names[:-1]:
+        assert d.wait_state(ids[name], ("succeeded",), timeout=60)
+    last = d.wait_state(gone, ("succeeded", "failed"), timeout=60)
+    assert last["state"] == "succeeded" or "database was lost" in last["error"]["message"]
