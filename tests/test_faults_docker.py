@@ -74,3 +74,25 @@ def test_a_stop_that_lands_between_steps_is_not_erased_by_the_next_one(docker_co
     with pytest.raises(SaigeError) as stopped:
         container.run_step(["sleep", "30"], workdir, 60, lambda chunk: None)
     assert stopped.value.code == "CANCELLED" and stopped.value.fields["reason"] == "cancel"
+
+
+def test_a_job_the_daemon_keeps_dying_under_ends_failed_at_max_attempts(cubie_daemon: Any,  # noqa: F811
+                                                                        docker_client: Any, tmp_path: Path,
+                                                                        det_inputs: dict[str, Any]) -> None:
+    """The daemon SIGKILLed mid-step at every attempt (as the OOM killer would): with max_attempts 2 the job ends
+    failed at attempt 2 with a clear message instead of running forever, and the job behind it runs."""
+    d = cubie_daemon(limits={"max_attempts": 2})
+    job = in_quantize(d, docker_client, tmp_path, "hangkill", det_inputs["manifest"])
+    drop(d.inbox, "behind", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
+    wait_for(lambda: any(e["job_name"] == "behind" for e in d.events("drop.claimed")), 30, "the second drop claimed")
+    d.kill()
+    d.start()
+    wait_for(lambda: (s := d.status(job["job_id"])) and (s["attempt"], s["step"]) == (2, "quantize"), 60, "attempt 2")
+    wait_for(lambda: "sleep 100000" in procs(docker_client, d), 10, "the step running again")
+    d.kill()
+    d.start()
+    failed = d.wait_state(job["job_id"], ("failed",))
+    assert failed["attempt"] == 2 and failed["error"]["code"] == "INTERNAL"
+    assert "stopped during this job 2 times" in failed["error"]["message"] and "max_attempts" in failed["error"]["hint"]
+    assert d.wait_job("behind")["state"] == "succeeded"
+    wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 10, "the leftover step reaped")
