@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import os
 import shlex
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 
 MANAGED_LABEL = "io.saigeedge.managed"
+OWNER_LABEL = "io.saigeedge.owner"  # host:state_dir of the daemon that made it: another daemon never touches it
 KILL_AFTER = "30s"
 LOST_GRACE_S = 2  # how long a step killed by a signal waits to see whether its whole container is going down
 PIDFILE = ".step.pid"
@@ -51,6 +53,10 @@ def reaching_engine(doing: str) -> Iterator[None]:
         raise SaigeError("DOCKER_UNAVAILABLE", f"lost the Docker engine while {doing}: {exc}") from None
 
 
+START_HINT = "the engine cannot start it: `docker start NAME` shows why (networks, runtime, mounts); " \
+             "`systemctl restart docker` if the engine's own state is broken"
+
+
 def client(timeout_s: float = ENGINE_TIMEOUT_S) -> docker.DockerClient:
     """A Docker client, or DOCKER_UNAVAILABLE naming the reason (socket missing, permission denied, no answer)."""
     try:
@@ -70,12 +76,14 @@ class Spec:
     work_root: Path
     runtime: str = "auto"
     user: str = "auto"
+    owner: str = ""
 
     @classmethod
     def for_target(cls, config: Config, target: str) -> Spec:
         section = cubie_section(config) if target == "cubie" else config.section(target)
         return cls(section["container"], section["image"], config.work_root,
-                   section.get("runtime", "auto"), section.get("user", "auto"))
+                   section.get("runtime", "auto"), section.get("user", "auto"),
+                   f"{socket.gethostname()}:{config.state_dir}")
 
 
 def cubie_section(config: Config) -> dict[str, Any]:
@@ -124,7 +132,7 @@ class Container:
         try:
             ctr = self.docker.containers.create(
                 self.spec.image, command=["tail", "-f", "/dev/null"], name=self.spec.name,
-                labels={MANAGED_LABEL: "1"}, ipc_mode="host", runtime=self._runtime(), detach=True,
+                labels={MANAGED_LABEL: "1", OWNER_LABEL: self.spec.owner}, ipc_mode="host", runtime=self._runtime(), detach=True,
                 init=True,  # an init as PID 1 reaps what killed steps orphan: `tail` would let zombies pile up for months
                 mounts=[Mount(target=str(self.spec.work_root), source=str(self.spec.work_root), type="bind")])
         except ImageNotFound:
@@ -149,6 +157,7 @@ class Container:
         except DockerException as exc:
             raise SaigeError("DOCKER_UNAVAILABLE", f"cannot reach the Docker engine: {exc}") from None
         managed = ctr.labels.get(MANAGED_LABEL) == "1"
+        self._check_owner(ctr)
         if not self._has_mount(ctr.attrs):
             if not managed:
                 raise SaigeError("CONTAINER_FAILED", f"container {self.spec.name} exists without the work-root mount "
@@ -156,22 +165,47 @@ class Container:
             ctr.remove(force=True)
             ctr = self._create()
         if ctr.status != "running":
-            try:
-                ctr.start()
-            except APIError as exc:
-                raise SaigeError("CONTAINER_FAILED", f"cannot start container {self.spec.name}: {exc.explanation}") from None
+            ctr = self._start(ctr, managed)
             self._probed.clear()
             self.on_event("container.restarted", {"container": self.spec.name})
             ctr.reload()
         self.image_id = ctr.image.id if ctr.image else None
         return ctr
 
+    def _check_owner(self, ctr: Any) -> None:
+        """Two daemons configured with one container name would remove each other's: refuse, naming the other."""
+        owner = ctr.labels.get(OWNER_LABEL)
+        if ctr.labels.get(MANAGED_LABEL) == "1" and owner and owner != self.spec.owner:
+            raise SaigeError("CONTAINER_FAILED", f"container {self.spec.name} belongs to another saigeedged "
+                             f"({owner}); this one is {self.spec.owner}",
+                             hint="give each daemon its own container name (cubie.container / mobilint.container "
+                             "in its config); saigeedged never removes another daemon's container")
+
+    def _start(self, ctr: Any, managed: bool) -> Any:
+        """Start a stopped container; ours is made afresh once if the engine cannot start it (a network endpoint or
+        bridge that no longer exists after an engine restart)."""
+        try:
+            ctr.start()
+            return ctr
+        except APIError as exc:
+            if not managed:
+                raise SaigeError("CONTAINER_FAILED", f"cannot start container {self.spec.name}: {exc.explanation}",
+                                 hint=START_HINT) from None
+        ctr.remove(force=True)
+        ctr = self._create()
+        try:
+            ctr.start()
+        except APIError as exc:
+            raise SaigeError("CONTAINER_FAILED", f"cannot start container {self.spec.name}, even made afresh: "
+                             f"{exc.explanation}", hint=START_HINT) from None
+        return ctr
+
     def recreate(self) -> None:
         """Remove our container (it died mid-job) so the next ensure() makes a fresh one."""
         try:
             ctr = self.docker.containers.get(self.spec.name)
-            if ctr.labels.get(MANAGED_LABEL) == "1":
-                ctr.remove(force=True)
+            if ctr.labels.get(MANAGED_LABEL) == "1" and ctr.labels.get(OWNER_LABEL) in (None, "", self.spec.owner):
+                ctr.remove(force=True)  # another daemon's is left alone: the next ensure() says whose it is
         except NotFound:
             pass
         self._probed.clear()

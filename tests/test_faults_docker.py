@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from conftest import write_config
 from engineproxy import EngineProxy
 from harness import drop, wait_for
 from test_daemon_docker import cubie_daemon, in_quantize, procs  # noqa: F401 (cubie_daemon is a fixture)
@@ -96,3 +98,36 @@ def test_a_job_the_daemon_keeps_dying_under_ends_failed_at_max_attempts(cubie_da
     assert "stopped during this job 2 times" in failed["error"]["message"] and "max_attempts" in failed["error"]["hint"]
     assert d.wait_job("behind")["state"] == "succeeded"
     wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 10, "the leftover step reaped")
+
+
+def test_two_daemons_with_one_container_name_do_not_remove_each_others(docker_config: Path, tmp_path: Path,
+                                                                        docker_client: Any) -> None:
+    """A second daemon (another state_dir) configured with the same container name refuses with CONTAINER_FAILED
+    naming the owner, and the first daemon's container is left running."""
+    first = configmod.load(docker_config)
+    settings = yaml.safe_load(docker_config.read_text())
+    (tmp_path / "other").mkdir()
+    other = write_config(tmp_path / "other", cubie=settings["cubie"])
+    ours = Containers(first).container("cubie")
+    ours.ensure()
+    name = settings["cubie"]["container"]
+    before = docker_client.containers.get(name).id
+    with pytest.raises(SaigeError) as refused:
+        Containers(configmod.load(other)).container("cubie").ensure()
+    assert refused.value.code == "CONTAINER_FAILED" and str(first.state_dir) in refused.value.message
+    assert "own container name" in refused.value.hint
+    ctr = docker_client.containers.get(name)
+    assert (ctr.id, ctr.status) == (before, "running")
+
+
+def test_a_container_the_engine_cannot_start_is_made_afresh(docker_config: Path, docker_client: Any) -> None:
+    """Our stopped container whose network is gone (an engine restart can leave that): ensure() makes a new one
+    and starts it instead of failing the job CONTAINER_FAILED for good."""
+    container = Containers(configmod.load(docker_config)).container("cubie")
+    old = container.ensure()
+    network = docker_client.networks.create(f"{container.spec.name}-net")
+    network.connect(old)
+    old.stop(timeout=1)
+    network.remove()
+    new = container.ensure()
+    assert new.id != old.id and docker_client.containers.get(container.spec.name).status == "running"
