@@ -15,7 +15,7 @@ from factory import classifier
 from faults import bind_mount, full_fs, needs_root, set_read_only
 from harness import drop, wait_for
 
-from saigeedged import cli
+from saigeedged import claims, cli
 
 
 @needs_root
@@ -202,3 +202,19 @@ def test_a_lost_job_database_is_rebuilt_from_claimed_and_status_files(daemon: An
         assert d.wait_state(ids[name], ("succeeded",), timeout=60)
     last = d.wait_state(gone, ("succeeded", "failed"), timeout=60)
     assert last["state"] == "succeeded" or "database was lost" in last["error"]["message"]
+
+
+def test_a_claim_a_kill_interrupted_goes_back_to_the_inbox(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """What a kill between the renames of a claim leaves (its record, the manifest moved, the ONNX not yet): at
+    start the manifest goes back beside its ONNX and the drop is claimed again and succeeds."""
+    d = daemon()
+    assert d.stop() == 0
+    drop(d.inbox / "sub", "halfway", det_inputs["onnx"], det_inputs["manifest"])
+    folder = d.inbox / ".saigeedged" / "claimed" / "halfway-20261130T000000Z-abcdef"
+    files = [d.inbox / "sub" / "halfway.yml", d.inbox / "sub" / "halfway.onnx"]
+    claims.write_record(folder, d.inbox / "sub", files)
+    os.rename(files[0], folder / "halfway.yml")
+    d.start()
+    doc = d.wait_job("halfway")
+    assert doc["state"] == "succeeded" and doc["bundle"]["path"] == "sub/halfway.host.saigeedge"
+    assert not folder.exists() and d.events("claim.undone")
