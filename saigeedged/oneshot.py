@@ -47,6 +47,7 @@ def describe(config: Config, entry: Entry, out: TextIO) -> None:
     print(f"  calib       {entry.calib}  ({len(prep.calib.samples)} images, {len(chosen)} chosen, "
           f"{profile.sampler}, seed {entry.seed})", file=out)
     print(f"  input_size  {list(prep.input_size)}  normalize {'imagenet' if profile.normalize else 'div255'}", file=out)
+    print(f"  channels    {entry.channels} (the board and the bundle take RGB)", file=out)
     print(f"  outputs     {[list(s) for s in prep.info.output_shapes]}" +
           (f"  (cut at {', '.join(prep.surgery)})" if prep.surgery else ""), file=out)
     print(f"  steps       {' '.join(pipeline.plan_steps(entry))}", file=out)

@@ -6,6 +6,8 @@
 #   fatal65280  export: Fatal model generation error: 65280 (so does a promoted @output tensor)
 # A quantizer/qtype mismatch "succeeds" with exit 0 and writes no .quantize (silent failure).
 set -u
+# every call is recorded (cwd, then argv) so a test can count what really ran in this container
+printf '%s %s %s\n' "$(pwd)" "pegasus.py" "$*" >> /tmp/standin-calls.log 2>/dev/null || true
 usage() { echo "usage: pegasus.py [-h] {import,generate,quantize,export,inference} ..." >&2; echo "pegasus.py: error: $*" >&2; exit 2; }
 fail() { echo "E $*" >&2; exit 1; }
 need() { [ -f "$1" ] || fail "[Errno 2] No such file or directory: '$1'"; }
