@@ -8,7 +8,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from saigeedged import calibration, inputs, jobid, manifest, pipeline
 from saigeedged.config import Config
@@ -75,7 +75,13 @@ def _compile_one(config: Config, entry: Entry, containers: Containers, out: Text
     def on_step(name: str, index: int, count: int) -> None:
         print(f"  [{index}/{count}] {entry.stem}: {name}", file=out, flush=True)
 
-    job = pipeline.Job(job_id, entry, work, log, config, on_step=on_step, container=containers.get,
+    def on_inputs(facts: dict[str, Any]) -> None:
+        cache = facts.get("cache") or {}
+        if cache.get("hit"):
+            print(f"  cache hit {cache['key'][:16]}: compiled by job {cache['source_job_id']}, compiler steps skipped",
+                  file=out, flush=True)
+
+    job = pipeline.Job(job_id, entry, work, log, config, on_step=on_step, on_inputs=on_inputs, container=containers.get,
                        deadline=time.monotonic() + config.section("limits")["job_timeout_s"])
     try:
         pipeline.run(job, publish, jobid.iso(now))
