@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from saigeedged.config import Config
+from saigeedged.digest import sha256_file
 from saigeedged.errors import SaigeError
-from saigeedged.inputs import sha256_file
 
 META = "meta.json"
 TMP_PREFIX = ".tmp-"
