@@ -68,3 +68,20 @@ def test_cache_false_in_the_manifest_compiles_again(tmp_path: Path, config_path:
     code, out, again = compile_cls(tmp_path, config_path, "two", capsys, cache=False)
     assert code == 0 and "cache hit" not in out and "wrap" in out
     assert read(again)[0]["cache_key"] == read(tmp_path / "one.saigeedge")[0]["cache_key"]
+
+
+def test_eviction_at_max_bytes_makes_the_oldest_compile_a_miss(tmp_path: Path, config_path: Path, capsys: Any) -> None:
+    """With room for one entry, a second compile evicts the first, which then compiles again (a miss)."""
+    from saigeedged import config as configmod
+    from saigeedged.cache import for_config
+
+    assert compile_cls(tmp_path, config_path, "a", capsys, seed=1)[0] == 0
+    (entry,) = for_config(configmod.load(config_path)).entries()
+    data = yaml.safe_load(config_path.read_text())
+    data["cache"] = {"max_bytes": entry.size * 3 // 2}
+    config_path.write_text(yaml.safe_dump(data))
+    assert compile_cls(tmp_path, config_path, "b", capsys, seed=2)[0] == 0
+    keys = [e.key for e in for_config(configmod.load(config_path)).entries()]
+    assert len(keys) == 1 and keys[0] != entry.key
+    code, out, _ = compile_cls(tmp_path, config_path, "a_again", capsys, seed=1)
+    assert code == 0 and "cache hit" not in out and "quantize" in out
