@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from saigeedged.config import Config
-from saigeedged.digest import sha256_file
 from saigeedged.errors import SaigeError
+from saigeedged.files import fsync_path, sha256_file
 
 META = "meta.json"
 TMP_PREFIX = ".tmp-"
@@ -36,14 +36,6 @@ class Cached:
     meta: dict[str, Any]
     size: int
     used: float
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _alive(pid: int) -> bool:
@@ -117,13 +109,13 @@ class Cache:
             facts = {}
             for name, src in files.items():
                 shutil.copyfile(src, tmp / name)
-                _fsync(tmp / name)
+                fsync_path(tmp / name)
                 facts[name] = {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
             (tmp / META).write_text(json.dumps({**meta, "key": key, "files": facts}, indent=1))
-            _fsync(tmp / META)
-            _fsync(tmp)
+            fsync_path(tmp / META)
+            fsync_path(tmp)
             self._replace(tmp, self.root / key)
-            _fsync(self.root)
+            fsync_path(self.root)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         self.evict(keep=key)

@@ -17,8 +17,8 @@ from typing import Any, TextIO
 import yaml
 
 from saigeedged.config import Config
-from saigeedged.digest import sha256_file
 from saigeedged.errors import SaigeError
+from saigeedged.files import sha256_file
 from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, check_transition
 from saigeedged.manifest import safe_stem
 from saigeedged.publish import Outbox

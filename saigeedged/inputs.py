@@ -10,8 +10,8 @@ import onnx
 
 from saigeedged import calibration, onnxcheck
 from saigeedged.calibration import CalibSet, Sample
-from saigeedged.digest import sha256_file as sha256_file  # re-exported: callers import it from here
 from saigeedged.errors import SaigeError
+from saigeedged.files import sha256_file as sha256_file  # re-exported: callers import it from here
 from saigeedged.manifest import Entry, safe_stem
 from saigeedged.onnxcheck import ModelInfo
 from saigeedged.profiles import DETECTION_HEADS

@@ -11,17 +11,10 @@ from typing import Any
 
 from saigeedged import __version__
 from saigeedged.errors import SaigeError
+from saigeedged.files import fsync_path as _fsync_dir
 from saigeedged.jobs import Job
 
 STATUS_SCHEMA = 1
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _place(src: Path | None, data: bytes | None, dest: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from saigeedged import __version__, backends, cache, cachekey, jobid
 from saigeedged.backends import Artifact, Context
-from saigeedged.digest import sha256_file
+from saigeedged.files import sha256_file
 from saigeedged.inputs import Prepared
 
 CALIB_MEMBER = "calib_digests.txt"
