@@ -50,7 +50,6 @@ class Result:
     onnx_sha256: str
     calib_samples: int
     report: dict[str, Any] | None
-    cache: dict[str, Any] | None = None
 
 
 class _Steps:
@@ -112,4 +111,4 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
     except Exception as exc:
         job.log.end("failed INTERNAL")
         raise SaigeError("INTERNAL", f"{type(exc).__name__}: {exc}", step=step.current) from exc
-    return Result(dest, prep.onnx_sha256, len(prep.chosen), art.report, made.status())
+    return Result(dest, prep.onnx_sha256, len(prep.chosen), art.report)
