@@ -168,3 +168,18 @@ def test_check_warns_about_optimize_targets_the_image_lacks(tmp_path: Path, dock
     assert len(warned) == 4 and "platform a733: --optimize VIP9000NANODI_PLUS_PID0X1000003B" in warned[0]
     assert any("optimize: VIP9000NANODI_PLUS_PID0X1000003B (a manifest override" in w for w in warned)
     assert not any("v853" in w or "optimize: VIP9000PICO_PID0XEE" in w for w in warned)
+
+
+def test_a_failed_compile_is_never_cached(tmp_path: Path, docker_config: Path, capsys: Any,
+                                          det_inputs: dict[str, Any]) -> None:
+    """An export that fails leaves no entry: the same compile runs the compiler again and fails again."""
+    from saigeedged.cache import for_config
+
+    onnx = yolox(tmp_path / "fatal65280.onnx", size=(64, 64))
+    mf = manifest(tmp_path / "fatal65280.yml", **det_inputs["manifest"], onnx=str(onnx),
+                  output=str(tmp_path / "f.saigeedge"))
+    for _ in range(2):
+        assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 1
+        out = capsys.readouterr().out
+        assert "EXPORT_FAILED" in out and "cache hit" not in out and "export" in out
+    assert for_config(configmod.load(docker_config)).entries() == []
