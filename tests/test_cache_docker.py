@@ -129,15 +129,18 @@ def test_rebuilt_compiler_image_misses(tmp_path: Path, docker_config: Path, dock
         with zipfile.ZipFile(out) as zf:
             return capsys.readouterr().out, yaml.safe_load(zf.read("checkpoint.yaml"))
 
+    built: list[str] = []
     try:
-        old_id = build()
+        built.append(build())
         first, ckpt1 = compile_()
         again, _ = compile_()
-        new_id = build()
+        built.append(build())
         rebuilt, ckpt2 = compile_()
     finally:
         docker_client.containers.get(data["cubie"]["container"]).remove(force=True)
-        docker_client.images.remove(tag, force=True)
+        for image_id in built:
+            docker_client.images.remove(image_id, force=True)
+    old_id, new_id = built
     assert old_id != new_id and "cache hit" not in first and "cache hit" in again and "cache hit" not in rebuilt
     assert ckpt1["toolchain"] == {"image": tag, "image_id": old_id}
     assert ckpt2["toolchain"] == {"image": tag, "image_id": new_id} and ckpt2["cache_key"] != ckpt1["cache_key"]
