@@ -113,6 +113,10 @@ def test_ready_with_status_text(host: Host) -> None:
     assert (shown["ActiveState"], shown["SubState"]) == ("active", "running"), shown
     assert shown["StatusText"] == "idle, 0 queued" and shown["NRestarts"] == "0"
     assert shown["MemoryMax"] not in ("infinity", "")
+    group = host.box.show("ControlGroup")["ControlGroup"]  # the kernel enforces it: cgroup v1 (this host) or v2
+    limit = host.box.sh(f"cat /sys/fs/cgroup/memory{group}/memory.limit_in_bytes 2>/dev/null"
+                        f" || cat /sys/fs/cgroup{group}/memory.max").stdout.strip()
+    assert int(limit) == int(shown["MemoryMax"]), (group, limit)
     ready = host.box.journal("SAIGEEDGE_EVENT=daemon.ready")
     assert ready and ready[-1]["SYSLOG_IDENTIFIER"] == "saigeedged"
 
