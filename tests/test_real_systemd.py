@@ -175,6 +175,23 @@ def test_stop_mid_step_requeues_and_start_resumes(host: Host, docker_client: Any
     assert "job.requeued" in events and events[-1] == "job.succeeded", events
 
 
+def test_watchdog_restarts_a_frozen_daemon_and_the_job_resumes(host: Host) -> None:
+    """A daemon frozen mid-job misses its watchdog pings: systemd kills and restarts it, and the job runs to success."""
+    dropin = "/etc/systemd/system/saigeedged.service.d/watchdog.conf"  # short, so the test waits seconds, not minutes
+    host.box.sh(f"printf '[Service]\\nWatchdogSec=4\\nTimeoutAbortSec=2\\n' > {dropin} && systemctl daemon-reload "
+                "&& systemctl restart saigeedged")
+    try:
+        host.drop("slowfreeze", target="cubie")
+        job = host.job("slowfreeze", ("running",), step="quantize")
+        host.box.sh("kill -STOP $(systemctl show -p MainPID --value saigeedged)")
+        done = host.job("slowfreeze", timeout=120)
+        assert done["state"] == "succeeded" and done["attempt"] == 2 and done["job_id"] == job["job_id"], done
+        assert host.box.show("NRestarts", "ActiveState") == {"NRestarts": "1", "ActiveState": "active"}
+        assert any("Watchdog timeout" in m for m in host.box.messages())
+    finally:
+        host.box.sh(f"rm -f {dropin} && systemctl daemon-reload && systemctl restart saigeedged")
+
+
 @pytest.mark.parametrize(("breakage", "said"), [
     ("sed -i '1a \"inbx\": \"/x\",' /etc/saigeedged/saigeedged.yml", "unknown key `inbx`"),
     ("chmod 0600 /etc/saigeedged/saigeedged.yml", "cannot read config /etc/saigeedged/saigeedged.yml: Permission denied"),
