@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import STANDIN_ACUITY, STANDIN_MOBILINT
 from factory import random_labels, valjson, yolox
-from harness import drop, wait_for
+from harness import drop, read_status, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent / "systemdbox"))
 from box import Box, image, install_block, source_copy  # noqa: E402
@@ -37,11 +37,7 @@ class Host:
     container: str
 
     def status(self, job_id: str) -> dict[str, Any] | None:
-        try:
-            doc: dict[str, Any] = json.loads((self.outbox / "status" / f"{job_id}.json").read_text())
-            return doc
-        except (OSError, ValueError):
-            return None
+        return read_status(self.outbox, job_id)
 
     def job(self, name: str, states: tuple[str, ...] = ("succeeded", "failed", "cancelled"), timeout: float = 90,
             step: str | None = None) -> dict[str, Any]:
