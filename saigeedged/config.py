@@ -126,6 +126,9 @@ def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> C
     raw = _merge(user, DEFAULTS, "")
 
     def path(value: str) -> Path:
+        if "\0" in value:  # YAML's "\0" escape: the OS takes no such path
+            raise SaigeError("MANIFEST_INVALID", f"config: path {value!r} contains a NUL character",
+                             hint="see config/saigeedged.yml")
         return (base / os.path.expanduser(value)).resolve()
 
     return Config(

@@ -50,6 +50,7 @@ CASES: list[tuple[str, Callable[[Path], Path], str, str]] = [
     ("bad yaml", written(b"inbox: [unclosed\n"), "MANIFEST_INVALID", "not valid YAML at line 2"),
     ("nul byte", written(b"inbox: a\x00b\n"), "MANIFEST_INVALID", "not valid YAML"),
     ("a list", written(b"- inbox\n"), "MANIFEST_INVALID", "must be a mapping"),
+    ("nul in a path", written(b'allowed_roots: ["/data\\0x"]\n'), "MANIFEST_INVALID", "contains a NUL character"),
     ("unknown key", written(b"inbx: /x\n"), "MANIFEST_INVALID", "unknown key `inbx`"),
 ]
 
@@ -64,7 +65,7 @@ def test_config_problem_is_one_line_and_exit_2(tmp_path: Path, capsys: Any, labe
         err = capsys.readouterr().err
         first, hint = err.splitlines()
         assert first.startswith(f"saigeedged: {code}: ") and text in first, err
-        assert str(path) in first or label in ("a list", "unknown key"), err
+        assert str(path) in first or label in ("a list", "unknown key", "nul in a path"), err
         assert hint.startswith("  hint: "), err
 
 
