@@ -50,32 +50,36 @@ def hang_up_all(pids: set[int]) -> None:
 def test_sighup_to_every_helper_keeps_the_job_and_the_helpers(tmp_path: Path) -> None:
     """SIGHUP sent to the fork server, the resource tracker and the running child neither fails the job nor the next."""
     child.shutdown()  # helpers started by earlier tests in this process would not have been started by this code
+    others = descendants(os.getpid())
     pidfile, gate = tmp_path / "pid", tmp_path / "gate"
     result: list[object] = []
     runner = threading.Thread(target=lambda: result.append(
         child.run(pid_then_wait, (str(pidfile), str(gate)), "quantize", 60, lambda: None)))
     runner.start()
     wait_for(pidfile.exists, 30, "the child running")
-    helpers = descendants(os.getpid())
+    helpers = descendants(os.getpid()) - others
     assert int(pidfile.read_text()) in helpers and len(helpers) >= 3  # fork server, resource tracker, the child
     hang_up_all(helpers)
     time.sleep(0.2)  # a signal has no completion event: give a dying process the time to die
     gate.write_text("")
     runner.join(30)
     assert result == ["done"]
-    idle = descendants(os.getpid())
+    idle = descendants(os.getpid()) - others
     hang_up_all(idle)  # at idle: the helpers must survive for the next job
     time.sleep(0.2)
-    assert descendants(os.getpid()) == idle
+    assert descendants(os.getpid()) - others == idle
     assert child.run(sum, ([1, 2],), "sum", 30, lambda: None) == 3
 
 
 def test_shutdown_reaps_every_helper() -> None:
     """After shutdown() no helper process is left for systemd to SIGKILL, and a later run starts them again."""
-    assert child.run(sum, ([1, 2],), "sum", 30, lambda: None) == 3
-    assert descendants(os.getpid())
     child.shutdown()
-    assert descendants(os.getpid()) == set()
+    others = descendants(os.getpid())
+    assert child.run(sum, ([1, 2],), "sum", 30, lambda: None) == 3
+    helpers = descendants(os.getpid()) - others
+    assert helpers
+    child.shutdown()
+    assert helpers & descendants(os.getpid()) == set()
     assert child.run(sum, ([2, 2],), "sum", 30, lambda: None) == 4
     child.shutdown()
 
