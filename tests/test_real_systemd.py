@@ -85,7 +85,7 @@ def host(tmp_path_factory: pytest.TempPathFactory, docker_client: Any) -> Iterat
     b = Box(image(), shared)
     try:
         assert b.boot() in ("running", "degraded")
-        b.docker_group()
+        b.host_setup()
         steps = install_block().replace("/srv/saige", str(srv)).replace("/var/lib/saigeedged", str(state))
         before, after = steps.split("# 4.", 1)
         # the box has no docker CLI (the images are already on the host's engine) and nobody to read `journalctl -f`

@@ -83,10 +83,12 @@ class Box:
                  "case $s in degraded|maintenance|stopping) break;; esac; sleep 0.1; done; echo $s"
         return self.sh(script, timeout=120).stdout.strip()
 
-    def docker_group(self) -> None:
-        """What installing docker.io does on a real host: a `docker` group owning the engine's socket."""
+    def host_setup(self) -> None:
+        """What installing docker.io does on a real host: a `docker` group owning the engine's socket; and a
+        resolvable host name, which `--network none` leaves out of /etc/hosts."""
         gid = DOCKER_SOCKET.stat().st_gid
         self.sh(f"getent group docker >/dev/null || groupadd -g {gid} docker")
+        self.sh("grep -q saigeedged-box /etc/hosts || echo '127.0.1.1 saigeedged-box' >> /etc/hosts")  # for sudo
 
     def show(self, *props: str) -> dict[str, str]:
         out = self.sh(f"systemctl show saigeedged -p {','.join(props)}").stdout
