@@ -108,6 +108,8 @@ def test_ready_with_status_text(host: Host) -> None:
     shown = host.box.show("ActiveState", "SubState", "StatusText", "MemoryMax", "NRestarts")
     assert (shown["ActiveState"], shown["SubState"]) == ("active", "running"), shown
     assert shown["StatusText"] == "idle, 0 queued" and shown["NRestarts"] == "0"
+    docs = host.box.show("Documentation")["Documentation"].removeprefix("file://")
+    host.box.sh(f"test -s {docs}")  # the unit's Documentation= is installed
     assert shown["MemoryMax"] not in ("infinity", "")
     group = host.box.show("ControlGroup")["ControlGroup"]  # the kernel enforces it: cgroup v1 (this host) or v2
     limit = host.box.sh(f"cat /sys/fs/cgroup/memory{group}/memory.limit_in_bytes 2>/dev/null"
