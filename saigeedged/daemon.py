@@ -10,7 +10,7 @@ from pathlib import Path
 
 import structlog
 
-from saigeedged import claims, inbox, jobid
+from saigeedged import child, claims, inbox, jobid
 from saigeedged.config import Config
 from saigeedged.container import Containers
 from saigeedged.errors import SaigeError
@@ -250,6 +250,8 @@ class Daemon:
         log.info("daemon.stopping", running=self.worker.current.job_id if self.worker.current else None)
         self.worker.stop()
         self.worker.join(timeout=STOP_GRACE_S)
+        if not self.worker.is_alive():
+            child.shutdown()  # the fork server and the resource tracker end with us, not by systemd's SIGKILL
         if self.watcher is not None:
             self.watcher.stop()
         if self.worker.is_alive():  # e.g. blocked on a hung engine: its row stays `running`, requeued at next start
