@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from factory import classifier
+from factory import classifier, yolox
 from faults import bind_mount, full_fs, needs_root, set_read_only
 from harness import drop, wait_for
 
@@ -73,8 +73,8 @@ def test_a_full_outbox_keeps_the_built_bundles_until_it_has_room(daemon: Any, de
     with full_fs(tmp_path / "outbox") as filler:
         os.truncate(filler, filler.stat().st_size - 16 * 1024)  # room for status files and logs, not a bundle
         d = daemon()
-        for name in ("full1", "full2", "full3"):
-            drop(d.inbox, name, det_inputs["onnx"], det_inputs["manifest"])
+        for seed, name in enumerate(("full1", "full2", "full3")):  # models of their own: no cache hit
+            drop(d.inbox, name, yolox(tmp_path / f"{name}.onnx", size=(64, 64), seed=seed), det_inputs["manifest"])
         wait_for(lambda: len(d.events("publish.retrying")) >= 2, 60, "a refused publish tried again")
         filler.unlink()
         docs = [d.wait_job(name) for name in ("full1", "full2", "full3")]
