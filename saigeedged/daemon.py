@@ -88,6 +88,8 @@ class Daemon:
         for job in interrupted:
             self.recovery.interrupted(job, int(self.config.section("limits")["max_attempts"]))
         self.recovery.claims()
+        if not self.config.keep_work:
+            self.recovery.work_dirs(self.config.work_root)
         if self.store.created:
             self.recovery.lost_statuses()
         leftover = sorted(self.places.logs.glob("*.log"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import sqlite3
+from pathlib import Path
 
 import structlog
 
@@ -117,6 +118,14 @@ class Recovery:
                 if TEMP_NAME.match(path.name):
                     path.unlink(missing_ok=True)
                     log.info("outbox.temp_removed", path=str(path))
+
+    def work_dirs(self, work_root: Path) -> None:
+        """Work folders of our jobs that have ended (a kill left them behind) are removed at start; folders of
+        other processes (a `saigeedged compile` beside us) have no row and are left alone."""
+        for folder in sorted(work_root.iterdir()) if work_root.is_dir() else []:
+            job = self.store.get(folder.name)
+            if folder.is_dir() and job is not None and job.state in TERMINAL:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def lost_statuses(self) -> None:
         """After the database was rebuilt: a status file still queued or running whose job has no row (its inputs

@@ -98,6 +98,7 @@ def test_a_job_the_daemon_keeps_dying_under_ends_failed_at_max_attempts(cubie_da
     assert "stopped during this job 2 times" in failed["error"]["message"] and "max_attempts" in failed["error"]["hint"]
     assert d.wait_job("behind")["state"] == "succeeded"
     wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 10, "the leftover step reaped")
+    assert not (d.state_dir / "work" / job["job_id"]).exists()  # no work folder left behind by the kills
 
 
 def test_two_daemons_with_one_container_name_do_not_remove_each_others(docker_config: Path, tmp_path: Path,
