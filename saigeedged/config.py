@@ -53,6 +53,11 @@ DEFAULTS: dict[str, Any] = {
     },
     "keep_work": False,
     "log": {"format": "auto", "level": "info"},
+    # ops surfaces (SPEC §13): each is off by default
+    "metrics": {"listen": "", "textfile": ""},
+    "notify": [],
+    "retention": {"max_age_days": 0.0, "keep_last_per_name": 0},
+    "dashboard": False,
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
