@@ -64,7 +64,7 @@ class Daemon:
         self._next_catch_up = 0.0
         self._hung_up = False  # set by the SIGHUP handler: a plain flag, no lock in signal context
         self.worker = Worker(config, self.jobs, self.containers, self.places, on_change=self._status)
-        self.ops = Ops(config, self.store, lambda: self.worker.current, lambda: not self.worker.outage.active)
+        self.ops = Ops(config, self.store, lambda: not self.worker.outage.active)
         self.jobs.observers.append(self.ops.observe)
 
     @staticmethod

@@ -24,11 +24,11 @@ body{font:15px/1.4 system-ui,sans-serif;margin:0 auto;padding:8px 12px;max-width
 h1{font-size:1.3em;margin:.3em 0}h2{font-size:1.1em;margin:1.2em 0 .4em;border-bottom:1px solid #ccc}
 table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:4px 6px;border-bottom:1px solid #eee;
 vertical-align:top}th{background:#f4f4f4}.muted{color:#666;font-size:.9em}.id{font-family:monospace;font-size:.85em}
-.state{font-weight:bold}.succeeded{color:#176b1f}.failed{color:#b00020}.cancelled{color:#666}.running{color:#0645ad}
+.state{font-weight:bold}.when{white-space:nowrap}.id{word-break:break-all}.succeeded{color:#176b1f}.failed{color:#b00020}.cancelled{color:#666}.running{color:#0645ad}
 .queued{color:#8a5a00}.down{color:#b00020;font-weight:bold}.up{color:#176b1f}.flag{color:#b00020;font-weight:bold}
 @media (max-width:700px){table.jobs thead{display:none}table.jobs tr{display:block;border-bottom:2px solid #ccc;
 padding:4px 0}table.jobs td{display:block;border:0;padding:1px 4px}table.jobs td[data-label]::before{
-content:attr(data-label) ": ";color:#666}}
+content:attr(data-label) ": ";color:#666}table.jobs td:empty{display:none}}
 """
 
 
@@ -61,6 +61,11 @@ def _link(href: str, text: str) -> str:
     return f'<a href="{escape(quote(href))}">{_e(text)}</a>'
 
 
+def _when(stamp: str | None) -> str:
+    """`2026-11-30T03:15:00.123Z` → `2026-11-30 03:15:00Z`, kept on one line."""
+    return f'<span class="when">{_e(stamp[:19].replace("T", " ") + "Z")}</span>' if stamp else ""
+
+
 def _step(job: Job) -> str:
     return f"{_e(job.step)} {job.step_index}/{job.step_count}" if job.step else "starting"
 
@@ -83,9 +88,9 @@ def _active(jobs: list[Job], running: bool) -> str:
     for job in jobs:
         cells = [_name(job), f'<td data-label="target">{_e(job.target)}</td>', _state(job)]
         if running:
-            cells += [f'<td data-label="step">{_step(job)}</td>', f'<td data-label="started">{_e(job.started_at)}</td>']
+            cells += [f'<td data-label="step">{_step(job)}</td>', f'<td data-label="started">{_when(job.started_at)}</td>']
         else:
-            cells += [f'<td data-label="priority">{job.priority}</td>', f'<td data-label="queued">{_e(job.created_at)}</td>',
+            cells += [f'<td data-label="priority">{job.priority}</td>', f'<td data-label="queued">{_when(job.created_at)}</td>',
                       f'<td data-label="attempt">{job.attempt}</td>']
         rows.append(f'<tr id="{_e(job.job_id)}">' + "".join(cells) + "</tr>")
     return f'<table class="jobs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
@@ -132,7 +137,7 @@ def _recent(jobs: list[Job]) -> str:
     if not jobs:
         return '<p class="muted">no job has ended yet</p>'
     rows = [f'<tr id="{_e(j.job_id)}">{_name(j)}<td data-label="target">{_e(j.target)}</td>{_state(j)}'
-            f'<td data-label="ended">{_e(j.finished_at)}</td>{_error(j)}{_report(j.report)}{_links(j)}</tr>' for j in jobs]
+            f'<td data-label="ended">{_when(j.finished_at)}</td>{_error(j)}{_report(j.report)}{_links(j)}</tr>' for j in jobs]
     head = "".join(f"<th>{h}</th>" for h in ("job", "target", "state", "ended", "error", "hint", "quantization", "files"))
     return f'<table class="jobs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 

@@ -32,12 +32,12 @@ CONTAINER_TARGETS = ("cubie", "mobilint")
 
 
 class Ops(threading.Thread):
-    """The surfaces the config turns on. `current` is the running job; `engine_up` whether the local engine answers."""
+    """The surfaces the config turns on; `engine_up` says whether the local Docker engine answers."""
 
-    def __init__(self, config: Config, store: Store, current: Callable[[], Job | None],
-                 engine_up: Callable[[], bool], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: Config, store: Store, engine_up: Callable[[], bool],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(name="saigeedged-ops", daemon=True)
-        self.config, self.store, self.current, self.engine_up, self.clock = config, store, current, engine_up, clock
+        self.config, self.store, self.engine_up, self.clock = config, store, engine_up, clock
         section = config.section("metrics")
         self.listen, self.textfile = section["listen"], section["textfile"]
         if self.listen:
@@ -50,6 +50,7 @@ class Ops(threading.Thread):
         self.outputs = retention.Outputs(config.outbox, config.inbox / ".saigeedged" / "failed")
         self.dashboard = bool(config.raw["dashboard"])
         self.stop_event, self.changed = threading.Event(), threading.Event()
+        self._page_stale = False
         self._last = dict.fromkeys(("page", "textfile", "retention"), float("-inf"))
 
     def observe(self, job: Job) -> None:
@@ -95,8 +96,10 @@ class Ops(threading.Thread):
         """Whatever is due: the page (changed, or PAGE_MAX_S old), the textfile, a retention round."""
         stale = self.changed.is_set()
         self.changed.clear()
-        if self.dashboard and (stale or now >= self._last["page"] + PAGE_MAX_S):
-            self._last["page"] = now
+        self._page_stale = self._page_stale or stale
+        last = self._last["page"]
+        if self.dashboard and now >= last + PAGE_MIN_S and (self._page_stale or now >= last + PAGE_MAX_S):
+            self._last["page"], self._page_stale = now, False
             self.write_page()
         if self.metrics is not None and self.textfile and (stale or now >= self._last["textfile"] + TEXTFILE_S):
             self._last["textfile"] = now
@@ -106,10 +109,12 @@ class Ops(threading.Thread):
             retention.prune(self.store, self.outputs, self.policy, time.time())
 
     def view(self) -> View:
-        running = self.store.in_state(RUNNING)
-        current, up = self.current(), self.engine_up()
-        slots = [Slot("local", t, up, current if current and current.target == t else None) for t in CONTAINER_TARGETS]
-        slots.append(Slot("this host", "host", True, current if current and current.target == "host" else None))
+        running, up = self.store.in_state(RUNNING), self.engine_up()  # the rows, not the worker: one truth per page
+
+        def busy(target: str) -> Job | None:
+            return next((job for job in running if job.target == target), None)
+
+        slots = [Slot("local", t, up, busy(t)) for t in CONTAINER_TARGETS] + [Slot("this host", "host", True, busy("host"))]
         return View(jobid.iso(jobid.utc_now()), slots, running, self.store.in_state(QUEUED),
                     self.store.recent(dashboard.RECENT))
 

@@ -103,8 +103,11 @@ def plan(store: Store, outputs: Outputs, policy: Policy, now: float) -> list[tup
     return doomed
 
 
-def remove(store: Store, doomed: list[tuple[Job, list[Path]]]) -> list[Path]:
-    """Delete the planned files of each job that is still as planned (`retry` may have queued it meanwhile)."""
+def remove(store: Store, doomed: list[tuple[Job, list[Path]]], announce: bool = True) -> list[Path]:
+    """Delete the planned files of each job that is still as planned (`retry` may have queued it meanwhile).
+
+    `announce`: a journal event per job (the daemon); the operator's shell gets printed lines instead.
+    """
     removed = []
     for job, paths in doomed:
         now = store.get(job.job_id)
@@ -116,11 +119,12 @@ def remove(store: Store, doomed: list[tuple[Job, list[Path]]]) -> list[Path]:
                     shutil.rmtree(path)
                 else:
                     path.unlink(missing_ok=True)
-            except OSError as exc:
+            except OSError as exc:  # said even from the shell: the file stays
                 log.warning("retention.failed", job_id=job.job_id, job_name=job.name, path=str(path), message=str(exc))
                 continue
             removed.append(path)
-        log.info("retention.pruned", job_id=job.job_id, job_name=job.name, state=job.state, files=len(paths))
+        if announce:
+            log.info("retention.pruned", job_id=job.job_id, job_name=job.name, state=job.state, files=len(paths))
     return removed
 
 
@@ -144,7 +148,7 @@ def main(store: Store, outputs: Outputs, policy: Policy, dry_run: bool, out: Tex
             print("\n".join(f"would remove {path}  ({job.job_id}, {job.state})" for path in paths), file=out)
         print(f"{len(doomed)} jobs, {sum(len(p) for _, p in doomed)} files would be removed (dry run)", file=out)
         return 0
-    removed = remove(store, doomed)
+    removed = remove(store, doomed, announce=False)
     for path in removed:
         print(f"removed {path}", file=out)
     print(f"{len(doomed)} jobs, {len(removed)} files removed", file=out)
