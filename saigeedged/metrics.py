@@ -18,8 +18,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.registry import Collector
 
 from saigeedged import __version__
+from saigeedged.ends import Ends
 from saigeedged.errors import SaigeError
-from saigeedged.jobs import QUEUED, RUNNING, SUCCEEDED, TERMINAL, Job
+from saigeedged.jobs import QUEUED, RUNNING, SUCCEEDED, Job
 from saigeedged.store import Store
 
 TARGETS = ("cubie", "mobilint", "host")
@@ -75,7 +76,7 @@ class Metrics:
         self.last_success = Gauge("saigeedged_last_success_timestamp_seconds", "When a job of the target last succeeded",
                                   ["target"], registry=r)
         Gauge("saigeedged_build_info", "The running saigeedged", ["version"], registry=r).labels(__version__).set(1)
-        self._counted: set[tuple[str, str, str]] = set()  # (job_id, state, finished_at) of every end already counted
+        self._ends = Ends(store)  # its first look returns every end in the queue: the counts after a restart
         self._last: dict[str, float] = {}  # target -> newest success
         self._steps: dict[str, tuple[str, str, float]] = {}  # running job id -> (target, step, when it began)
         self._lock = threading.Lock()
@@ -83,20 +84,16 @@ class Metrics:
 
     def sync(self) -> None:
         """Count the ends not counted yet (also those written by another process, e.g. `cancel`); set the gauges."""
-        with self._lock:
-            for job in self.store.in_state(*sorted(TERMINAL)):
+        depth = Tally(job.target for job in self.store.in_state(QUEUED))
+        with self._lock:  # the scrape's thread and the textfile's may both be here
+            for job in self._ends.fresh():
                 self._count(job)
-            depth = Tally(job.target for job in self.store.in_state(QUEUED))
             for target in sorted({*TARGETS, *depth}):
                 self.queue_depth.labels(target).set(depth[target])
             for engine, up in self.engines().items():
                 self.engine_up.labels(engine).set(1 if up else 0)
 
     def _count(self, job: Job) -> None:
-        key = (job.job_id, job.state, job.finished_at or "")
-        if key in self._counted:
-            return
-        self._counted.add(key)
         target = job.target if job.target in TARGETS else "unknown"
         self.jobs_total.labels(target, job.state, (job.error or {}).get("code") or "").inc()
         if job.started_at and job.finished_at and job.step:  # it ran (a job cancelled while queued did not)

@@ -15,6 +15,7 @@ import structlog
 from saigeedged import dashboard, jobid, retention
 from saigeedged.config import Config
 from saigeedged.dashboard import Slot, View
+from saigeedged.ends import Ends
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job
 from saigeedged.metrics import Metrics, parse_listen
@@ -46,6 +47,8 @@ class Ops(threading.Thread):
         self.metrics = Metrics(store, lambda: {"local": self.engine_up()}, clock) if wanted else None
         chans = channels(config.raw["notify"])
         self.sender = Sender(chans) if chans else None
+        self.ends = Ends(store)
+        self.ends.fresh()  # what ended before this start was notified then, or never will be
         self.policy = retention.Policy.from_section(config.section("retention"))
         self.outputs = retention.Outputs(config.outbox, config.inbox / ".saigeedged" / "failed")
         self.dashboard = bool(config.raw["dashboard"])
@@ -104,6 +107,9 @@ class Ops(threading.Thread):
         if self.metrics is not None and self.textfile and (stale or now >= self._last["textfile"] + TEXTFILE_S):
             self._last["textfile"] = now
             self.write_textfile()
+        if self.sender is not None:  # ends the observer never saw: `saigeedged cancel` of a queued job, in a shell
+            for job in self.ends.fresh():
+                self.sender.job_ended(job)
         if self.policy.enabled and now >= self._last["retention"] + RETENTION_S:  # after start, then daily
             self._last["retention"] = now
             retention.prune(self.store, self.outputs, self.policy, time.time())

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from harness import drop, wait_for
 from receiver import Receiver, free_port
+from test_daemon_docker import cubie_daemon, in_quantize  # noqa: F401 (a fixture)
 
+from saigeedged import cli
 from saigeedged import config as configmod
 from saigeedged.errors import SaigeError
 from saigeedged.webhooks import channels
@@ -93,3 +95,23 @@ def test_ops_keys_are_in_the_documented_config() -> None:
     loaded = configmod.load(example)
     for key in ("metrics", "notify", "retention", "dashboard"):
         assert loaded.raw[key] == configmod.DEFAULTS[key]
+
+
+@pytest.mark.docker
+def test_one_post_per_end_also_for_a_cancel_from_a_shell(cubie_daemon: Any, docker_client: Any,  # noqa: F811
+                                                          tmp_path: Path, det_inputs: dict[str, Any]) -> None:
+    """A queued job cancelled by `saigeedged cancel` (not by the daemon) is notified too, once, like the running one."""
+    with Receiver() as r:
+        d = cubie_daemon(notify=[{"url": r.url}])
+        running = in_quantize(d, docker_client, tmp_path, "hang", det_inputs["manifest"])
+        drop(d.inbox, "waiting", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
+        queued = d.wait_job("waiting", ("queued",))
+        assert cli.main(["cancel", queued["job_id"], "-c", str(d.config)]) == 0
+        assert r.wait_posts(1, 30)[0]["body"] == d.status(queued["job_id"])
+        assert cli.main(["cancel", running["job_id"], "-c", str(d.config)]) == 0
+        r.wait_posts(2, 30)
+        drop(d.inbox, "after", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
+        after = d.wait_job("after")
+        r.wait_posts(3, 30)
+    assert [p["body"]["job_id"] for p in r.posts] == [queued["job_id"], running["job_id"], after["job_id"]]
+    assert [p["body"]["state"] for p in r.posts] == ["cancelled", "cancelled", "succeeded"]
