@@ -24,7 +24,8 @@ body{font:15px/1.4 system-ui,sans-serif;margin:0 auto;padding:8px 12px;max-width
 h1{font-size:1.3em;margin:.3em 0}h2{font-size:1.1em;margin:1.2em 0 .4em;border-bottom:1px solid #ccc}
 table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:4px 6px;border-bottom:1px solid #eee;
 vertical-align:top}th{background:#f4f4f4}.muted{color:#666;font-size:.9em}.id{font-family:monospace;font-size:.85em}
-.state{font-weight:bold}.when{white-space:nowrap}.id{word-break:break-all}.succeeded{color:#176b1f}.failed{color:#b00020}.cancelled{color:#666}.running{color:#0645ad}
+.state{font-weight:bold}.when{white-space:nowrap}.id{word-break:break-all}table.jobs td:first-child{min-width:15em}
+.succeeded{color:#176b1f}.failed{color:#b00020}.cancelled{color:#666}.running{color:#0645ad}
 .queued{color:#8a5a00}.down{color:#b00020;font-weight:bold}.up{color:#176b1f}.flag{color:#b00020;font-weight:bold}
 @media (max-width:700px){table.jobs thead{display:none}table.jobs tr{display:block;border-bottom:2px solid #ccc;
 padding:4px 0}table.jobs td{display:block;border:0;padding:1px 4px}table.jobs td[data-label]::before{
@@ -121,7 +122,8 @@ def _report(report: dict[str, Any] | None) -> str:
     for name, row in report["outputs"].items():
         mark = ' <span class="flag">FLAGGED</span>' if row.get("flagged") else ""
         lines.append(f'{_e(name)}: cosine {_e(row.get("cosine"))}, max abs error {_e(row.get("max_abs_error"))}{mark}')
-    summary = f'{len(report["flagged"])} flagged' if report.get("flagged") else "ok"
+    worst = min(float(row.get("cosine", 0.0)) for row in report["outputs"].values())
+    summary = (f'{len(report["flagged"])} flagged' if report.get("flagged") else "ok") + f", cosine ≥ {worst:.4f}"
     css = ' class="flag"' if report.get("flagged") else ""
     return (f'<td data-label="quantization"><details><summary{css}>{summary}</summary>'
             f'{"<br>".join(lines)}</details></td>')
