@@ -85,6 +85,8 @@ class Ops(threading.Thread):
             self.sender.stop()
         if self.metrics is not None:
             self.metrics.close()
+        if self.is_alive():
+            self.join(timeout=5)  # a page or textfile being written is finished, not left as a temp file
 
     def run(self) -> None:
         while not self.stop_event.is_set():

@@ -103,9 +103,9 @@ def post(channel: Channel, data: bytes) -> tuple[bool, str]:
                               headers={"Content-Type": "application/json", "User-Agent": f"saigeedged/{__version__}"})
     except requests.RequestException as exc:
         return False, type(exc).__name__
-    if reply.ok:
+    if 200 <= reply.status_code < 300:
         return True, ""
-    final = 400 <= reply.status_code < 500 and reply.status_code not in (408, 429)
+    final = 300 <= reply.status_code < 500 and reply.status_code not in (408, 429)  # redirects are not followed
     return final, f"HTTP {reply.status_code}"
 
 
