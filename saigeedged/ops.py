@@ -48,7 +48,8 @@ class Ops(threading.Thread):
         chans = channels(config.raw["notify"])
         self.sender = Sender(chans) if chans else None
         self.ends = Ends(store)
-        self.ends.fresh()  # what ended before this start was notified then, or never will be
+        if self.sender is not None:
+            self.ends.fresh()  # what ended before this start was notified then, or never will be
         self.policy = retention.Policy.from_section(config.section("retention"))
         self.outputs = retention.Outputs(config.outbox, config.inbox / ".saigeedged" / "failed")
         self.dashboard = bool(config.raw["dashboard"])
