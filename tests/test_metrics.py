@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -92,3 +93,14 @@ def test_metrics_are_off_by_default_and_bind_loopback(daemon: Any) -> None:
     for bad in ("localhost", "127.0.0.1:http", "127.0.0.1:70000"):
         with pytest.raises(SaigeError, match="metrics.listen"):
             parse_listen(bad)
+
+
+def test_port_in_use_is_said_and_the_daemon_goes_on(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """A /metrics port already taken is a `metrics.unavailable` error event; drops are still compiled."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        d = daemon(metrics={"listen": f"127.0.0.1:{taken.getsockname()[1]}"})
+        drop(d.inbox, "det", det_inputs["onnx"], det_inputs["manifest"])
+        assert d.wait_job("det")["state"] == "succeeded"
+    assert d.events("metrics.unavailable")[0]["level"] == "error"
