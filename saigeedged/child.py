@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -34,7 +36,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
     context.set_forkserver_preload(PRELOAD)
     parent, child = context.Pipe(duplex=False)
     proc = context.Process(target=_main, args=(child, fn, args), name=f"saigeedged-{label}", daemon=True)
-    proc.start()
+    with _hangup_blocked():
+        proc.start()
     child.close()
     deadline = time.monotonic() + timeout_s
     try:
@@ -55,3 +58,31 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
     if not ok:
         raise value
     return value
+
+
+@contextmanager
+def _hangup_blocked() -> Iterator[None]:
+    """SIGHUP blocked in this thread while helpers start: the fork server, the resource tracker and every child
+
+    inherit the mask (across fork and exec), so `systemctl kill -s HUP` (every process of the unit) reaches only
+    the daemon, which rescans, and never ends a job or a helper. The daemon's own handler runs in the main thread.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def shutdown() -> None:
+    """Stop multiprocessing's fork server and resource tracker and reap them, so a stop leaves nothing behind.
+
+    Left alone they exit only once they notice the daemon is gone, after systemd has already SIGKILLed them.
+    Call it when no child runs any more: the fork server waits for its children.
+    """
+    from multiprocessing import forkserver, resource_tracker
+
+    for helper in (forkserver._forkserver, resource_tracker._resource_tracker):
+        stop = getattr(helper, "_stop", None)  # private, but the only way to stop them (CPython's own tests use it)
+        if stop is not None:
+            stop()

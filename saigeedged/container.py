@@ -158,7 +158,8 @@ class Container:
             except APIError as exc:
                 raise SaigeError("CONTAINER_FAILED", f"cannot start container {self.spec.name}: {exc.explanation}") from None
             self._probed.clear()
-            self.on_event("container.restarted", {"container": self.spec.name})
+            if ctr.status != "created":  # a container that never ran is not restarted: container.created told it
+                self.on_event("container.restarted", {"container": self.spec.name})
             ctr.reload()
         self.image_id = ctr.image.id if ctr.image else None
         return ctr

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import structlog
 
-from saigeedged import inbox, jobid
+from saigeedged import child, inbox, jobid
 from saigeedged.config import Config
 from saigeedged.container import Containers
 from saigeedged.errors import SaigeError
@@ -232,6 +232,8 @@ class Daemon:
         self.worker.stop()
         self.worker.join(timeout=25)
         self.ops.stop()
+        if not self.worker.is_alive():
+            child.shutdown()  # the fork server and the resource tracker end with us, not by systemd's SIGKILL
         if self.watcher is not None:
             self.watcher.stop()
         self.store.close()
