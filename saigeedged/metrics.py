@@ -102,8 +102,7 @@ class Metrics:
             # rows come in queue order, not in the order they ended
             self._last[target] = max(seconds(job.finished_at), self._last.get(target, 0.0))
             self.last_success.labels(target).set(self._last[target])
-        cache = getattr(job, "cache", None) or job.extra.get("cache") or {}  # SPEC §12's status field
-        if isinstance(cache, dict) and cache.get("hit"):
+        if (job.cache or {}).get("hit"):
             self.cache_hits.inc()
 
     def observe(self, job: Job) -> None:

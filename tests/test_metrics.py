@@ -104,3 +104,17 @@ def test_port_in_use_is_said_and_the_daemon_goes_on(daemon: Any, det_inputs: dic
         drop(d.inbox, "det", det_inputs["onnx"], det_inputs["manifest"])
         assert d.wait_job("det")["state"] == "succeeded"
     assert d.events("metrics.unavailable")[0]["level"] == "error"
+
+
+def test_cache_hits_are_counted(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """The same model dropped twice is one compile and one cache hit, and the counter says so after a restart too."""
+    port = free_port()
+    d = daemon(metrics={"listen": f"127.0.0.1:{port}"})
+    for name in ("first", "again"):
+        drop(d.inbox, name, det_inputs["onnx"], det_inputs["manifest"])
+        d.wait_job(name)
+    assert d.status(d.wait_job("again")["job_id"])["cache"]["hit"] is True
+    assert value(scrape(port), "saigeedged_cache_hits_total") == 1
+    assert d.stop() == 0
+    d.start()
+    assert value(wait_for(lambda: _try_scrape(port), 30, "/metrics after the restart"), "saigeedged_cache_hits_total") == 1
