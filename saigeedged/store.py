@@ -176,3 +176,8 @@ class Store:
 
     def behind(self, kind: str) -> list[str]:
         return [str(r[0]) for r in self._rows("SELECT job_id FROM behind WHERE kind = ? ORDER BY job_id", (kind,))]
+
+    def ended_since(self, stamp: str) -> list[Job]:
+        """Final jobs whose `finished_at` is `stamp` or later (UTC ISO strings sort by time; "" = every final job)."""
+        return self._jobs("SELECT doc FROM jobs WHERE state IN (?, ?, ?) AND "
+                          "COALESCE(json_extract(doc, '$.finished_at'), '') >= ? ORDER BY seq", (*sorted(TERMINAL), stamp))
