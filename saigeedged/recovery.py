@@ -3,6 +3,7 @@ left behind, and jobs the daemon died under (bounded by limits.max_attempts)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sqlite3
@@ -112,12 +113,13 @@ class Recovery:
 
     # -- leftovers -------------------------------------------------------------------------------
     def temp_files(self) -> None:
-        """Temp files of writes a kill interrupted (status files, logs, bundles) are removed at start."""
-        for folder in (self.outbox.root / "status", self.outbox.root / "logs"):
-            for path in folder.glob(".*.tmp") if folder.is_dir() else []:
-                if TEMP_NAME.match(path.name):
-                    path.unlink(missing_ok=True)
-                    log.info("outbox.temp_removed", path=str(path))
+        """Temp files of outbox writes a kill interrupted (status files, logs, bundles) are removed at start (the
+        daemon is the outbox's only writer, SPEC §11)."""
+        for folder, _, names in os.walk(self.outbox.root):
+            for name in names:
+                if TEMP_NAME.match(name):
+                    (Path(folder) / name).unlink(missing_ok=True)
+                    log.info("outbox.temp_removed", path=str(Path(folder) / name))
 
     def work_dirs(self, work_root: Path) -> None:
         """Work folders of our jobs that have ended (a kill left them behind) are removed at start; folders of

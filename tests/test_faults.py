@@ -132,7 +132,7 @@ def test_a_very_long_drop_name_gets_its_status_file_and_bundle(daemon: Any, det_
 
 def test_claimed_folders_without_rows_are_settled_at_start(daemon: Any, det_inputs: dict[str, Any]) -> None:
     """At start: a claimed folder without a row or a record ends failed with a status file and its files under
-    failed/; an empty one is removed; temp files of interrupted outbox writes are removed."""
+    failed/; an empty one is removed; temp files of interrupted outbox writes (a status file, a bundle) are removed."""
     d = daemon()
     assert d.stop() == 0
     claimed = d.inbox / ".saigeedged" / "claimed"
@@ -142,11 +142,14 @@ def test_claimed_folders_without_rows_are_settled_at_start(daemon: Any, det_inpu
     leftover = d.outbox / "status" / ".x-20261130T000000Z-abcdef.json.4242.tmp"
     leftover.parent.mkdir(parents=True, exist_ok=True)
     leftover.write_text("{")
+    half_bundle = d.outbox / "sub" / ".m.host.saigeedge.4242.tmp"
+    half_bundle.parent.mkdir()
+    half_bundle.write_bytes(b"PK")
     d.start()
     doc = d.wait_state("stray-20261130T000000Z-abcdef", ("failed",), timeout=10)
     assert doc["error"]["code"] == "INTERNAL" and "without a job" in doc["error"]["message"]
     assert (d.inbox / ".saigeedged" / "failed" / "stray-20261130T000000Z-abcdef" / "stray.yml").is_file()
-    assert not list(claimed.iterdir()) and not leftover.exists()
+    assert not list(claimed.iterdir()) and not leftover.exists() and not half_bundle.exists()
 
 
 def test_the_job_database_deleted_while_running_loses_nothing(daemon: Any, det_inputs: dict[str, Any],
