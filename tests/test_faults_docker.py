@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +133,23 @@ def test_a_container_the_engine_cannot_start_is_made_afresh(docker_config: Path,
     network.remove()
     new = container.ensure()
     assert new.id != old.id and docker_client.containers.get(container.spec.name).status == "running"
+
+
+def test_sigterm_on_a_hung_engine_exits_in_time_and_the_job_runs_again(cubie_daemon: Any,  # noqa: F811
+                                                                       docker_client: Any, tmp_path: Path,
+                                                                       det_inputs: dict[str, Any]) -> None:
+    """SIGTERM while the engine hangs mid-step: the kill cannot reach the engine and the worker cannot return,
+    yet the daemon exits 0 within 30 s (leaving the job's row running, the database not closed under the
+    worker), and at the next start the job runs again and succeeds."""
+    proxy = EngineProxy(tmp_path / "engine.sock")
+    proxy.up()
+    d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host})
+    job = in_quantize(d, docker_client, tmp_path, "slowterm", det_inputs["manifest"])
+    proxy.hang()
+    d.signal(signal.SIGTERM)
+    assert d.proc.wait(30) == 0
+    assert d.events("daemon.stop_timeout")
+    proxy.resume()
+    d.start()
+    done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=90)
+    assert (done["state"], done["attempt"]) == ("succeeded", 2)
