@@ -22,6 +22,8 @@ TEMP_NAME = re.compile(r"^\..+\.\d+\.tmp$")  # publish._place's temp names: .<na
 
 
 class Recovery:
+    """What the daemon settles at start and at each scan so that every drop ends in one visible state."""
+
     def __init__(self, jobs: Jobs) -> None:
         self.jobs = jobs
         self.store, self.places, self.outbox = jobs.store, jobs.places, jobs.outbox
