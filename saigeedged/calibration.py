@@ -137,8 +137,19 @@ def sample_balanced(samples: Sequence[Sample], n: int, seed: int) -> list[Sample
 
 def choose(calib: CalibSet, n: int, seed: int, sampler: str) -> list[Sample]:
     """Pick the calibration images and check that each one decodes."""
-    pick = sample_balanced if sampler == "balanced" else sample_uniform
-    chosen = pick(calib.samples, n, seed)
+    chosen = pick(calib, n, seed, sampler)
+    check_decodes(calib.source, chosen)
+    return chosen
+
+
+def pick(calib: CalibSet, n: int, seed: int, sampler: str) -> list[Sample]:
+    """The seeded sample (no image is opened)."""
+    sample = sample_balanced if sampler == "balanced" else sample_uniform
+    return sample(calib.samples, n, seed)
+
+
+def check_decodes(source: Path, chosen: Sequence[Sample]) -> None:
+    """Every chosen image decodes (JPEG/PNG/BMP), else CALIB_INVALID naming the first that do not."""
     broken = []
     for sample in chosen:
         try:
@@ -147,8 +158,7 @@ def choose(calib: CalibSet, n: int, seed: int, sampler: str) -> list[Sample]:
         except Exception:  # Pillow raises many types for broken files
             broken.append(sample.image)
     if broken:
-        raise _bad(calib.source, f"{len(broken)} image(s) do not decode: {', '.join(str(p) for p in broken[:MAX_NAMED])}")
-    return chosen
+        raise _bad(source, f"{len(broken)} image(s) do not decode: {', '.join(str(p) for p in broken[:MAX_NAMED])}")
 
 
 def stage(chosen: Sequence[Sample], work_dir: Path) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import structlog
 
-from saigeedged import inbox, jobid
+from saigeedged import guards, inbox, jobid, ownfolders
 from saigeedged.config import Config
 from saigeedged.container import Containers
 from saigeedged.errors import SaigeError
@@ -91,11 +91,16 @@ class Daemon:
         return "" if rel == "." else rel
 
     def claim(self, drop: Drop) -> None:
+        refused = guards.subdir_problem(self._subdir(drop.manifest))
+        if refused:
+            self.reject(Rejected(drop.manifest, SaigeError("MANIFEST_INVALID", refused), [drop.manifest]))
+            return
         now = jobid.utc_now()
         ids = [jobid.new(e.stem, now) for e in drop.entries]
         claim_dir = self.places.claimed / ids[0]
         try:
-            moved = inbox.claim(drop.files, drop.manifest.parent, claim_dir)
+            ownfolders.ensure(self.places.claimed, self.config.inbox)
+            moved = inbox.claim(drop.files, drop.manifest.parent, claim_dir, self.config.inbox)
         except OSError as exc:  # a file vanished or was replaced under us: the next scan decides again
             log.warning("drop.ignored", manifest=str(drop.manifest), message=f"claim failed: {exc}")
             return
@@ -107,32 +112,34 @@ class Daemon:
             doc["onnx"] = str(moved.get(entry.onnx, entry.onnx))
             doc["manifest"] = str(moved[drop.manifest])
             job = Job(job_id=job_id, name=entry.stem, target=entry.target, task=entry.task, entry=doc,
-                      subdir=self._subdir(drop.manifest), claim_dir=str(claim_dir), manifest=drop.manifest.name,
+                      subdir=self._subdir(drop.manifest), claim_dir=str(claim_dir),
+                      manifest=guards.printable(drop.manifest.name),
                       priority=entry.priority, request_id=entry.request_id, created_at=jobid.iso(now),
                       updated_at=jobid.iso(now))
-            event("drop.claimed", job, manifest=drop.manifest.name, priority=entry.priority)  # before job.started
+            event("drop.claimed", job, manifest=job.manifest, priority=entry.priority)  # before job.started
             self.jobs.add(job)
         self.worker.wake.set()
 
     def reject(self, bad: Rejected) -> None:
         """A manifest that cannot compile becomes a failed job with its error; its files go to failed/."""
         now = jobid.utc_now()
-        stem = bad.manifest.stem
-        job_id = jobid.new(safe_stem(stem), now)
+        stem = safe_stem(bad.manifest.stem)
+        job_id = jobid.new(stem, now)
         dest = self.places.failed / job_id
         try:
-            inbox.claim(bad.files, bad.manifest.parent, dest)
+            ownfolders.ensure(self.places.failed, self.config.inbox)
+            inbox.claim(bad.files, bad.manifest.parent, dest, self.config.inbox)
         except OSError:
             return
         self.scanner.forget(bad.files)
         onnx = next((str(dest / p.name) for p in bad.files if p.suffix == ".onnx"), str(dest / f"{stem}.onnx"))
         job = Job(job_id=job_id, name=stem, target="?", task="?", entry={"onnx": onnx}, subdir=self._subdir(bad.manifest),
-                  claim_dir=str(dest), manifest=bad.manifest.name, state=FAILED, created_at=jobid.iso(now),
+                  claim_dir=str(dest), manifest=guards.printable(bad.manifest.name), state=FAILED, created_at=jobid.iso(now),
                   updated_at=jobid.iso(now), finished_at=jobid.iso(now), error=bad.error.as_dict("validate"))
         with JobLog(self.places.local_log(job_id)) as joblog:
-            joblog.line(f"### {bad.manifest.name}: {bad.error.code}: {bad.error.message}\n### hint: {bad.error.hint}")
+            joblog.line(f"### {job.manifest}: {bad.error.code}: {bad.error.message}\n### hint: {bad.error.hint}")
         self.jobs.move_log(job)
-        event("drop.invalid", job, "warning", manifest=bad.manifest.name, message=bad.error.message)
+        event("drop.invalid", job, "warning", manifest=job.manifest, message=bad.error.message)
         self.jobs.add(job)  # the status file last: its reader finds everything else done
 
     def scan(self) -> None:
@@ -165,6 +172,14 @@ class Daemon:
             log.info("daemon.hangup", message="rescanning the inbox now; the config is read at start only: "
                      "`systemctl restart saigeedged` applies changes")
             self.wake.set()
+
+    def _watcher_check(self, period: float) -> float:
+        """A dead inotify observer (a tree it cannot follow) hands over to polling; returns the scan period."""
+        if self.watcher is None or self.watcher.alive():
+            return period
+        log.warning("watch.failed", mode="poll", message="the inotify observer stopped: polling the inbox instead")
+        self.watcher, self.polling = None, True
+        return float(self.config.section("watch")["poll_interval_s"])
 
     def healthy(self) -> bool:
         return self.worker.is_alive() and (self.watcher is None or self.watcher.alive())
@@ -201,6 +216,7 @@ class Daemon:
         self.notifier.ready(status_text(None, self.store.count(QUEUED)))
         while not self.stop.is_set():
             self._answer_hangup()
+            period = self._watcher_check(period)
             now = self.clock()
             due = self.scanner.next_due
             blind = now < self._blind_until

@@ -11,12 +11,15 @@ from typing import Any
 
 from saigeedged import manifest
 from saigeedged.errors import SaigeError
+from saigeedged.external import external_data
+from saigeedged.guards import printable
 from saigeedged.inputs import sha256_file
 from saigeedged.manifest import Entry
 
 OWN_DIR = ".saigeedged"
 IGNORED_SUFFIXES = (".tmp", ".part", ".partial", ".crdownload", ".swp", "~")
 MANIFEST_SUFFIXES = (".yml", ".yaml")
+MAX_DEPTH = 32  # inbox sub-folder levels scanned; deeper drops are never seen (and a deep tree costs nothing)
 
 Signature = tuple[int, int, int]  # size, mtime_ns, inode
 
@@ -27,21 +30,28 @@ def ignored(name: str) -> bool:
 
 
 def walk(root: Path, symlinks: list[Path] | None = None) -> Iterator[tuple[Path, os.stat_result]]:
-    """Every regular, non-ignored file under root with its lstat; symlinks are never followed (only listed)."""
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return
-    for item in entries:
-        if ignored(item.name):
+    """Every regular, non-ignored file under root with its lstat; symlinks are never followed (only listed).
+
+    Iterative, and folders deeper than MAX_DEPTH are not entered: a hostile tree must not exhaust the stack.
+    """
+    pending = [(root, 0)]
+    while pending:
+        folder, depth = pending.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name, reverse=True)
+        except OSError:
             continue
-        if item.is_symlink():
-            if symlinks is not None:
-                symlinks.append(Path(item.path))
-        elif item.is_dir(follow_symlinks=False):
-            yield from walk(Path(item.path), symlinks)
-        elif item.is_file(follow_symlinks=False):
-            yield Path(item.path), item.stat(follow_symlinks=False)
+        for item in entries:
+            if ignored(item.name):
+                continue
+            if item.is_symlink():
+                if symlinks is not None:
+                    symlinks.append(Path(item.path))
+            elif item.is_dir(follow_symlinks=False):
+                if depth < MAX_DEPTH:
+                    pending.append((Path(item.path), depth + 1))
+            elif item.is_file(follow_symlinks=False):
+                yield Path(item.path), item.stat(follow_symlinks=False)
 
 
 def signature(st: os.stat_result) -> Signature:
@@ -118,7 +128,7 @@ class Scanner:
         found: list[Drop | Rejected] = []
         for path in sorted(files):
             if path.suffix in MANIFEST_SUFFIXES:
-                result = self._consider(path, files, now)
+                result = self._guarded(path, files, now)
                 if result is not None:
                     found.append(result)
         live = set(files)
@@ -139,6 +149,16 @@ class Scanner:
             self._parsed[path] = (sig, result)
         return self._parsed[path][1]
 
+    def _guarded(self, path: Path, files: dict[Path, Signature], now: float) -> Drop | Rejected | None:
+        """_consider, where anything unforeseen (a name too long for the filesystem, ...) rejects this manifest only."""
+        try:
+            return self._consider(path, files, now)
+        except Exception as exc:  # a guard: one manifest must never stop the scan of the others
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            error = SaigeError("MANIFEST_INVALID", f"{printable(path.name)}: cannot be considered ({reason})",
+                               hint="rename the drop: short names of letters, digits, `.`, `_` and `-` are safe")
+            return Rejected(path, error, [path])
+
     def _consider(self, path: Path, files: dict[Path, Signature], now: float) -> Drop | Rejected | None:
         first = self._first.setdefault(path, now)
         stable = self._stable(path, files[path], now)
@@ -147,7 +167,8 @@ class Scanner:
             return Rejected(path, entries, [path]) if stable else None
         waiting = [e for e in entries if not self._complete(e, files, now)]
         if not waiting:
-            return Drop(path, entries, [path] + sorted({e.onnx for e in entries if e.onnx in files}))
+            onnx = sorted({e.onnx for e in entries if e.onnx in files})
+            return Drop(path, entries, [path] + onnx + external_data(onnx, files))
         if now - first < self.orphan_timeout_s:
             self._due(first + self.orphan_timeout_s)
             return None
@@ -179,8 +200,11 @@ class Scanner:
             self._parsed.pop(p, None)
 
 
-def claim(files: list[Path], base: Path, dest: Path) -> dict[Path, Path]:
+def claim(files: list[Path], base: Path, dest: Path, root: Path | None = None) -> dict[Path, Path]:
     """Rename each file into `dest`, keeping its path relative to `base` (the manifest's folder).
+
+    A file elsewhere in the inbox `root` (`onnx: ../shared/x.onnx`) keeps its path relative to the inbox under
+    `dest/.inbox/`, so two such inputs of the same name never land on each other.
 
     All or nothing: if one rename fails (a file deleted or replaced under us), those already moved go back
     where they were and `dest` is removed again, so the next scan sees the drop as the user left it.
@@ -189,7 +213,7 @@ def claim(files: list[Path], base: Path, dest: Path) -> dict[Path, Path]:
     dest.mkdir(parents=True, exist_ok=True)
     try:
         for path in files:
-            rel = path.relative_to(base) if path.is_relative_to(base) else Path(path.name)
+            rel = _claimed_name(path, base, root)
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             os.rename(path, target)
@@ -200,3 +224,11 @@ def claim(files: list[Path], base: Path, dest: Path) -> dict[Path, Path]:
         shutil.rmtree(dest, ignore_errors=True)
         raise
     return moved
+
+
+def _claimed_name(path: Path, base: Path, root: Path | None) -> Path:
+    if path.is_relative_to(base):
+        return path.relative_to(base)
+    if root is not None and path.is_relative_to(root):
+        return Path(".inbox") / path.relative_to(root)
+    return Path(path.name)

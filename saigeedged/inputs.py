@@ -59,6 +59,13 @@ def validate(entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: i
 
     `on_digest` gets the ONNX's sha256 as soon as the file is known to be there (a later check may still fail).
     """
+    digest = locate(entry, policy, max_onnx_bytes)
+    on_digest(digest)
+    return inspect(entry, work_dir, policy, digest)
+
+
+def locate(entry: Entry, policy: PathPolicy, max_onnx_bytes: int | None = None) -> str:
+    """The inputs are where the policy allows and the ONNX is not too large; returns the ONNX's sha256."""
     for path in (entry.onnx, entry.calib):
         policy.check(path)
         if not path.is_file():
@@ -66,8 +73,11 @@ def validate(entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: i
     if max_onnx_bytes is not None and entry.onnx.stat().st_size > max_onnx_bytes:
         raise SaigeError("ONNX_INVALID", f"{entry.onnx.name} is larger than limits.max_onnx_bytes ({max_onnx_bytes})",
                          hint="raise limits.max_onnx_bytes in the daemon config")
-    digest = sha256_file(entry.onnx)
-    on_digest(digest)
+    return sha256_file(entry.onnx)
+
+
+def inspect(entry: Entry, work_dir: Path, policy: PathPolicy, digest: str) -> Prepared:
+    """The rest of `validate`, which loads the model and reads the calibration file (memory grows with both)."""
     model = onnxcheck.load(entry.onnx)
     info = onnxcheck.describe(model, entry.onnx)
     if entry.task != "detection":  # detection outputs are checked on the cut model

@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from saigeedged import __version__
+from saigeedged import __version__, noclobber
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import Job
 
@@ -24,8 +24,11 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _place(src: Path | None, data: bytes | None, dest: Path) -> None:
-    """Copy `src` (or write `data`) to a temp name beside `dest`, fsync, rename, fsync the folder."""
+def _place(src: Path | None, data: bytes | None, dest: Path, exclusive: bool = False) -> bool:
+    """Copy `src` (or write `data`) to a temp name beside `dest`, fsync, rename, fsync the folder.
+
+    `exclusive`: never replace an existing `dest` (False when it exists, the temp file removed).
+    """
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:
@@ -37,11 +40,16 @@ def _place(src: Path | None, data: bytes | None, dest: Path) -> None:
                 out.write(data or b"")
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, dest)
+        if not exclusive:
+            os.replace(tmp, dest)
+        elif not noclobber.take(tmp, dest):
+            tmp.unlink()
+            return False
         _fsync_dir(dest.parent)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise SaigeError("PUBLISH_FAILED", f"cannot write {dest}: {exc.strerror or exc}") from None
+    return True
 
 
 def place_file(src: Path, dest: Path) -> None:
@@ -84,12 +92,21 @@ class Outbox:
         except (OSError, ValueError):
             return None
 
-    def publish_bundle(self, bundle: Path, rel: Path) -> dict[str, Any]:
-        """Place the bundle at <outbox>/<rel>; returns the status file's `bundle` object."""
+    def publish_bundle(self, bundle: Path, rel: Path, job_id: str | None = None) -> dict[str, Any]:
+        """Place the bundle at <outbox>/<rel>; returns the status file's `bundle` object.
+
+        With `job_id`, a file already at `rel` (another job's bundle, a re-drop's predecessor) is never replaced:
+        this bundle then takes a name of its own, so every recorded digest stays true.
+        """
         from saigeedged.inputs import sha256_file
 
         digest, size = sha256_file(bundle), bundle.stat().st_size
-        _place(bundle, None, self.root / rel)
+        if job_id is not None and not _place(bundle, None, self.root / rel, exclusive=True):
+            rel = noclobber.unique_name(rel, job_id)
+            if not _place(bundle, None, self.root / rel, exclusive=True):
+                raise SaigeError("PUBLISH_FAILED", f"{rel} exists already")
+        elif job_id is None:
+            _place(bundle, None, self.root / rel)
         return {"path": rel.as_posix(), "sha256": digest, "bytes": size}
 
     def move_log(self, local: Path, job_id: str) -> None:

@@ -278,7 +278,7 @@ class Worker(threading.Thread):
             self.jobs.save(job)
 
         def publish(bundle: Path) -> None:
-            job.bundle = self.jobs.outbox.publish_bundle(bundle, rel)
+            job.bundle = self.jobs.outbox.publish_bundle(bundle, rel, job.job_id)
 
         limits = self.config.section("limits")
         run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, on_step, on_progress, on_inputs,

@@ -75,6 +75,12 @@ class Calib:
         return [images.load_rgb(Path(p), self.size, self.letterbox)[None] for p in self.images]
 
 
+def wrap_job(model: Path, wrapped: Path, input_name: str, size: tuple[int, int], mean: Sequence[float],
+             scale: Sequence[float]) -> None:
+    """Step `wrap`, run in the child process (the model is loaded there, never in the daemon)."""
+    onnx.save(wrap_uint8(onnx.load(str(model)), input_name, size, mean, scale), str(wrapped))
+
+
 def quantize_job(float_path: Path, int8_path: Path, input_name: str, calib: Calib, method: str) -> None:
     """Step `quantize`, run in the child process."""
     quantize(float_path, int8_path, input_name, calib.batches(), method)
@@ -154,8 +160,8 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     mean, scale = mean_scale(entry.profile)
     ctx.step("wrap")
     wrapped = prep.work_dir / f"{prep.name}.uint8.onnx"
-    model = wrap_uint8(onnx.load(str(prep.model)), prep.info.input_name, prep.input_size, mean, scale)
-    onnx.save(model, str(wrapped))
+    child.run(wrap_job, (prep.model, wrapped, prep.info.input_name, prep.input_size, mean, scale), "wrap",
+              ctx.step_timeout(), ctx.interrupted, (int(ctx.config.section("limits")["child_memory_bytes"]), "ONNX_INVALID"))
     ctx.log.line(f"wrapped {prep.model.name}: input {prep.info.input_name} uint8 [1, {prep.input_size[0]}, "
                  f"{prep.input_size[1]}, 3], mean {mean}, scale {[round(s, 6) for s in scale]}")
     calib = Calib(tuple(str(s.image) for s in prep.chosen), prep.input_size, entry.profile.letterbox)
