@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from typing import Any
 
 from PIL import Image
 
+from saigeedged import safeyaml
 from saigeedged.errors import SaigeError
 
 MAX_NAMED = 3  # offenders named in one message
@@ -71,6 +73,17 @@ def read(path: Path, num_classes: int, check_path: Callable[[Path], None] | None
         raise _bad(path, f"not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise _bad(path, "must be a JSON object (val.json or COCO instances)")
+    try:
+        return _read(path, data, num_classes, check_path)
+    except SaigeError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError, OSError) as exc:  # a file of some other shape
+        kind = "COCO instances file" if {"images", "annotations", "categories"} <= set(data) else "val.json"
+        detail = f"`{exc.args[0]}` missing" if isinstance(exc, KeyError) and exc.args else type(exc).__name__
+        raise _bad(path, f"not a valid {kind} ({safeyaml.shown(detail)})") from None
+
+
+def _read(path: Path, data: dict[str, Any], num_classes: int, check_path: Callable[[Path], None] | None) -> CalibSet:
     base = path.parent
     if {"images", "annotations", "categories"} <= set(data):
         samples, names, n_classes = _from_coco(path, data, base)
@@ -161,13 +174,19 @@ def check_decodes(source: Path, chosen: Sequence[Sample]) -> None:
         raise _bad(source, f"{len(broken)} image(s) do not decode: {', '.join(str(p) for p in broken[:MAX_NAMED])}")
 
 
+def staged_name(image: Path) -> str:
+    """The image's name reduced to [A-Za-z0-9._-] and 100 characters (its end, to keep the extension): one line
+    of dataset.txt each, whatever the original name holds (a newline, a space, an escape)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", image.name)[-100:].lstrip(".") or "image"
+
+
 def stage(chosen: Sequence[Sample], work_dir: Path) -> Path:
     """Hard-link (or copy) the images to work_dir/calib/NNNN_<name> and write dataset.txt; return its path."""
     folder = work_dir / "calib"
     folder.mkdir(parents=True, exist_ok=True)
     lines = []
     for i, sample in enumerate(chosen):
-        dest = folder / f"{i:04d}_{sample.image.name}"
+        dest = folder / f"{i:04d}_{staged_name(sample.image)}"
         if not dest.exists():
             try:
                 os.link(sample.image.resolve(), dest)

@@ -52,6 +52,8 @@ class SaigeError(Exception):
     def __init__(self, code: str, message: str, *, hint: str | None = None, **fields: Any) -> None:
         if code not in HINTS:
             raise ValueError(f"unknown error code {code}")
+        # a file name that is not UTF-8 arrives as lone surrogates, which no log, journal or JSON reader takes
+        message = message.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         if len(message) > MAX_MESSAGE:
             message = f"{message[:MAX_MESSAGE]}... ({len(message) - MAX_MESSAGE} more characters)"
         super().__init__(message)

@@ -49,6 +49,7 @@ SCHEMA: dict[str, tuple[tuple[type, ...], tuple[Any, ...] | None]] = {
     "request_id": ((str,), None),  # set by `saigeedged submit` to find its job's status file
 }
 REQUIRED = ("task", "num_classes", "calib")
+NAME_MAX = 255  # bytes in one file name (Linux filesystems)
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,9 @@ def build_entry(path: Path, data: dict[str, Any], stem: str, *, drop: bool) -> E
     if refused:
         raise invalid(path, f"`runtime_overrides` {refused}")
     onnx = _resolve(path, data["onnx"]) if data.get("onnx") else path.with_suffix(".onnx")
+    if len(os.fsencode(onnx.name)) > NAME_MAX:
+        raise invalid(path, f"the ONNX's name `{guards.printable(onnx.name[:40])}...` is longer than {NAME_MAX} bytes: "
+                      "no file can have it (shorten the manifest's name)")
     kwargs = {k: v for k, v in data.items() if k in Entry.__dataclass_fields__ and k not in ("calib", "onnx", "name")}
     kwargs["input_size"] = _input_size(path, data["input_size"]) if "input_size" in data else None
     kwargs["surgery_outputs"] = _surgery(path, data["surgery"]) if "surgery" in data else None

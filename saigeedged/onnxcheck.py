@@ -43,10 +43,21 @@ def load(path: Path) -> onnx.ModelProto:
         raise SaigeError("INPUT_NOT_FOUND", f"ONNX file {path} not found")
     try:
         model = onnx.load(str(path))
-        onnx.checker.check_model(str(path))
+        if _utf8(str(path)):
+            onnx.checker.check_model(str(path))
+        else:  # onnx's C++ checker takes UTF-8 paths only; the loaded model is checked instead
+            onnx.checker.check_model(model)
     except Exception as exc:  # onnx raises many types: DecodeError, ValidationError, OSError
         raise SaigeError("ONNX_INVALID", f"{path.name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     return model
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def describe(model: onnx.ModelProto, path: Path) -> ModelInfo:
