@@ -168,6 +168,8 @@ def check_decodes(source: Path, chosen: Sequence[Sample]) -> None:
         try:
             with Image.open(sample.image) as img:
                 img.load()
+        except MemoryError:
+            raise  # the child's memory bound: child.run names the limit
         except Exception:  # Pillow raises many types for broken files
             broken.append(sample.image)
     if broken:

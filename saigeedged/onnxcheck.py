@@ -47,6 +47,8 @@ def load(path: Path) -> onnx.ModelProto:
             onnx.checker.check_model(str(path))
         else:  # onnx's C++ checker takes UTF-8 paths only; the loaded model is checked instead
             onnx.checker.check_model(model)
+    except MemoryError:
+        raise  # the child's memory bound: child.run names the limit
     except Exception as exc:  # onnx raises many types: DecodeError, ValidationError, OSError
         raise SaigeError("ONNX_INVALID", f"{path.name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     return model
