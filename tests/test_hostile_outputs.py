@@ -49,7 +49,8 @@ def test_drops_in_an_inbox_folder_named_like_the_outbox_own(daemon: Any, det_inp
     canary(d, det_inputs)
     for folder in ("status", "logs"):
         doc = final(d, f"in{folder}.yml")
-        assert doc["state"] == "failed" and doc["error"]["code"] == "MANIFEST_INVALID" and f"`{folder}/`" in doc["error"]["message"]
+        assert doc["state"] == "failed" and doc["error"]["code"] == "MANIFEST_INVALID", doc
+        assert f"`{folder}/`" in doc["error"]["message"]
     assert {p.suffix for p in (d.outbox / "status").iterdir()} == {".json"}
     assert {p.suffix for p in (d.outbox / "logs").iterdir()} == {".log"}
 
