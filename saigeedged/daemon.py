@@ -146,6 +146,8 @@ class Daemon:
         found_now = self.scanner.scan(self.clock())
         for link in self.scanner.new_symlinks:
             log.info("drop.ignored", path=str(link), message="symlinks in the inbox are never followed")
+        if self.scanner.too_deep and self.watcher is not None:
+            self._too_deep()
         for found in found_now:
             if self.stop.is_set():
                 return
@@ -173,13 +175,21 @@ class Daemon:
                      "`systemctl restart saigeedged` applies changes")
             self.wake.set()
 
+    def _too_deep(self) -> None:
+        """inotify follows a deep tree folder by folder and falls minutes behind: poll instead, at bounded depth."""
+        log.warning("watch.too_deep", path=str(self.scanner.too_deep[0]), mode="poll",
+                    message=f"folders deeper than {inbox.MAX_DEPTH} levels are never scanned, and inotify cannot keep "
+                    "up with them: polling the inbox instead (remove the tree and restart to watch by events again)")
+        assert self.watcher is not None
+        self.watcher.stop(timeout=0)  # its thread may be busy in the tree: not waited for
+        self.watcher, self.polling = None, True
+
     def _watcher_check(self, period: float) -> float:
         """A dead inotify observer (a tree it cannot follow) hands over to polling; returns the scan period."""
-        if self.watcher is None or self.watcher.alive():
-            return period
-        log.warning("watch.failed", mode="poll", message="the inotify observer stopped: polling the inbox instead")
-        self.watcher, self.polling = None, True
-        return float(self.config.section("watch")["poll_interval_s"])
+        if self.watcher is not None and not self.watcher.alive():
+            log.warning("watch.failed", mode="poll", message="the inotify observer stopped: polling the inbox instead")
+            self.watcher, self.polling = None, True
+        return float(self.config.section("watch")["poll_interval_s"]) if self.polling else period
 
     def healthy(self) -> bool:
         return self.worker.is_alive() and (self.watcher is None or self.watcher.alive())
@@ -217,6 +227,7 @@ class Daemon:
         while not self.stop.is_set():
             self._answer_hangup()
             period = self._watcher_check(period)
+            next_scan = min(next_scan, self.clock() + period)
             now = self.clock()
             due = self.scanner.next_due
             blind = now < self._blind_until

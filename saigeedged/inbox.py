@@ -29,19 +29,17 @@ def ignored(name: str) -> bool:
     return name.startswith(".") or name.endswith(IGNORED_SUFFIXES)
 
 
-def walk(root: Path, symlinks: list[Path] | None = None) -> Iterator[tuple[Path, os.stat_result]]:
+def walk(root: Path, symlinks: list[Path] | None = None,
+         deep: list[Path] | None = None) -> Iterator[tuple[Path, os.stat_result]]:
     """Every regular, non-ignored file under root with its lstat; symlinks are never followed (only listed).
 
-    Iterative, and folders deeper than MAX_DEPTH are not entered: a hostile tree must not exhaust the stack.
+    Iterative, and folders deeper than MAX_DEPTH are not entered (they are listed in `deep`): a hostile tree must
+    not exhaust the stack.
     """
     pending = [(root, 0)]
     while pending:
         folder, depth = pending.pop()
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name, reverse=True)
-        except OSError:
-            continue
-        for item in entries:
+        for item in _entries(folder):
             if ignored(item.name):
                 continue
             if item.is_symlink():
@@ -50,8 +48,17 @@ def walk(root: Path, symlinks: list[Path] | None = None) -> Iterator[tuple[Path,
             elif item.is_dir(follow_symlinks=False):
                 if depth < MAX_DEPTH:
                     pending.append((Path(item.path), depth + 1))
+                elif deep is not None:
+                    deep.append(Path(item.path))
             elif item.is_file(follow_symlinks=False):
                 yield Path(item.path), item.stat(follow_symlinks=False)
+
+
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
+    try:
+        return list(os.scandir(folder))
+    except OSError:  # vanished or unreadable: the next scan looks again
+        return []
 
 
 def signature(st: os.stat_result) -> Signature:
@@ -97,6 +104,7 @@ class Scanner:
     _parsed: dict[Path, tuple[Signature, list[Entry] | SaigeError]] = field(default_factory=dict)
     next_due: float | None = None
     new_symlinks: list[Path] = field(default_factory=list)  # seen for the first time in the last scan
+    too_deep: list[Path] = field(default_factory=list)  # folders below MAX_DEPTH, not scanned (last scan)
 
     def _stable(self, path: Path, sig: Signature, now: float) -> bool:
         seen = self._seen.get(path)
@@ -122,7 +130,8 @@ class Scanner:
         """One pass over the inbox. `now` is time.monotonic(); next_due says when a pending drop needs a look."""
         self.next_due = None
         links: list[Path] = []
-        files = {p: signature(st) for p, st in walk(self.inbox, links)}
+        self.too_deep = []
+        files = {p: signature(st) for p, st in walk(self.inbox, links, self.too_deep)}
         self.new_symlinks = [p for p in links if p not in self._symlinks]
         self._symlinks = set(links)
         found: list[Drop | Rejected] = []

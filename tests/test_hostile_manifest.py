@@ -155,3 +155,18 @@ def test_hostile_names_are_answered(daemon: Any, det_inputs: dict[str, Any]) -> 
     assert final(d, "bad\\x1b]0;owned\\x07.yml")["error"]["code"] == "MANIFEST_INVALID"
     assert "\x1b" not in listing and "\x07" not in listing and "bad\\x1b]0;owned\\x07.yml" in listing
     d.signal(signal.SIGTERM)
+
+
+def test_deep_folder_tree_does_not_stop_the_watch(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """A 1,100-deep folder tree in the inbox neither stops the scan nor the watch; drops after it are claimed."""
+    d = daemon(env={"WATCHDOG_USEC": "400000"}, watch={"poll_interval_s": 0.5})
+    deep = d.inbox
+    for _ in range(1_100):
+        deep = deep / "d"
+        deep.mkdir()
+    (deep / "lost.yml").write_text("task: mlc\n")  # below the scanned depth: never seen, never harmful
+    canary(d, det_inputs)
+    drop(d.inbox / "after", "late", det_inputs["onnx"], det_inputs["manifest"])
+    assert d.wait_job("late")["state"] == "succeeded"
+    d.expect("WATCHDOG=1", 5, after=len(d.messages))  # still healthy: the loop pings systemd's watchdog
+    assert d.events("watch.too_deep")  # and says why it polls now
