@@ -160,13 +160,21 @@ def test_hostile_names_are_answered(daemon: Any, det_inputs: dict[str, Any]) -> 
 def test_deep_folder_tree_does_not_stop_the_watch(daemon: Any, det_inputs: dict[str, Any]) -> None:
     """A 1,100-deep folder tree in the inbox neither stops the scan nor the watch; drops after it are claimed."""
     d = daemon(env={"WATCHDOG_USEC": "400000"}, watch={"poll_interval_s": 0.5})
-    deep = d.inbox
-    for _ in range(1_100):
-        deep = deep / "d"
-        deep.mkdir()
-    (deep / "lost.yml").write_text("task: mlc\n")  # below the scanned depth: never seen, never harmful
-    canary(d, det_inputs)
-    drop(d.inbox / "after", "late", det_inputs["onnx"], det_inputs["manifest"])
-    assert d.wait_job("late")["state"] == "succeeded"
-    d.expect("WATCHDOG=1", 5, after=len(d.messages))  # still healthy: the loop pings systemd's watchdog
-    assert d.events("watch.too_deep")  # and says why it polls now
+    tree = [d.inbox / "d"]
+    for _ in range(1_099):
+        tree.append(tree[-1] / "d")
+    try:
+        for folder in tree:
+            folder.mkdir()
+        (tree[-1] / "lost.yml").write_text("task: mlc\n")  # below the scanned depth: never seen, never harmful
+        canary(d, det_inputs)
+        drop(d.inbox / "after", "late", det_inputs["onnx"], det_inputs["manifest"])
+        assert d.wait_job("late")["state"] == "succeeded"
+        d.expect("WATCHDOG=1", 5, after=len(d.messages))  # still healthy: the loop pings systemd's watchdog
+        assert d.events("watch.too_deep")  # and says why it polls now
+    finally:  # bottom-up: pytest's own (recursive) clean-up of old temp folders would fail on this tree
+        d.kill()
+        (tree[-1] / "lost.yml").unlink(missing_ok=True)
+        for folder in reversed(tree):
+            if folder.is_dir():
+                folder.rmdir()
