@@ -11,6 +11,7 @@ from typing import Any
 
 from saigeedged import __version__, noclobber
 from saigeedged.errors import SaigeError
+from saigeedged.guards import printable
 from saigeedged.jobs import Job
 
 STATUS_SCHEMA = 1
@@ -63,7 +64,7 @@ def status_doc(job: Job) -> dict[str, Any]:
         "schema_version": STATUS_SCHEMA, "job_id": job.job_id, "request_id": job.request_id, "name": job.name,
         "state": job.state, "step": job.step, "step_index": job.step_index, "step_count": job.step_count,
         "target": job.target, "task": job.task, "attempt": job.attempt,
-        "inputs": {"onnx": Path(job.entry["onnx"]).name, "onnx_sha256": job.onnx_sha256, "manifest": job.manifest,
+        "inputs": {"onnx": printable(Path(job.entry["onnx"]).name), "onnx_sha256": job.onnx_sha256, "manifest": job.manifest,
                    "calib_samples": job.calib_samples},
         "bundle": job.bundle, "log": f"logs/{job.job_id}.log", "progress": job.progress,
         "quantization_report": job.report,

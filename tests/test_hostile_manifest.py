@@ -178,3 +178,22 @@ def test_deep_folder_tree_does_not_stop_the_watch(daemon: Any, det_inputs: dict[
         for folder in reversed(tree):
             if folder.is_dir():
                 folder.rmdir()
+
+
+@pytest.mark.journald
+def test_undecodable_names_reach_the_journal_escaped(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
+    """A symlink and a drop whose names are not UTF-8 are journaled with their bytes escaped; the scan goes on."""
+    import subprocess
+
+    d = daemon(log={"format": "journal"})
+    os.symlink(tmp_path, os.fsencode(d.inbox) + b"/link\xff")
+    raw = os.fsencode(d.inbox) + b"/odd\xfe"
+    with open(raw + b".onnx", "wb") as fh:
+        fh.write(det_inputs["onnx"].read_bytes())
+    with open(raw + b".yml", "w") as fh:
+        fh.write(yaml.safe_dump(det_inputs["manifest"]))
+    assert final(d, "odd\\xfe.yml")["state"] == "succeeded"
+    canary(d, det_inputs)
+    journal = subprocess.run(["journalctl", "--no-pager", "-o", "json", f"_PID={d.proc.pid if d.proc else 0}"],
+                             capture_output=True, text=True).stdout
+    assert "link\\\\xff" in journal and "odd\\\\xfe.yml" in journal
