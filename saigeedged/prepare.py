@@ -8,7 +8,6 @@ CALIB_INVALID). What comes back is small: shapes, names and the chosen images on
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,4 +65,3 @@ class Bounded:
         chosen, dataset = child.run(calibrate_job, (prep,), "calibration", self.timeout_s(), self.interrupted,
                                     (self.memory, "CALIB_INVALID"))
         prep.chosen, prep.dataset = chosen, dataset
-        prep.calib = replace(prep.calib, samples=chosen)

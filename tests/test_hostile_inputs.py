@@ -117,3 +117,26 @@ def test_multi_model_inputs_elsewhere_in_the_inbox(daemon: Any, det_inputs: dict
         assert doc["state"] == "succeeded" and doc["inputs"]["onnx_sha256"] == digests[f], doc
     assert not list((d.inbox / "shared").rglob("*.onnx"))
     canary(d, det_inputs)
+
+
+def test_calibration_edge_cases_in_the_daemon(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
+    """A broken COCO file fails CALIB_INVALID naming it; 16-bit grey images with odd names compile; the canary follows."""
+    data = tmp_path / "data"
+    coco = data / "broken" / "instances.json"
+    coco.parent.mkdir(parents=True)
+    coco.write_text(json.dumps(BROKEN_COCO[1]))
+    odd = data / "odd"
+    odd.mkdir()
+    rows = []
+    for i, name in enumerate(["grey\nnewline.png", "esc\x1b[1m.png", "plain.png"]):
+        ramp = (np.linspace(0, 65535, 48 * 64).reshape(48, 64) * (i + 1) / 3).astype(np.uint16)
+        Image.fromarray(ramp).save(odd / name)
+        rows.append({"image": name, "labels": [i]})
+    (odd / "val.json").write_text(json.dumps({"n_classes": 3, "validation": rows}))
+    d = daemon()
+    drop(d.inbox, "coco", det_inputs["onnx"], {**det_inputs["manifest"], "calib": str(coco)})
+    drop(d.inbox, "odd", det_inputs["onnx"], {**det_inputs["manifest"], "calib": str(odd / "val.json")})
+    bad = final(d, "coco.yml")
+    assert bad["error"]["code"] == "CALIB_INVALID" and "instances.json" in bad["error"]["message"], bad
+    assert final(d, "odd.yml")["state"] == "succeeded"
+    canary(d, det_inputs)
