@@ -18,9 +18,13 @@ def locations(model: Path) -> list[str]:
     try:
         if model.stat().st_size > PROBE_BYTES:
             return []
-        proto = onnx.load(str(model), load_external_data=False)
+        return tensor_locations(onnx.load(str(model), load_external_data=False))
     except Exception:  # not ours to judge here: validate checks the model and names the problem
         return []
+
+
+def tensor_locations(proto: onnx.ModelProto) -> list[str]:
+    """The external-data `location`s of a model loaded without its external data."""
     found: set[str] = set()
     tensors = list(proto.graph.initializer) + [a.t for n in proto.graph.node for a in n.attribute if a.HasField("t")]
     for tensor in tensors:

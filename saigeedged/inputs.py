@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
 
-from saigeedged import calibration, onnxcheck
+from saigeedged import calibration, external, onnxcheck
 from saigeedged.calibration import CalibSet, Sample
 from saigeedged.errors import SaigeError
 from saigeedged.manifest import Entry, safe_stem
@@ -78,7 +79,7 @@ def locate(entry: Entry, policy: PathPolicy, max_onnx_bytes: int | None = None) 
 
 def inspect(entry: Entry, work_dir: Path, policy: PathPolicy, digest: str) -> Prepared:
     """The rest of `validate`, which loads the model and reads the calibration file (memory grows with both)."""
-    model = onnxcheck.load(entry.onnx)
+    model = onnxcheck.load(entry.onnx, weights=False)
     info = onnxcheck.describe(model, entry.onnx)
     if entry.task != "detection":  # detection outputs are checked on the cut model
         size = onnxcheck.check_input_size(info, entry.input_size or entry.profile.input_size)
@@ -88,8 +89,17 @@ def inspect(entry: Entry, work_dir: Path, policy: PathPolicy, digest: str) -> Pr
     work_dir.mkdir(parents=True, exist_ok=True)
     name = safe_stem(entry.onnx.stem)
     dest = work_dir / f"{name}.onnx"
-    onnx.save(model, str(dest))
+    copy_model(entry.onnx, model, dest)
     return Prepared(entry, work_dir, name, dest, replace(info, path=dest), size, calib, digest)
+
+
+def copy_model(src: Path, model: onnx.ModelProto, dest: Path) -> None:
+    """The model file as dropped, and its external data files beside it (the checker kept them in its folder)."""
+    shutil.copyfile(src, dest)
+    for location in external.tensor_locations(model):
+        target = dest.parent / location
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src.parent / location, target)
 
 
 def surgery(prep: Prepared) -> None:
