@@ -162,6 +162,8 @@ class Scanner:
         """_consider, where anything unforeseen (a name too long for the filesystem, ...) rejects this manifest only."""
         try:
             return self._consider(path, files, now)
+        except FileNotFoundError:
+            return None  # a file went away during the scan: the next scan sees the inbox as it is then
         except Exception as exc:  # a guard: one manifest must never stop the scan of the others
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
             error = SaigeError("MANIFEST_INVALID", f"{printable(path.name)}: cannot be considered ({reason})",

@@ -2,7 +2,8 @@
 
 Droppers can write the inbox, so they could replace one of these with a symlink and have the daemon move drops
 into any folder it can write. Each is checked right before use: anything that is not a plain folder owned by the
-service is moved aside (renaming a link never follows it) and a fresh folder made, writable by the service only.
+service (or root) is moved aside (renaming a link never follows it) and a fresh folder made, writable by the
+service only.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def _ours(path: Path) -> bool:
         st = os.lstat(path)
     except FileNotFoundError:
         return True  # made below
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+    return stat.S_ISDIR(st.st_mode) and st.st_uid in (os.geteuid(), 0)  # root made it: trusted, left as it is
 
 
 def ensure(folder: Path, top: Path) -> Path:
@@ -41,6 +42,7 @@ def ensure(folder: Path, top: Path) -> Path:
             os.mkdir(current, MODE)
         except FileExistsError:
             pass
-        if stat.S_IMODE(os.lstat(current).st_mode) & 0o022:
+        st = os.lstat(current)
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o022:
             os.chmod(current, MODE)
     return folder
