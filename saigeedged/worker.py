@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from saigeedged import jobid, pipeline
+from saigeedged import jobid, ownfolders, pipeline
 from saigeedged.config import Config
 from saigeedged.container import Container, Containers
 from saigeedged.errors import SaigeError
@@ -146,7 +146,7 @@ class Jobs:
         """Move the jobs' claimed folder (they share one) to `dest` and point their rows at it."""
         claim = Path(jobs[0].claim_dir)
         if claim.exists() and claim != dest:
-            dest.parent.mkdir(parents=True, exist_ok=True)
+            ownfolders.ensure(dest.parent, self.places.inbox)
             claim.rename(dest)
         for job in jobs:
             job.entry["onnx"] = job.entry["onnx"].replace(str(claim), str(dest), 1)

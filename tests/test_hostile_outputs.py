@@ -82,11 +82,14 @@ def test_own_folders_replaced_by_symlinks_are_never_followed(daemon: Any, det_in
         (own / name).symlink_to(target)
     (d.inbox / "broken.yml").write_text(yaml.safe_dump({"task": "nosuchtask"}))
     assert final(d, "broken.yml")["state"] == "failed"
+    (own / "failed").rename(own / "failed.mine")  # again, once the daemon made its own: now for a job failing later
+    (own / "failed").symlink_to(elsewhere["failed"])
+    drop(d.inbox, "latefail", det_inputs["onnx"], {**det_inputs["manifest"], "num_classes": 5})
+    assert final(d, "latefail.yml")["error"]["code"] == "CALIB_INVALID"
     canary(d, det_inputs)
     assert not [p for target in elsewhere.values() for p in target.iterdir()]
     for name in ("claimed", "failed"):
         assert (own / name).is_dir() and not (own / name).is_symlink()
-    failed_inputs = list((own / "failed").glob("*/broken.yml"))
-    assert len(failed_inputs) == 1
+    assert len(list((own / "failed").glob("*/latefail.yml"))) == 1
     for folder in (own, own / "claimed", own / "failed"):
         assert os.stat(folder).st_mode & 0o022 == 0, f"{folder} is writable by others"
