@@ -8,7 +8,7 @@ from typing import Any
 from harness import Daemon, drop, wait_for
 
 FINAL = ("succeeded", "failed", "cancelled")
-RSS_BOUND = 400 << 20  # the daemon's peak resident memory after any hostile drop (idle it is ~150 MB)
+RSS_BOUND = 200 << 20  # the daemon's peak resident memory after any hostile drop (about 65 MB measured here)
 
 
 def peak_rss(d: Daemon) -> int:
