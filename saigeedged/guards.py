@@ -9,6 +9,7 @@ from typing import Any
 BUNDLE_SUFFIX = ".saigeedge"
 RESERVED_DIRS = ("status", "logs")  # the daemon's own folders at the top of the outbox
 PROVENANCE = ("schema_version", "build", "source", "encrypted")  # checkpoint.yaml fields only saigeedged writes
+MAX_OUTPUT = 200  # bytes of `output:`; noclobber.unique_name adds 24 and a file name ends at 255
 MAX_STEM = 120  # a job id adds 24 characters and a status file `.json` + a temp prefix/suffix: names stay < 255 bytes
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -25,6 +26,8 @@ def output_problem(output: str) -> str | None:
         return f"must be a visible file name ending in {BUNDLE_SUFFIX}"
     if printable(output) != output:
         return "must not contain control characters"
+    if len(output.encode()) > MAX_OUTPUT:
+        return f"must be at most {MAX_OUTPUT} bytes (a re-drop adds a time and a tag to it)"
     return None
 
 

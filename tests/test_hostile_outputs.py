@@ -29,7 +29,8 @@ def test_outputs_cannot_reach_other_places(daemon: Any, det_inputs: dict[str, An
     before = snapshot(d.outbox)
     aims = {"status": f"status/{victim['job_id']}.json", "logs": f"logs/{victim['job_id']}.log",
             "team": "teamB/victim.host.saigeedge", "dot": ".", "dotdot": "..", "hidden": ".x.saigeedge",
-            "json": f"{victim['job_id']}.json", "empty": ".saigeedge", "backslash": "a\\b.saigeedge"}
+            "json": f"{victim['job_id']}.json", "empty": ".saigeedge", "backslash": "a\\b.saigeedge",
+            "long": "x" * 250 + ".saigeedge", "newline": "a\nb.saigeedge"}
     for name, output in aims.items():
         drop(d.inbox, name, det_inputs["onnx"], {**det_inputs["manifest"], "output": output})
     canary(d, det_inputs)
