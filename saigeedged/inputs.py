@@ -113,12 +113,5 @@ def surgery(prep: Prepared) -> None:
     prep.name, prep.model, prep.surgery = name, dest, names
 
 
-def calibrate(prep: Prepared) -> None:
-    """Step `calibration`: the seeded sample, decoded, staged into the work dir with dataset.txt."""
-    entry = prep.entry
-    prep.chosen = calibration.choose(prep.calib, entry.n_samples, entry.seed, entry.profile.sampler)
-    prep.dataset = calibration.stage(prep.chosen, prep.work_dir)
-
-
 def needs_surgery(entry: Entry) -> bool:
     return entry.task == "detection"

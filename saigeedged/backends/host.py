@@ -160,19 +160,20 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     mean, scale = mean_scale(entry.profile)
     ctx.step("wrap")
     wrapped = prep.work_dir / f"{prep.name}.uint8.onnx"
+    memory = (int(ctx.config.section("limits")["child_memory_bytes"]), "ONNX_INVALID")  # a model too big for this host
     child.run(wrap_job, (prep.model, wrapped, prep.info.input_name, prep.input_size, mean, scale), "wrap",
-              ctx.step_timeout(), ctx.interrupted, (int(ctx.config.section("limits")["child_memory_bytes"]), "ONNX_INVALID"))
+              ctx.step_timeout(), ctx.interrupted, memory)
     ctx.log.line(f"wrapped {prep.model.name}: input {prep.info.input_name} uint8 [1, {prep.input_size[0]}, "
                  f"{prep.input_size[1]}, 3], mean {mean}, scale {[round(s, 6) for s in scale]}")
     calib = Calib(tuple(str(s.image) for s in prep.chosen), prep.input_size, entry.profile.letterbox)
     int8 = prep.work_dir / f"{prep.name}.int8.onnx"
     ctx.step("quantize")
     child.run(quantize_job, (wrapped, int8, prep.info.input_name, calib, entry.calibration_method), "quantize",
-              ctx.step_timeout(), ctx.interrupted)
+              ctx.step_timeout(), ctx.interrupted, memory)
     ctx.log.line(f"quantized {len(calib.images)} calibration images ({entry.calibration_method}) -> {int8.name}")
     ctx.step("report")
     result = child.run(report_job, (wrapped, int8, prep.info.input_name, calib), "report", ctx.step_timeout(),
-                       ctx.interrupted)
+                       ctx.interrupted, memory)
     for name, row in result["outputs"].items():
         flag = "  << FLAGGED: INT8 output diverges" if row["flagged"] else ""
         ctx.log.line(f"report {name}: cosine {row['cosine']:.4f} max_abs_error {row['max_abs_error']:.4g}{flag}")
