@@ -50,6 +50,8 @@ SCHEMA: dict[str, tuple[tuple[type, ...], tuple[Any, ...] | None]] = {
 }
 REQUIRED = ("task", "num_classes", "calib")
 NAME_MAX = 255  # bytes in one file name (Linux filesystems)
+MAX_MODELS = 256  # entries of one multi-model manifest: each is a job, claimed and announced in one go
+INT_LIMIT = 2**31  # integers beyond it are no setting (SQLite, numpy seeds and status readers choke on some)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ def _check_field(path: Path, key: str, value: Any) -> None:
         raise invalid(path, f"`{key}` must be {types[0].__name__}, got {got}")
     if choices is not None and value not in choices:
         raise invalid(path, f"`{key}` must be one of {', '.join(map(str, choices))}, got {got}")
+    if isinstance(value, int) and not -INT_LIMIT < value < (2 * INT_LIMIT if key == "seed" else INT_LIMIT):
+        raise invalid(path, f"`{key}` is out of range, got {safeyaml.shown(value)}")
     minimum = {"num_classes": 1, "n_samples": 1, "hybrid_topn": 0}.get(key)
     if minimum is not None and isinstance(value, int) and value < minimum:
         raise invalid(path, f"`{key}` must be {'positive' if minimum else '>= 0'}, got {value}")
@@ -187,6 +191,19 @@ def load(path: Path, defaults: dict[str, Any] | None = None, *, drop: bool = Fal
         raise invalid(path, f"cannot be read ({type(exc).__name__})") from None
 
 
+def _models(path: Path, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `models:` list of a multi-model manifest, checked for shape and size."""
+    models = data["models"]
+    extra = set(data) - set(TOP_LEVEL_DEFAULTS) - {"models"}
+    if extra:
+        raise invalid(path, f"unknown top-level key `{sorted(extra)[0]}` (allowed: {', '.join(TOP_LEVEL_DEFAULTS)}, models)")
+    if not isinstance(models, list) or not models or not all(isinstance(m, dict) for m in models):
+        raise invalid(path, "`models` must be a non-empty list of mappings")
+    if len(models) > MAX_MODELS:
+        raise invalid(path, f"`models` lists {len(models)} entries, at most {MAX_MODELS}: split the manifest")
+    return models
+
+
 def _load(path: Path, defaults: dict[str, Any] | None, drop: bool) -> list[Entry]:
     try:
         data = safeyaml.load(path)
@@ -201,12 +218,7 @@ def _load(path: Path, defaults: dict[str, Any] | None, drop: bool) -> list[Entry
     base = dict(defaults or {})
     if "models" not in data:
         return [build_entry(path, {**base, **data}, data.get("name") or path.stem, drop=drop)]
-    models = data["models"]
-    extra = set(data) - set(TOP_LEVEL_DEFAULTS) - {"models"}
-    if extra:
-        raise invalid(path, f"unknown top-level key `{sorted(extra)[0]}` (allowed: {', '.join(TOP_LEVEL_DEFAULTS)}, models)")
-    if not isinstance(models, list) or not models or not all(isinstance(m, dict) for m in models):
-        raise invalid(path, "`models` must be a non-empty list of mappings")
+    models = _models(path, data)
     top = {k: data[k] for k in TOP_LEVEL_DEFAULTS if k in data}
     entries = []
     for index, model in enumerate(models):

@@ -37,6 +37,8 @@ POISON = {  # the examples of issue 9 and more of each kind
     "badname": "task: mlc\nnum_classes: 1\ncalib: x.json\nname: [1, 2]\n",
     "badmodels": "models: [{onnx: a.onnx, task: [x]}]\n",
     "nul": "task: mlc\nnum_classes: 1\ncalib: \"x\\0y\"\n",
+    "bigpriority": "task: mlc\nnum_classes: 1\ncalib: x.json\npriority: 99999999999999999999\n",
+    "manymodels": "models:\n" + "- {onnx: a.onnx, task: mlc, num_classes: 1, calib: x.json}\n" * 300,
 }
 
 
