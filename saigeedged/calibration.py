@@ -66,6 +66,13 @@ def _from_coco(path: Path, data: dict[str, Any], base: Path) -> tuple[list[Sampl
 def read(path: Path, num_classes: int, check_path: Callable[[Path], None] | None = None) -> CalibSet:
     """Read a val.json or COCO instances file; every image must exist and every label be in range."""
     try:
+        return _parse(path, num_classes, check_path)
+    except MemoryError:  # in the daemon's bounded child: this file, not the host, is too large
+        raise _bad(path, "reading it needs more memory than limits.child_memory_bytes allows") from None
+
+
+def _parse(path: Path, num_classes: int, check_path: Callable[[Path], None] | None) -> CalibSet:
+    try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise SaigeError("INPUT_NOT_FOUND", f"calibration file {path} not found") from None

@@ -30,9 +30,7 @@ def test_large_model_and_calibration_list_stay_out_of_the_daemon(daemon: Any, de
     """A 450 MB model and a million-entry val.json are checked (and fail on their own faults) without the daemon growing."""
     model = heavy(tmp_path / "heavy.onnx")
     wrong_classes = valjson(tmp_path / "data" / "four", [[0], [1], [2], [3]])
-    million = tmp_path / "data" / "million.json"
-    million.write_text(json.dumps({"n_classes": 3, "validation": [{"image": f"img/{i}.jpg", "labels": [i % 3]}
-                                                                  for i in range(1_000_000)]}))
+    million = million_entries(tmp_path / "data" / "million.json")
     d = daemon()
     base = {"task": "mlc", "num_classes": 3, "input_size": [32, 32], "n_samples": 4}
     drop(d.inbox, "heavy", model, {**base, "calib": str(wrong_classes)})
@@ -45,13 +43,25 @@ def test_large_model_and_calibration_list_stay_out_of_the_daemon(daemon: Any, de
     assert peak_rss(d) < RSS_BOUND
 
 
-def test_model_over_the_memory_bound_fails_alone(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
-    """A model that needs more than limits.child_memory_bytes fails ONNX_INVALID naming the limit; the next drop succeeds."""
+def million_entries(path: Path) -> Path:
+    """A val.json listing a million images that do not exist (about 40 MB of JSON)."""
+    path.write_text(json.dumps({"n_classes": 3, "validation": [{"image": f"img/{i}.jpg", "labels": [i % 3]}
+                                                               for i in range(1_000_000)]}))
+    return path
+
+
+def test_inputs_over_the_memory_bound_fail_alone(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
+    """A model or calibration list that needs more than limits.child_memory_bytes fails ONNX_INVALID / CALIB_INVALID
+    naming the limit; the next drop succeeds."""
     model = heavy(tmp_path / "heavy.onnx")
+    million = million_entries(tmp_path / "data" / "million.json")
     d = daemon(limits={"child_memory_bytes": 256 << 20})
     drop(d.inbox, "heavy", model, {"task": "mlc", "num_classes": 3, "input_size": [32, 32],
                                    "calib": det_inputs["manifest"]["calib"]})
+    drop(d.inbox, "million", det_inputs["onnx"], {**det_inputs["manifest"], "calib": str(million)})
     doc = final(d, "heavy.yml", 180)
     assert doc["state"] == "failed" and doc["error"]["code"] == "ONNX_INVALID", doc
     assert "limits.child_memory_bytes" in doc["error"]["message"] and doc["error"]["step"] == "validate"
+    doc = final(d, "million.yml", 180)
+    assert doc["error"]["code"] == "CALIB_INVALID" and "limits.child_memory_bytes" in doc["error"]["message"], doc
     canary(d, det_inputs)
