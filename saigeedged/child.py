@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import multiprocessing
 import resource
+import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -13,6 +15,9 @@ from saigeedged.errors import SaigeError
 
 POLL_S = 0.2  # how often the parent looks at stop/cancel requests while the child works
 PRELOAD = ["saigeedged.backends.host", "onnxruntime.quantization"]
+# how a child dies of its memory bound outside Python: C++ bad_alloc aborts, a NULL from malloc faults, the OOM
+# killer kills (a SIGTERM of a stopping unit is not one of them)
+OUT_OF_MEMORY = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGKILL})
 
 
 def _address_space() -> int:
@@ -48,7 +53,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
     parent, child = context.Pipe(duplex=False)
     proc = context.Process(target=_main, args=(child, fn, args, memory[0] if memory else None),
                            name=f"saigeedged-{label}", daemon=True)
-    proc.start()
+    with _hangup_blocked():
+        proc.start()
     child.close()
     deadline = time.monotonic() + timeout_s
     try:
@@ -79,6 +85,34 @@ def _over(label: str, memory: tuple[int, str]) -> SaigeError:
 
 def _died(label: str, exitcode: int | None, memory: tuple[int, str] | None) -> SaigeError:
     """A child killed by a signal under a memory bound ran out of it (C++ allocators abort, the OOM killer kills)."""
-    if memory is not None and exitcode is not None and exitcode < 0:
+    if memory is not None and exitcode is not None and -exitcode in OUT_OF_MEMORY:
         return _over(label, memory)
     return SaigeError("INTERNAL", f"{label} died with exit code {exitcode}")
+
+
+@contextmanager
+def _hangup_blocked() -> Iterator[None]:
+    """SIGHUP blocked in this thread while helpers start: the fork server, the resource tracker and every child
+
+    inherit the mask (across fork and exec), so `systemctl kill -s HUP` (every process of the unit) reaches only
+    the daemon, which rescans, and never ends a job or a helper. The daemon's own handler runs in the main thread.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def shutdown() -> None:
+    """Stop multiprocessing's fork server and resource tracker and reap them, so a stop leaves nothing behind.
+
+    Left alone they exit only once they notice the daemon is gone, after systemd has already SIGKILLed them.
+    Call it when no child runs any more: the fork server waits for its children.
+    """
+    from multiprocessing import forkserver, resource_tracker
+
+    for helper in (forkserver._forkserver, resource_tracker._resource_tracker):
+        stop = getattr(helper, "_stop", None)  # private, but the only way to stop them (CPython's own tests use it)
+        if stop is not None:
+            stop()

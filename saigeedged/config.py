@@ -52,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
         "n_samples": 100,
         "seed": 1337,
     },
+    "cache": {"max_bytes": 10 * 1024**3},  # compiled artifacts under <state_dir>/cache/ (SPEC §12); 0 turns it off
     "keep_work": False,
     "log": {"format": "auto", "level": "info"},
 }
@@ -127,6 +128,9 @@ def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> C
     raw = _merge(user, DEFAULTS, "")
 
     def path(value: str) -> Path:
+        if "\0" in value:  # YAML's "\0" escape: the OS takes no such path
+            raise SaigeError("MANIFEST_INVALID", f"config: path {value!r} contains a NUL character",
+                             hint="see config/saigeedged.yml")
         return (base / os.path.expanduser(value)).resolve()
 
     return Config(
@@ -146,10 +150,28 @@ def load(path: Path | None) -> Config:
         if not DEFAULT_PATH.exists():
             return from_dict({}, Path.cwd())
         path = DEFAULT_PATH
+    return from_dict(_read(path), path.resolve().parent, source=path)
+
+
+def _read(path: Path) -> Any:
+    """The parsed YAML of the config file; every way it can fail is one SaigeError naming the file."""
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
     except FileNotFoundError:
         raise SaigeError("INPUT_NOT_FOUND", f"config file {path} not found") from None
+    except IsADirectoryError:
+        raise SaigeError("INPUT_NOT_FOUND", f"config {path} is a directory, not a file",
+                         hint="-c takes the config file itself, e.g. /etc/saigeedged/saigeedged.yml") from None
+    except OSError as exc:  # permission denied, an I/O error on the share...
+        raise SaigeError("INPUT_NOT_FOUND", f"cannot read config {path}: {exc.strerror}",
+                         hint="the config must be readable by the service user: chmod 0644 it") from None
+    except UnicodeDecodeError:
+        raise SaigeError("MANIFEST_INVALID", f"config {path}: not UTF-8 text", hint="see config/saigeedged.yml") from None
+    try:
+        return yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise SaigeError("MANIFEST_INVALID", f"config {path}: not valid YAML: {exc}") from None
-    return from_dict(data, path.resolve().parent, source=path)
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SaigeError("MANIFEST_INVALID", f"config {path}: not valid YAML{where}: {what}",
+                         hint="see config/saigeedged.yml") from None

@@ -18,16 +18,15 @@ import yaml
 
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
+from saigeedged.files import sha256_file
 from saigeedged.guards import printable
-from saigeedged.inputs import sha256_file
 from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, check_transition
 from saigeedged.manifest import safe_stem
 from saigeedged.publish import Outbox
 from saigeedged.store import Store
-from saigeedged.worker import Jobs, Places
 
 CLAIM_WAIT_S = 60.0  # `submit` gives up (exit 3) when no daemon claims the drop within this (or --timeout)
-WAIT_POLL_S = 0.2  # status files live on a share: reading them is the only cross-host signal
+WAIT_POLL_S = 0.1  # status files live on a share: reading them is the only cross-host signal
 
 
 def _store(config: Config) -> Store:
@@ -189,6 +188,8 @@ def retry(config: Config, job_id: str, out: TextIO) -> int:
         raise SaigeError("MANIFEST_INVALID", f"job {job_id} is {job.state}" +
                          (" and its manifest never parsed: fix it and drop it again" if job.target == "?" else ""),
                          hint="only failed or cancelled jobs can be retried")
+    from saigeedged.worker import Jobs, Places  # docker-py and structlog: only the commands that need them
+
     places = Places(config.inbox, config.state_dir)
     jobs = Jobs(store, Outbox(config.outbox), places)
     sharing = [j for j in store.by_claim(job.claim_dir) if j.state in (FAILED, CANCELLED) and j.job_id != job.job_id]
@@ -211,6 +212,8 @@ def cancel(config: Config, job_id: str, out: TextIO) -> int:
         return 0
     if job.state != QUEUED:
         raise SaigeError("MANIFEST_INVALID", f"job {job_id} is already {job.state}", hint="nothing to cancel")
+    from saigeedged.worker import Jobs, Places  # docker-py and structlog: only the commands that need them
+
     places = Places(config.inbox, config.state_dir)
     jobs = Jobs(store, Outbox(config.outbox), places)
     jobs.end(job, CANCELLED, SaigeError("CANCELLED", "cancelled while queued"), expect=QUEUED,

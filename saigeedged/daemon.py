@@ -9,7 +9,7 @@ from pathlib import Path
 
 import structlog
 
-from saigeedged import guards, inbox, jobid, ownfolders
+from saigeedged import child, guards, inbox, jobid, ownfolders
 from saigeedged.config import Config
 from saigeedged.container import Containers
 from saigeedged.errors import SaigeError
@@ -254,6 +254,8 @@ class Daemon:
         log.info("daemon.stopping", running=self.worker.current.job_id if self.worker.current else None)
         self.worker.stop()
         self.worker.join(timeout=25)
+        if not self.worker.is_alive():
+            child.shutdown()  # the fork server and the resource tracker end with us, not by systemd's SIGKILL
         if self.watcher is not None:
             self.watcher.stop()
         self.store.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -13,6 +12,7 @@ import onnx
 from saigeedged import calibration, external, onnxcheck
 from saigeedged.calibration import CalibSet, Sample
 from saigeedged.errors import SaigeError
+from saigeedged.files import sha256_file as sha256_file  # re-exported: callers import it from here
 from saigeedged.manifest import Entry, safe_stem
 from saigeedged.onnxcheck import ModelInfo
 from saigeedged.profiles import DETECTION_HEADS
@@ -47,11 +47,6 @@ class Prepared:
     surgery: tuple[str, ...] | None = None
     chosen: Sequence[Sample] = ()
     dataset: Path | None = None
-
-
-def sha256_file(path: Path) -> str:
-    with path.open("rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def validate(entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: int | None = None,

@@ -272,6 +272,7 @@ class Worker(threading.Thread):
         def on_inputs(facts: dict[str, Any]) -> None:
             job.onnx_sha256 = facts.get("onnx_sha256", job.onnx_sha256)
             job.calib_samples = facts.get("calib_samples", job.calib_samples)
+            job.cache = facts.get("cache", job.cache)
 
         def on_progress(progress: dict[str, Any]) -> None:
             job.progress = progress

@@ -30,6 +30,15 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def read_status(outbox: Path, job_id: str) -> dict[str, Any] | None:
+    """A job's status file, or None while it is absent or being replaced."""
+    try:
+        doc: dict[str, Any] = json.loads((outbox / "status" / f"{job_id}.json").read_text())
+        return doc
+    except (OSError, ValueError):
+        return None
+
+
 class Daemon:
     """`saigeedged run` in a subprocess, with NOTIFY_SOCKET bound to a socket this object reads."""
 
@@ -104,11 +113,7 @@ class Daemon:
         return docs
 
     def status(self, job_id: str) -> dict[str, Any] | None:
-        try:
-            doc: dict[str, Any] = json.loads((self.outbox / "status" / f"{job_id}.json").read_text())
-            return doc
-        except (OSError, ValueError):
-            return None
+        return read_status(self.outbox, job_id)
 
     def wait_job(self, name: str, states: tuple[str, ...] = ("succeeded", "failed", "cancelled"),
                  timeout: float = 60) -> dict[str, Any]:

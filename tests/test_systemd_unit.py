@@ -49,3 +49,17 @@ def test_hardening_score(tmp_path: Path) -> None:
     match = re.search(r"Overall exposure level for saigeedged.service: ([0-9.]+)", run.stdout + run.stderr)
     assert match, run.stdout + run.stderr
     assert float(match.group(1)) <= 4.0
+
+
+def test_reload_restart_and_memory_settings() -> None:
+    """reload signals the main process only; a config error (exit 2) is not restarted; memory is bounded, soft first."""
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read(UNIT)
+    service = parser["Service"]
+    assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    assert "2" in service["RestartPreventExitStatus"].split() and service["Restart"] == "on-failure"
+    high, most = (int(service[key].rstrip("%")) for key in ("MemoryHigh", "MemoryMax"))
+    assert 0 < high < most <= 100 and service["OOMPolicy"] == "continue"
+    readme = (UNIT.parent.parent / "README.md").read_text()
+    assert "systemctl reload saigeedged" in readme and "kill -s HUP" not in readme

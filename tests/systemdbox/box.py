@@ -1,0 +1,108 @@
+"""A booted systemd 252 (Debian bookworm) in a container of the host's engine, driven with `docker exec`."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+DOCKER_SOCKET = Path("/var/run/docker.sock")
+
+
+def image() -> str:
+    """The box image's tag: built by ./build on first use, then reused while its inputs are unchanged."""
+    run = subprocess.run([str(HERE / "build")], capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run.stdout.strip().splitlines()[-1]
+
+
+CAPS = ("CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE NET_BIND_SERVICE "
+        "NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT "
+        "SYS_ADMIN SYS_BOOT SYS_NICE SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP "
+        "MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF CHECKPOINT_RESTORE").split()
+
+
+def missing_caps() -> list[str]:
+    """Capabilities (by number) that this machine's bounding set lacks: --privileged fails on them (SYS_RESOURCE here)."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("CapBnd:"))
+    bounding = int(line.split()[1], 16)
+    return [name for bit, name in enumerate(CAPS) if not bounding >> bit & 1]
+
+
+def source_copy(dest: Path) -> Path:
+    """The worktree's files as a fresh checkout would have them (tracked and new, no .venv nor caches)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes(src.read_bytes())
+            (dest / rel).chmod(src.stat().st_mode & 0o777)
+    return dest
+
+
+def install_block() -> str:
+    """The shell block of systemd/INSTALL.md, as an operator would paste it."""
+    text = (ROOT / "systemd" / "INSTALL.md").read_text()
+    match = re.search(r"```sh\n(.*?)```", text, re.S)
+    assert match, "no ```sh block in systemd/INSTALL.md"
+    return match.group(1)
+
+
+class Box:
+    """One booted box. Paths under `shared` are bind-mounted at the same path, like the host's docker socket."""
+
+    def __init__(self, tag: str, shared: Path) -> None:
+        self.name = f"saigeedged-systemdbox-{uuid.uuid4().hex[:8]}"
+        drop = [f"--cap-drop={c}" for c in missing_caps()]
+        subprocess.run(["docker", "run", "-d", "--name", self.name, "--hostname", "saigeedged-box", "--network", "none",
+                        "--cap-add=ALL", *drop, "--security-opt", "seccomp=unconfined", "--security-opt",
+                        "apparmor=unconfined", "--security-opt", "systempaths=unconfined", "--cgroupns=host",
+                        "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock",
+                        "-v", f"{DOCKER_SOCKET}:/run/docker.sock", "-v", f"{shared}:{shared}", tag],
+                       check=True, capture_output=True, timeout=120)
+
+    def sh(self, script: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Run a bash script as root in the box."""
+        run = subprocess.run(["docker", "exec", "-i", self.name, "bash", "-c", script], capture_output=True, text=True,
+                             timeout=timeout)
+        assert not check or run.returncode == 0, \
+            f"{script}\n--- exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+        return run
+
+    def boot(self) -> str:
+        """Wait for systemd to finish booting; its state (running, or degraded when an unneeded unit failed)."""
+        # until PID 1 listens on its bus, systemctl answers nothing: ask again until it does
+        script = "for _ in $(seq 600); do s=$(systemctl is-system-running --wait 2>/dev/null) && break; " \
+                 "case $s in degraded|maintenance|stopping) break;; esac; sleep 0.1; done; echo $s"
+        return self.sh(script, timeout=120).stdout.strip()
+
+    def host_setup(self) -> None:
+        """What installing docker.io does on a real host: a `docker` group owning the engine's socket; and a
+        resolvable host name, which `--network none` leaves out of /etc/hosts."""
+        gid = DOCKER_SOCKET.stat().st_gid
+        self.sh(f"getent group docker >/dev/null || groupadd -g {gid} docker")
+        self.sh("grep -q saigeedged-box /etc/hosts || echo '127.0.1.1 saigeedged-box' >> /etc/hosts")  # for sudo
+
+    def show(self, *props: str) -> dict[str, str]:
+        out = self.sh(f"systemctl show saigeedged -p {','.join(props)}").stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def journal(self, *matches: str) -> list[dict[str, Any]]:
+        """The unit's journal entries (JSON), optionally narrowed by FIELD=value matches."""
+        out = self.sh(f"journalctl -u saigeedged --no-pager -o json {' '.join(matches)}").stdout
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    def messages(self) -> list[str]:
+        """Every journal line about the unit: the daemon's and systemd's own (start, stop, SIGKILL...)."""
+        out = self.sh("journalctl --no-pager -o cat _SYSTEMD_UNIT=saigeedged.service + UNIT=saigeedged.service").stdout
+        return out.splitlines()
+
+    def remove(self) -> None:
+        subprocess.run(["docker", "rm", "-f", self.name], capture_output=True, timeout=120)

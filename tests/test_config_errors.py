@@ -1,0 +1,78 @@
+"""Every config problem (SPEC §2, §9) is one clear error line with a hint and exit 2: never a traceback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from saigeedged import cli
+
+
+def a_directory(tmp_path: Path) -> Path:
+    (tmp_path / "etc").mkdir()
+    return tmp_path / "etc"
+
+
+def under_a_file(tmp_path: Path) -> Path:
+    (tmp_path / "saigeedged.yml").write_text("{}\n")
+    return tmp_path / "saigeedged.yml" / "saigeedged.yml"
+
+
+def a_socket(tmp_path: Path) -> Path:
+    path = tmp_path / "c.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))
+    sock.close()
+    return path
+
+
+def written(text: bytes) -> Callable[[Path], Path]:
+    def make(tmp_path: Path) -> Path:
+        path = tmp_path / "c.yml"
+        path.write_bytes(text)
+        return path
+
+    return make
+
+
+CASES: list[tuple[str, Callable[[Path], Path], str, str]] = [
+    ("directory", a_directory, "INPUT_NOT_FOUND", "is a directory"),
+    ("under a file", under_a_file, "INPUT_NOT_FOUND", "cannot read config"),
+    ("socket", a_socket, "INPUT_NOT_FOUND", "cannot read config"),
+    ("missing", lambda t: t / "nope.yml", "INPUT_NOT_FOUND", "not found"),
+    ("binary", written(b"\xff\xfe\x00garbage"), "MANIFEST_INVALID", "not UTF-8"),
+    ("bad yaml", written(b"inbox: [unclosed\n"), "MANIFEST_INVALID", "not valid YAML at line 2"),
+    ("nul byte", written(b"inbox: a\x00b\n"), "MANIFEST_INVALID", "not valid YAML"),
+    ("a list", written(b"- inbox\n"), "MANIFEST_INVALID", "must be a mapping"),
+    ("nul in a path", written(b'allowed_roots: ["/data\\0x"]\n'), "MANIFEST_INVALID", "contains a NUL character"),
+    ("unknown key", written(b"inbx: /x\n"), "MANIFEST_INVALID", "unknown key `inbx`"),
+]
+
+
+@pytest.mark.parametrize(("label", "make", "code", "text"), CASES, ids=[c[0] for c in CASES])
+def test_config_problem_is_one_line_and_exit_2(tmp_path: Path, capsys: Any, label: str, make: Callable[[Path], Path],
+                                               code: str, text: str) -> None:
+    """run and check stop with the code, the file named, a hint, exit 2 (systemd then does not restart)."""
+    path = make(tmp_path)
+    for command in ("run", "check"):
+        assert cli.main([command, "-c", str(path)]) == 2, command
+        err = capsys.readouterr().err
+        first, hint = err.splitlines()
+        assert first.startswith(f"saigeedged: {code}: ") and text in first, err
+        assert str(path) in first or label in ("a list", "unknown key", "nul in a path"), err
+        assert hint.startswith("  hint: "), err
+
+
+def test_unreadable_config_from_the_real_command(tmp_path: Path) -> None:
+    """The installed entry point given a directory as its config prints two lines, no traceback, exit 2."""
+    run = subprocess.run([sys.executable, "-m", "saigeedged", "run", "-c", str(a_directory(tmp_path))],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert run.stderr.startswith(f"saigeedged: INPUT_NOT_FOUND: config {tmp_path / 'etc'} is a directory")
+    assert "Traceback" not in run.stderr and len(run.stderr.splitlines()) == 2

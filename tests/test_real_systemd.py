@@ -1,0 +1,215 @@
+"""The unit under a real systemd 252 (SPEC §9): installed as systemd/INSTALL.md says, driven as an operator would.
+
+The box (tests/systemdbox/) boots Debian's systemd as PID 1 in a container of the host's engine; the compiler
+containers run on that engine too, so the state dir, inbox and outbox are bind-mounted at their host paths.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import STANDIN_ACUITY, STANDIN_MOBILINT
+from factory import random_labels, valjson, yolox
+from harness import drop, read_status, wait_for
+
+sys.path.insert(0, str(Path(__file__).parent / "systemdbox"))
+from box import Box, image, install_block, source_copy  # noqa: E402
+
+pytestmark = [pytest.mark.systemd, pytest.mark.docker, pytest.mark.timeout(1500)]
+
+
+@dataclass
+class Host:
+    """The installed unit in its box and the paths the test shares with it."""
+
+    box: Box
+    inbox: Path
+    outbox: Path
+    data: Path
+    config: str
+    container: str
+
+    def status(self, job_id: str) -> dict[str, Any] | None:
+        return read_status(self.outbox, job_id)
+
+    def job(self, name: str, states: tuple[str, ...] = ("succeeded", "failed", "cancelled"), timeout: float = 90,
+            steps: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The status document of job `name` once it is in one of `states` (and at one of `steps`, if given)."""
+        def find() -> dict[str, Any] | None:
+            for path in (self.outbox / "status").glob(f"{name}-*.json"):
+                doc = self.status(path.stem)
+                if doc and doc["name"] == name and doc["state"] in states and (not steps or doc["step"] in steps):
+                    return doc
+            return None
+
+        return wait_for(find, timeout, f"job {name} in {states} {steps}\n"  # type: ignore[no-any-return]
+                        + "\n".join(self.box.messages()[-40:]))
+
+    def drop(self, name: str, **fields: Any) -> None:
+        size = fields.pop("size", (64, 64))
+        manifest = {"task": "detection", "num_classes": 3, "calib": str(self.data / "val.json"), "n_samples": 4, **fields}
+        # weights seeded by the name: an identical model would be served from the cache, skipping the stand-in's
+        # name-chosen behaviour (slow*, hang...)
+        model = yolox(self.data / f"{name}.onnx", size=size, seed=zlib.crc32(name.encode()))
+        drop(self.inbox, name, model, manifest)
+
+
+def _configure(b: Box, srv: Path, state: Path, data: Path, container: str) -> str:
+    """What step 3's "then edit it" means here, and the drop-in INSTALL.md asks for when paths differ."""
+    config = {"inbox": str(srv / "inbox"), "outbox": str(srv / "outbox"), "state_dir": str(state),
+              "allowed_roots": [str(data)], "watch": {"settle_s": 0.3},
+              "cubie": {"image": STANDIN_ACUITY, "container": container},
+              "mobilint": {"image": STANDIN_MOBILINT, "container": f"{container}-mobilint"},
+              "limits": {"step_timeout_s": 120}, "defaults": {"target": "host"}}
+    text = json.dumps(config, indent=1)  # JSON is YAML
+    b.sh(f"cat > /etc/saigeedged/saigeedged.yml <<'EOF'\n{text}\nEOF\n"
+         "mkdir -p /etc/systemd/system/saigeedged.service.d\n"
+         f"printf '[Unit]\\nRequiresMountsFor={srv}\\n[Service]\\nReadWritePaths=\\nReadWritePaths={srv} {state}\\n' "
+         "> /etc/systemd/system/saigeedged.service.d/paths.conf")
+    return text
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory, docker_client: Any) -> Iterator[Host]:
+    """Boot the box and run INSTALL.md's steps in it (the state dir does not exist before them)."""
+    shared = tmp_path_factory.mktemp("systemdbox")
+    shared.chmod(0o755)
+    srv, state, data = shared / "srv" / "saige", shared / "var" / "lib" / "saigeedged", shared / "data"
+    valjson(data, random_labels(8, 3))
+    src = source_copy(shared / "src")
+    container = f"saige-systemdbox-{uuid.uuid4().hex[:8]}"
+    b = Box(image(), shared)
+    try:
+        assert b.boot() in ("running", "degraded")
+        b.host_setup()
+        steps = install_block().replace("/srv/saige", str(srv)).replace("/var/lib/saigeedged", str(state))
+        before, after = steps.split("# 4.", 1)
+        # the box has no docker CLI (the images are already on the host's engine) and nobody to read `journalctl -f`
+        prelude = "set -euxo pipefail\ndocker() { :; }\njournalctl() { :; }\n"
+        b.sh(f"{prelude}cd {src}\n{before}")
+        config = _configure(b, srv, state, data, container)
+        b.sh(f"{prelude}cd /opt/saigeedged\n# 4.{after}")
+        yield Host(b, srv / "inbox", srv / "outbox", data, config, container)
+    finally:
+        b.remove()
+        for name in (container, f"{container}-mobilint"):
+            try:
+                docker_client.containers.get(name).remove(force=True)
+            except Exception:  # never created, or already gone
+                pass
+
+
+def test_ready_with_status_text(host: Host) -> None:
+    """`enable --now` returns once the daemon sent READY=1; StatusText says it is idle; memory is bounded."""
+    shown = host.box.show("ActiveState", "SubState", "StatusText", "MemoryMax", "NRestarts")
+    assert (shown["ActiveState"], shown["SubState"]) == ("active", "running"), shown
+    assert shown["StatusText"] == "idle, 0 queued" and shown["NRestarts"] == "0"
+    docs = host.box.show("Documentation")["Documentation"].removeprefix("file://")
+    host.box.sh(f"test -s {docs}")  # the unit's Documentation= is installed
+    assert shown["MemoryMax"] not in ("infinity", "")
+    group = host.box.show("ControlGroup")["ControlGroup"]  # the kernel enforces it: cgroup v1 (this host) or v2
+    limit = host.box.sh(f"cat /sys/fs/cgroup/memory{group}/memory.limit_in_bytes 2>/dev/null"
+                        f" || cat /sys/fs/cgroup{group}/memory.max").stdout.strip()
+    assert int(limit) == int(shown["MemoryMax"]), (group, limit)
+    ready = host.box.journal("SAIGEEDGE_EVENT=daemon.ready")
+    assert ready and ready[-1]["SYSLOG_IDENTIFIER"] == "saigeedged"
+
+
+def test_host_and_cubie_jobs_and_their_journal(host: Host) -> None:
+    """A host job and a cubie job (stand-in compiler on the host's engine) succeed; the journal tells each by id."""
+    host.drop("hostdet")
+    host.drop("cubiedet", target="cubie")
+    for name, target in (("hostdet", "host"), ("cubiedet", "cubie")):
+        doc = host.job(name)
+        assert (doc["state"], doc["target"]) == ("succeeded", target), doc
+        assert (host.outbox / doc["bundle"]["path"]).is_file()
+        entries = host.box.journal(f"SAIGEEDGE_JOB_ID={doc['job_id']}")
+        events = [e["SAIGEEDGE_EVENT"] for e in entries]
+        assert events[0] == "drop.claimed" and "job.started" in events and events[-1] == "job.succeeded", events
+        assert {e["SAIGEEDGE_JOB_NAME"] for e in entries} == {name}
+    containers = [e for e in host.box.journal() if e.get("SAIGEEDGE_EVENT", "").startswith("container.")]
+    assert [e["SAIGEEDGE_EVENT"] for e in containers] == ["container.created"]  # its first start is no restart
+
+
+def test_reload_and_hup_to_every_process_keep_a_host_job(host: Host) -> None:
+    """`systemctl reload` and `systemctl kill -s HUP` while a host job quantizes: the job succeeds, so does the next."""
+    host.drop("hupdet", size=(320, 320), n_samples=8)
+    running = host.job("hupdet", ("running",), steps=("quantize", "report"))  # both run in the onnxruntime child
+    host.box.sh("systemctl reload saigeedged && systemctl kill -s HUP saigeedged")
+    done = host.job("hupdet")
+    assert done["state"] == "succeeded" and done["attempt"] == 1, done
+    assert host.box.journal("SAIGEEDGE_EVENT=daemon.hangup")
+    assert running["job_id"] == done["job_id"]
+    host.box.sh("systemctl kill -s HUP saigeedged")  # idle: the helpers stay for the next host job
+    host.drop("afterhup")
+    assert host.job("afterhup")["state"] == "succeeded"
+    assert host.box.show("NRestarts")["NRestarts"] == "0"
+
+
+def test_stop_mid_step_requeues_and_start_resumes(host: Host, docker_client: Any) -> None:
+    """`systemctl stop` during a compiler step requeues the job, nothing is SIGKILLed; `start` runs it to success."""
+    host.drop("slowstop", target="cubie")
+    job = host.job("slowstop", ("running",), steps=("quantize",))
+
+    def step_running() -> bool:
+        ps = docker_client.containers.get(host.container).exec_run(["ps", "-o", "args"]).output.decode()
+        return "sleep 3" in ps
+
+    wait_for(step_running, 10, "the stand-in's quantize step")
+    host.box.sh("systemctl stop saigeedged")
+    doc = host.status(job["job_id"])
+    assert doc and doc["state"] == "queued", doc
+    assert host.box.show("ActiveState", "Result") == {"ActiveState": "inactive", "Result": "success"}
+    killed = [m for m in host.box.messages() if "SIGKILL" in m or "remains running" in m]
+    assert killed == [], killed
+    host.box.sh("systemctl start saigeedged")
+    done = host.job("slowstop")
+    assert done["state"] == "succeeded" and done["attempt"] == 2, done
+    events = [e["SAIGEEDGE_EVENT"] for e in host.box.journal(f"SAIGEEDGE_JOB_ID={job['job_id']}")]
+    assert "job.requeued" in events and events[-1] == "job.succeeded", events
+
+
+def test_watchdog_restarts_a_frozen_daemon_and_the_job_resumes(host: Host) -> None:
+    """A daemon frozen mid-job misses its watchdog pings: systemd kills and restarts it, and the job runs to success."""
+    dropin = "/etc/systemd/system/saigeedged.service.d/watchdog.conf"  # short, so the test waits seconds, not minutes
+    host.box.sh(f"printf '[Service]\\nWatchdogSec=8\\nTimeoutAbortSec=2\\n' > {dropin} && systemctl daemon-reload "
+                "&& systemctl restart saigeedged")
+    try:
+        host.drop("slowfreeze", target="cubie")
+        job = host.job("slowfreeze", ("running",), steps=("quantize",))
+        host.box.sh("kill -STOP $(systemctl show -p MainPID --value saigeedged)")
+        done = host.job("slowfreeze", timeout=120)
+        assert done["state"] == "succeeded" and done["attempt"] == 2 and done["job_id"] == job["job_id"], done
+        assert host.box.show("NRestarts", "ActiveState") == {"NRestarts": "1", "ActiveState": "active"}
+        assert any("Watchdog timeout" in m for m in host.box.messages())
+    finally:
+        host.box.sh(f"rm -f {dropin} && systemctl daemon-reload && systemctl restart saigeedged")
+
+
+@pytest.mark.parametrize(("breakage", "said"), [
+    ("sed -i '1a \"inbx\": \"/x\",' /etc/saigeedged/saigeedged.yml", "unknown key `inbx`"),
+    ("chmod 0600 /etc/saigeedged/saigeedged.yml", "cannot read config /etc/saigeedged/saigeedged.yml: Permission denied"),
+], ids=["unknown key", "unreadable"])
+def test_bad_config_fails_once_without_a_restart_loop(host: Host, breakage: str, said: str) -> None:
+    """A config error ends the unit `failed` with one clear journal line; systemd does not restart it."""
+    host.box.sh(f"{breakage} && systemctl restart saigeedged", check=False)
+    try:
+        wait_for(lambda: host.box.show("ActiveState")["ActiveState"] == "failed", 30,
+                 f"the unit failed for good\n{host.box.show('ActiveState', 'SubState', 'NRestarts')}")
+        shown = host.box.show("Result", "ExecMainStatus", "NRestarts")
+        assert shown == {"Result": "exit-code", "ExecMainStatus": "2", "NRestarts": "0"}, shown
+        lines = [m for m in host.box.messages() if said in m]
+        assert lines and lines[-1].startswith("saigeedged: "), host.box.messages()[-10:]
+        assert not any("Traceback" in m for m in host.box.messages())
+    finally:
+        host.box.sh(f"cat > /etc/saigeedged/saigeedged.yml <<'EOF'\n{host.config}\nEOF\n"
+                    "chmod 0644 /etc/saigeedged/saigeedged.yml && systemctl reset-failed saigeedged && "
+                    "systemctl start saigeedged")
