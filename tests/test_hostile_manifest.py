@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -149,9 +151,6 @@ def test_hostile_names_are_answered(daemon: Any, det_inputs: dict[str, Any]) -> 
     assert too_long["state"] == "failed" and too_long["error"]["code"] in ("MANIFEST_INVALID", "INPUT_NOT_FOUND")
     assert final(d, "bad\\xff\\xfe.yml")["state"] == "succeeded"
     assert final(d, "esc\\x1b[31mred\\x07.yml")["state"] == "succeeded"
-    import subprocess
-    import sys
-
     listing = subprocess.run([sys.executable, "-m", "saigeedged", "status", "-c", str(d.config)], capture_output=True,
                              text=True, check=True).stdout
     assert final(d, "bad\\x1b]0;owned\\x07.yml")["error"]["code"] == "MANIFEST_INVALID"
@@ -185,8 +184,6 @@ def test_deep_folder_tree_does_not_stop_the_watch(daemon: Any, det_inputs: dict[
 @pytest.mark.journald
 def test_undecodable_names_reach_the_journal_escaped(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
     """A symlink and a drop whose names are not UTF-8 are journaled with their bytes escaped; the scan goes on."""
-    import subprocess
-
     d = daemon(log={"format": "journal"})
     os.symlink(tmp_path, os.fsencode(d.inbox) + b"/link\xff")
     raw = os.fsencode(d.inbox) + b"/odd\xfe"

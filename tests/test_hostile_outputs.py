@@ -12,6 +12,7 @@ from factory import yolox
 from harness import drop, wait_for
 from hostile import canary, final
 
+from saigeedged import guards, noclobber
 from saigeedged.inputs import sha256_file
 
 
@@ -94,3 +95,22 @@ def test_own_folders_replaced_by_symlinks_are_never_followed(daemon: Any, det_in
     assert len(list((own / "failed").glob("*/latefail.yml"))) == 1
     for folder in (own, own / "claimed", own / "failed"):
         assert os.stat(folder).st_mode & 0o022 == 0, f"{folder} is writable by others"
+
+
+def test_output_rule_and_unique_names() -> None:
+    """Only a visible `<name>.saigeedge` without folders is a drop's output; a taken name gets the job's time and tag."""
+    assert guards.output_problem("det.cubie.saigeedge") is None
+    for bad in ("sub/det.saigeedge", "../det.saigeedge", ".", "det.zip", ".det.saigeedge", "x\x1b.saigeedge"):
+        assert guards.output_problem(bad), bad
+    assert guards.subdir_problem("status") and guards.subdir_problem("logs/a") and not guards.subdir_problem("teamA/status")
+    rel = noclobber.unique_name(Path("teamA/det.host.saigeedge"), "det-20261130T031500Z-a1b2c3")
+    assert rel == Path("teamA/det.host.20261130T031500Z-a1b2c3.saigeedge")
+
+
+def test_take_never_replaces(tmp_path: Path) -> None:
+    """noclobber.take moves a finished file to a free name and refuses a taken one, leaving both files as they were."""
+    (tmp_path / "taken").write_text("first")
+    tmp = tmp_path / ".new.tmp"
+    tmp.write_text("second")
+    assert not noclobber.take(tmp, tmp_path / "taken") and (tmp_path / "taken").read_text() == "first" and tmp.exists()
+    assert noclobber.take(tmp, tmp_path / "free") and (tmp_path / "free").read_text() == "second" and not tmp.exists()
