@@ -52,7 +52,8 @@ class Daemon:
         self.store = Store(config.state_dir / "saigeedged.db")
         self.jobs = Jobs(self.store, Outbox(config.outbox), self.places)
         watch = config.section("watch")
-        self.scanner = Scanner(config.inbox, watch["settle_s"], watch["orphan_timeout_s"], config.section("defaults"))
+        self.scanner = Scanner(config.inbox, watch["settle_s"], watch["orphan_timeout_s"], config.section("defaults"),
+                               max_digest_bytes=config.section("limits")["max_onnx_bytes"])
         self.polling = use_polling(watch["mode"], config.inbox)
         self.wake = threading.Event()
         self.watcher = None if self.polling else Watcher(config.inbox, self.wake)

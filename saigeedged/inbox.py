@@ -102,6 +102,7 @@ class Scanner:
     _digests: dict[tuple[Path, Signature], str] = field(default_factory=dict)
     _symlinks: set[Path] = field(default_factory=set)
     _parsed: dict[Path, tuple[Signature, list[Entry] | SaigeError]] = field(default_factory=dict)
+    max_digest_bytes: int = 8 << 30  # limits.max_onnx_bytes: the scan (the main loop) never reads a larger ONNX
     next_due: float | None = None
     new_symlinks: list[Path] = field(default_factory=list)  # seen for the first time in the last scan
     too_deep: list[Path] = field(default_factory=list)  # folders below MAX_DEPTH, not scanned (last scan)
@@ -199,7 +200,7 @@ class Scanner:
             return onnx.is_file()  # in an allowed root: not ours to watch
         if onnx not in files:
             return False
-        if entry.sha256:
+        if entry.sha256 and files[onnx][0] <= self.max_digest_bytes:  # larger: refused by validate, never read here
             return self._digest(onnx, files[onnx]).lower() == entry.sha256.lower()
         settled = [self._stable(p, files[p], now) for p in (entry.manifest, onnx)]  # both clocks start now
         return all(settled)

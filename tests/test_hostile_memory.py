@@ -65,3 +65,15 @@ def test_inputs_over_the_memory_bound_fail_alone(daemon: Any, det_inputs: dict[s
     doc = final(d, "million.yml", 180)
     assert doc["error"]["code"] == "CALIB_INVALID" and "limits.child_memory_bytes" in doc["error"]["message"], doc
     canary(d, det_inputs)
+
+
+def test_oversized_onnx_with_a_digest_is_not_read_by_the_scan(daemon: Any, det_inputs: dict[str, Any],
+                                                               tmp_path: Path) -> None:
+    """A (sparse) 64 GB ONNX whose manifest names a sha256 is not hashed by the scan: it fails ONNX_INVALID at once."""
+    d = daemon(limits={"max_onnx_bytes": 1 << 20})
+    with open(d.inbox / "vast.onnx", "wb") as fh:
+        fh.truncate(64 << 30)
+    (d.inbox / "vast.yml").write_text(json.dumps({**det_inputs["manifest"], "sha256": "0" * 64}))
+    doc = final(d, "vast.yml", 60)
+    assert doc["error"]["code"] == "ONNX_INVALID" and "max_onnx_bytes" in doc["error"]["message"], doc
+    canary(d, det_inputs)
