@@ -222,6 +222,15 @@ def cancel(config: Config, job_id: str, out: TextIO) -> int:
     return 0
 
 
+def prune(config: Config, dry_run: bool, out: TextIO) -> int:
+    """`saigeedged prune [--dry-run]`: one retention round by hand (config `retention:`)."""
+    from saigeedged import retention
+    from saigeedged.worker import Places
+
+    outputs = retention.Outputs(config.outbox, Places(config.inbox, config.state_dir).failed)
+    return retention.main(_store(config), outputs, retention.Policy.from_section(config.section("retention")), dry_run, out)
+
+
 def main(args: argparse.Namespace, config: Config) -> int:
     out = sys.stdout
     if args.command == "run":
@@ -230,6 +239,8 @@ def main(args: argparse.Namespace, config: Config) -> int:
         return submit(config, args, out)
     if args.command == "status":
         return status(config, args.job, args.json, out)
+    if args.command == "prune":
+        return prune(config, args.dry_run, out)
     if args.command == "retry":
         return retry(config, args.job_id, out)
     return cancel(config, args.job_id, out)

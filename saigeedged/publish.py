@@ -51,6 +51,11 @@ def place_file(src: Path, dest: Path) -> None:
     _place(src, None, dest)
 
 
+def place_data(data: bytes, dest: Path) -> None:
+    """Write `data` to `dest` atomically (temp name beside it, fsync, rename)."""
+    _place(None, data, dest)
+
+
 def status_doc(job: Job) -> dict[str, Any]:
     """The status file of SPEC §8 (never the password, never a traceback)."""
     return {
