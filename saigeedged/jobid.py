@@ -15,8 +15,5 @@ def iso(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-MAX_STEM = 120  # so that every file named after a job (<id>.json, .<id>.log.<pid>.tmp, ...) fits in NAME_MAX 255
-
-
 def new(stem: str, now: datetime) -> str:
-    return f"{stem[:MAX_STEM]}-{now.astimezone(UTC).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}"
+    return f"{stem}-{now.astimezone(UTC).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}"

@@ -27,7 +27,7 @@ def publish_patiently(place: Callable[[], dict[str, Any]], patience_s: float,
         try:
             return place()
         except SaigeError as exc:
-            if exc.code != "PUBLISH_FAILED":
+            if exc.code != "PUBLISH_FAILED" or exc.fields.get("exhausted"):
                 raise
             wait_s = BACKOFF_S[min(tries, len(BACKOFF_S) - 1)]
             if clock() + wait_s > give_up:

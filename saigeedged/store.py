@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -49,6 +50,15 @@ def _connect(path: Path) -> sqlite3.Connection:
     return db
 
 
+def _private(path: Path) -> None:
+    """The database (it holds manifests' passwords) readable by the service user only; SQLite gives its -wal and
+    -shm files the database's mode."""
+    os.close(os.open(path, os.O_CREAT | os.O_RDONLY, 0o600))
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if file.exists() and file.stat().st_uid == os.geteuid():  # an operator's `status` leaves the modes alone
+            os.chmod(file, 0o600)
+
+
 class Store:
     """Job rows keyed by job_id; every state change is checked against the transition table."""
 
@@ -56,6 +66,7 @@ class Store:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.created = not path.exists()  # a first start, or a database deleted: the caller rebuilds what it can
+        _private(path)
         self._db = _connect(path)
         self._lock = threading.RLock()  # one connection shared by the main loop and the worker thread
 
@@ -80,6 +91,7 @@ class Store:
             for stale in (self.path.with_name(self.path.name + "-wal"), self.path.with_name(self.path.name + "-shm")):
                 stale.unlink(missing_ok=True)
             tmp.replace(self.path)
+            _private(self.path)
             self._db = _connect(self.path)
         return True
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from saigeedged import jobid, pipeline
+from saigeedged import jobid, ownfolders, pipeline
 from saigeedged.config import Config
 from saigeedged.container import Container, Containers
 from saigeedged.errors import SaigeError
@@ -160,7 +160,7 @@ class Jobs:
         """Move the jobs' claimed folder (they share one) to `dest` and point their rows at it."""
         claim = Path(jobs[0].claim_dir)
         if claim.exists() and claim != dest:
-            dest.parent.mkdir(parents=True, exist_ok=True)
+            ownfolders.ensure(dest.parent, self.places.inbox)
             claim.rename(dest)
         for job in jobs:
             job.entry["onnx"] = job.entry["onnx"].replace(str(claim), str(dest), 1)
@@ -305,7 +305,7 @@ class Worker(threading.Thread):
         limits = self.config.section("limits")
 
         def publish(bundle: Path) -> None:
-            job.bundle = publish_patiently(lambda: self.jobs.outbox.publish_bundle(bundle, rel),
+            job.bundle = publish_patiently(lambda: self.jobs.outbox.publish_bundle(bundle, rel, job.job_id),
                                            limits["publish_patience_s"], lambda: self._reason, refused)
 
         run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, on_step, on_progress, on_inputs,

@@ -16,6 +16,7 @@ from faults import bind_mount, full_fs, needs_root, set_read_only
 from harness import drop, wait_for
 
 from saigeedged import claims, cli
+from saigeedged.jobs import Job
 
 
 @needs_root
@@ -105,29 +106,29 @@ def test_a_read_only_outbox_holds_publishing_and_status_files_until_it_is_writab
         d.close()
 
 
-def test_a_drop_whose_row_cannot_be_written_ends_failed_with_a_status_file(daemon: Any,
-                                                                         det_inputs: dict[str, Any]) -> None:
-    """A priority beyond SQLite's 64 bits (no row can hold it): the claimed drop ends failed with a status file
-    and its files under failed/ instead of sitting in claimed/ unseen; the next drop still succeeds."""
+def test_a_claim_whose_row_cannot_be_written_ends_failed_with_a_status_file(daemon: Any,
+                                                                          det_inputs: dict[str, Any]) -> None:
+    """A complete claim whose row no database takes (here a priority beyond SQLite's 64 bits, as an older
+    daemon's claim could hold): at start it ends failed with a status file and its files under failed/ instead of
+    sitting in claimed/ unseen; the next drop still succeeds."""
     d = daemon()
-    drop(d.inbox, "huge", det_inputs["onnx"], {**det_inputs["manifest"], "priority": 2**70})
-    doc = d.wait_job("huge", timeout=30)
-    assert doc["state"] == "failed" and "cannot be written" in doc["error"]["message"]
-    assert (d.inbox / ".saigeedged" / "failed" / doc["job_id"] / "huge.onnx").is_file()
+    assert d.stop() == 0
+    folder = d.inbox / ".saigeedged" / "claimed" / "huge-20261130T000000Z-abcdef"
+    drop(d.inbox, "huge", det_inputs["onnx"], det_inputs["manifest"])
+    files = [d.inbox / "huge.yml", d.inbox / "huge.onnx"]
+    job = Job(job_id=folder.name, name="huge", target="host", task="detection", entry={"onnx": str(folder / "huge.onnx")},
+              subdir="", claim_dir=str(folder), manifest="huge.yml", priority=2**70, created_at="2026-11-30T00:00:00Z")
+    claims.write_record(folder, d.inbox, files)
+    for path in files:
+        os.rename(path, folder / path.name)
+    claims.write_record(folder, d.inbox, files, [job])
+    d.start()
+    doc = d.wait_state(folder.name, ("failed",), timeout=30)
+    assert "cannot be written" in doc["error"]["message"]
+    assert (d.inbox / ".saigeedged" / "failed" / folder.name / "huge.onnx").is_file()
     assert not list((d.inbox / ".saigeedged" / "claimed").iterdir())
     drop(d.inbox, "next", det_inputs["onnx"], det_inputs["manifest"])
     assert d.wait_job("next")["state"] == "succeeded"
-
-
-def test_a_very_long_drop_name_gets_its_status_file_and_bundle(daemon: Any, det_inputs: dict[str, Any]) -> None:
-    """A 220-character name the inbox accepts: the job id is shortened so its status file and log fit NAME_MAX,
-    and the bundle keeps the full name."""
-    d = daemon()
-    stem = "n" * 220
-    drop(d.inbox, stem, det_inputs["onnx"], det_inputs["manifest"])
-    doc = d.wait_job(stem, timeout=60)
-    assert doc["state"] == "succeeded" and doc["bundle"]["path"] == f"{stem}.host.saigeedge"
-    assert (d.outbox / doc["log"]).is_file()
 
 
 def test_claimed_folders_without_rows_are_settled_at_start(daemon: Any, det_inputs: dict[str, Any]) -> None:
