@@ -116,10 +116,11 @@ def _run_pids(folder: Path, prefix: str) -> set[int]:
             with contextlib.suppress(OSError):
                 if marker in (entry / "cmdline").read_bytes():
                     pids.add(int(entry.name))
-    return {p for p in pids if p != os.getpid() and not _zombie(p)}
+    return {p for p in pids if p != os.getpid() and not gone(p)}
 
 
-def _zombie(pid: int) -> bool:
+def gone(pid: int) -> bool:
+    """True when `pid` is dead or a zombie (this machine's PID 1 does not reap orphans)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

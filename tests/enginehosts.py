@@ -132,6 +132,11 @@ class Engine:
 
     def start(self) -> None:
         """Start dockerd (returns at once: `wait_ready` waits for it)."""
+        # After a kill -9 its containerd is dead but may linger as a zombie, whose pid looks alive to the next
+        # dockerd, which then waits forever on that containerd's socket instead of starting a new one.
+        pidfile = self.folder / "exec" / "containerd" / "containerd.pid"
+        if pidfile.exists() and enginecleanup.gone(int(pidfile.read_text().strip() or 0)):
+            pidfile.unlink()
         with (self.folder / "dockerd.log").open("ab") as log:
             self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, start_new_session=True)
 
