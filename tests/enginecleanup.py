@@ -31,7 +31,8 @@ KILL_ROUNDS = 100
 @contextlib.contextmanager
 def allocation() -> Iterator[None]:
     """Serialises run creation, address picking and stale removal between concurrent test processes."""
-    ROOT.mkdir(mode=0o755, parents=True, exist_ok=True)
+    ROOT.mkdir(parents=True, exist_ok=True)
+    ROOT.chmod(0o755)  # the ssh engine's user walks down to its socket
     with (ROOT / "allocation.lock").open("wb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
@@ -53,7 +54,8 @@ def begin_run(new_id: Callable[[], str]) -> tuple[str, IO[bytes]]:
     with allocation():
         while (ROOT / (run := new_id())).exists() or netns.names(f"{PREFIX}{run}-"):
             continue
-        (ROOT / run).mkdir(mode=0o755)
+        (ROOT / run).mkdir()
+        (ROOT / run).chmod(0o755)
         lock = _try_lock(ROOT / run / "lock")
         assert lock is not None
         return run, lock
@@ -110,11 +112,13 @@ def _run_pids(folder: Path, prefix: str) -> set[int]:
         for procs in parent.rglob("cgroup.procs"):
             with contextlib.suppress(OSError):
                 pids |= {int(p) for p in procs.read_text().split()}
-    marker = str(folder).encode() + b"/"
+    # Shims of a system containerd (dockerd uses /run/containerd when it runs) name only the namespace.
+    markers = (str(folder).encode() + b"/", b"-namespace\0" + prefix.encode())
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
-                if marker in (entry / "cmdline").read_bytes():
+                cmdline = (entry / "cmdline").read_bytes()
+                if any(marker in cmdline for marker in markers):
                     pids.add(int(entry.name))
     return {p for p in pids if p != os.getpid() and not gone(p)}
 

@@ -57,7 +57,8 @@ class Engine:
         self.spec = spec
         self.netns = ns
         self.folder = folder
-        folder.mkdir(mode=0o755)
+        folder.mkdir()
+        folder.chmod(0o755)
         self.socket = folder / "docker.sock"
         self.tls: TlsFiles | None = make_tls(folder / "tls", ns.addr) if spec.tls else None
         self.ssh: SshFiles | None = make_ssh(folder / "ssh", ns.addr, self.socket) if spec.ssh else None
