@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import docker
 import docker.tls
@@ -108,6 +108,17 @@ class Engine:
                                          timeout=timeout)
         client.api.trust_env = False
         return client
+
+    def config_entry(self, via: str) -> dict[str, Any]:
+        """The engine as an `engines:` item of the daemon's config (SPEC §11), reached over `via`.
+
+        A daemon given an ssh entry needs HOME=<ssh.home> (its key and known_hosts) in its environment.
+        """
+        entry: dict[str, Any] = {"name": self.name, "url": self.url(via), "targets": ["cubie", "mobilint"]}
+        if via == "tls":
+            assert self.tls is not None
+            entry["tls"] = {"ca": str(self.tls.ca), "cert": str(self.tls.client_cert), "key": str(self.tls.client_key)}
+        return entry
 
     def url(self, via: str) -> str:
         """The engine's address for docker-py over `via`: unix, tls or ssh."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.tls
 import enginecleanup
 import netns
 import pytest
@@ -73,11 +74,25 @@ def container_name(engine_hosts: Any) -> Iterator[str]:
             pass
 
 
+def connect(engine: Any, via: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """docker-py as a daemon would use the engine's `engines:` config entry."""
+    entry = engine.config_entry(via)
+    # requests lets these override the engine's CA given by tls= (this machine sets them; a service might too).
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    if via == "ssh":
+        monkeypatch.setenv("HOME", str(engine.ssh.home))  # paramiko's key and known_hosts
+    tls = entry.get("tls")
+    return docker.DockerClient(base_url=entry["url"], timeout=30, tls=docker.tls.TLSConfig(
+        client_cert=(tls["cert"], tls["key"]), ca_cert=tls["ca"], verify=True) if tls else False)
+
+
 @pytest.mark.parametrize("via", ["unix", "tls", "ssh"])
-def test_engine_runs_a_step_on_copied_inputs(engine_hosts: Any, docker_client: Any, container_name: str, via: str) -> None:
+def test_engine_runs_a_step_on_copied_inputs(engine_hosts: Any, docker_client: Any, container_name: str, via: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Each transport: a mount-less container takes inputs by put_archive, runs pegasus import, gives outputs by get_archive."""
     engine = engine_hosts[ENGINE_OF[via]]
-    client = engine.client(via)
+    client = connect(engine, via, monkeypatch)
     assert client.ping()
     ctr = client.containers.create(STANDIN_ACUITY, name=container_name)
     ctr.start()
