@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -140,6 +141,40 @@ def overhead(runs: int) -> dict[str, float]:
                 "ratio": statistics.median(step_times) / statistics.median(bare)}
 
 
+def cache_hit(runs: int) -> dict[str, float]:
+    """A cubie drop whose compile is in the cache: manifest renamed in -> `succeeded`; `submit --wait` of the same."""
+    import docker
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        onnx, manifest = inputs(root)
+        name = f"saige-bench-cache-{os.getpid()}"
+        cfg = config(root, cubie={"image": STANDIN, "container": name}, defaults={"target": "cubie"})
+        d = Daemon(cfg).start()
+        drops, submits = [], []
+        try:
+            drop_now(d.inbox, "warm", onnx, {**manifest, "sha256": sha256_file(onnx)})  # compiles, fills the cache
+            assert wait_status(d, "warm", ("succeeded", "failed"))[1]["state"] == "succeeded"
+            for i in range(runs):
+                t0 = drop_now(d.inbox, f"hit{i}", onnx, {**manifest, "sha256": sha256_file(onnx)})
+                t1, doc = wait_status(d, f"hit{i}", ("succeeded", "failed"))
+                assert doc["state"] == "succeeded" and doc["cache"]["hit"], doc
+                drops.append(t1 - t0)
+            (root / "sub.yml").write_text(yaml.safe_dump(manifest))
+            for _ in range(runs):
+                t0 = time.monotonic()
+                proc = subprocess.run([sys.executable, "-m", "saigeedged", "submit", str(onnx), str(root / "sub.yml"),
+                                       "--wait", "-c", str(cfg)], capture_output=True, check=False)
+                submits.append(time.monotonic() - t0)
+                assert proc.returncode == 0, proc.stdout + proc.stderr
+        finally:
+            d.stop()
+            d.close()
+            docker.from_env().containers.get(name).remove(force=True)
+        return {"drop_to_succeeded_s": statistics.median(drops), "drop_max_s": max(drops),
+                "submit_wait_s": statistics.median(submits), "submit_wait_max_s": max(submits)}
+
+
 def burst(n: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -208,6 +243,7 @@ def main() -> int:
     results["overhead"] = overhead(args.runs)
     results["burst"] = burst(100)
     results["idle"] = idle(args.idle_seconds)
+    results["cache_hit"] = cache_hit(args.runs)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     rows = [("claim latency, events, settle", results["claim_events_settle_s"]["median"], f"<= settle_s + 0.2 = {SETTLE + 0.2}"),
             ("claim latency, events, sha256", results["claim_events_sha256_s"]["median"], "<= 0.1"),
@@ -219,7 +255,9 @@ def main() -> int:
             ("100 drops all claimed (s)", results["burst"]["all_claimed_s"], "<= 5"),
             (f"idle CPU over {args.idle_seconds:.0f} s (%)", results["idle"]["cpu_percent"], "< 1"),
             ("RSS idle (MB)", results["idle"]["rss_mb"], "< 120"),
-            ("RSS after burst (MB)", results["burst"]["rss_mb_after_burst"], "< 120")]
+            ("RSS after burst (MB)", results["burst"]["rss_mb_after_burst"], "< 120"),
+            ("cache hit: drop -> succeeded (s)", results["cache_hit"]["drop_to_succeeded_s"], "<= 1"),
+            ("cache hit: submit --wait (s)", results["cache_hit"]["submit_wait_s"], "<= 1.5")]
     print(f"{'measure':<40} {'value':>9}  target")
     for label, value, target in rows:
         print(f"{label:<40} {value:>9.3f}  {target}")

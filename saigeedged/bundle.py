@@ -33,7 +33,8 @@ def deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def checkpoint(prep: Prepared, art: Artifact, job_id: str, created_at: str) -> dict[str, Any]:
+def checkpoint(prep: Prepared, art: Artifact, job_id: str, created_at: str,
+               made: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Every field of checkpoint.yaml; `runtime_overrides` merged last. Never holds the password."""
     entry = prep.entry
     mean, scale = mean_scale(entry.profile)
@@ -63,18 +64,22 @@ def checkpoint(prep: Prepared, art: Artifact, job_id: str, created_at: str) -> d
                   "created_at": created_at},
         "encrypted": bool(entry.password),
     })
+    data.update(made or {})  # toolchain, saigeedged_version, cache_key, input_channels (SPEC §12, §14)
     if art.report is not None:
         data["quantization_report"] = art.report
     return deep_merge(data, entry.runtime_overrides)
 
 
-def write(dest: Path, data: dict[str, Any], members: Mapping[str, Path], password: str | None) -> None:
-    """Write the zip under a temp name in dest's folder, fsync, rename into place."""
+def write(dest: Path, data: dict[str, Any], members: Mapping[str, Path], password: str | None,
+          texts: Mapping[str, str] | None = None) -> None:
+    """Write the zip under a temp name in dest's folder, fsync, rename into place; `texts` stay unencrypted."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     text = yaml.safe_dump(data, sort_keys=False)
     with pyzipper.AESZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("checkpoint.yaml", text)  # stays readable: `unzip -p b.saigeedge checkpoint.yaml`
+        for arcname, content in (texts or {}).items():
+            zf.writestr(arcname, content)
         if password:
             zf.setpassword(password.encode())
             zf.setencryption(pyzipper.WZ_AES, nbits=256)

@@ -42,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     p = add("validate", "all input checks, no compiler")
     p.add_argument("manifest", type=Path)
     add("check", "readiness of this host: docker, images, containers, dirs, journald, inotify")
+    p = add("prune", "remove old bundles, status files, logs and failed/ inputs of final jobs (config `retention:`)")
+    p.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
+    p = add("cache", "the compile cache under state_dir: list its entries or clear it")
+    p.add_argument("action", choices=("ls", "clear"))
     for name, text in (("retry", "queue a failed or cancelled job again"), ("cancel", "cancel a queued or running job")):
         p = add(name, text)
         p.add_argument("job_id")
@@ -62,6 +66,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from saigeedged import readiness
 
         return readiness.main(config)
+    if args.command == "cache":
+        from saigeedged import cache
+
+        return cache.command(config, args.action, sys.stdout)
     from saigeedged import control
 
     return control.main(args, config)

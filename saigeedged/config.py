@@ -51,8 +51,14 @@ DEFAULTS: dict[str, Any] = {
         "n_samples": 100,
         "seed": 1337,
     },
+    "cache": {"max_bytes": 10 * 1024**3},  # compiled artifacts under <state_dir>/cache/ (SPEC §12); 0 turns it off
     "keep_work": False,
     "log": {"format": "auto", "level": "info"},
+    # ops surfaces (SPEC §13): each is off by default
+    "metrics": {"listen": "", "textfile": ""},
+    "notify": [],
+    "retention": {"max_age_days": 0.0, "keep_last_per_name": 0},
+    "dashboard": False,
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {

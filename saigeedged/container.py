@@ -174,6 +174,21 @@ class Container:
             pass
         self._probed.clear()
 
+    def follow_image(self) -> None:
+        """Recreate our container when its image tag names another image now (a new toolchain was loaded): a job
+        runs on, and its cache key names, the image the config names. Called with the host lock held."""
+        with reaching_engine(f"checking the image of {self.spec.name}"):
+            try:
+                current = self.docker.images.get(self.spec.image).id
+                ctr = self.docker.containers.get(self.spec.name)
+            except NotFound:  # ImageNotFound too: the container's own image still runs the job
+                return
+            if current == self.image_id or ctr.labels.get(MANAGED_LABEL) != "1":
+                return
+            ctr.remove(force=True)
+            self._probed.clear()
+            self.ensure()
+
     def alive(self) -> bool:
         try:
             return bool(self.docker.containers.get(self.spec.name).status == "running")
@@ -340,6 +355,7 @@ class Containers:
         self.lock.acquire(self.on_wait, self.interrupted)
         self.active = self.container(target)
         self.active.ensure()
+        self.active.follow_image()
         return self.active
 
     def release(self) -> None:

@@ -18,15 +18,14 @@ import yaml
 
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
-from saigeedged.inputs import sha256_file
+from saigeedged.files import sha256_file
 from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, check_transition
 from saigeedged.manifest import safe_stem
 from saigeedged.publish import Outbox
 from saigeedged.store import Store
-from saigeedged.worker import Jobs, Places
 
 CLAIM_WAIT_S = 60.0  # `submit` gives up (exit 3) when no daemon claims the drop within this (or --timeout)
-WAIT_POLL_S = 0.2  # status files live on a share: reading them is the only cross-host signal
+WAIT_POLL_S = 0.1  # status files live on a share: reading them is the only cross-host signal
 
 
 def _store(config: Config) -> Store:
@@ -188,6 +187,8 @@ def retry(config: Config, job_id: str, out: TextIO) -> int:
         raise SaigeError("MANIFEST_INVALID", f"job {job_id} is {job.state}" +
                          (" and its manifest never parsed: fix it and drop it again" if job.target == "?" else ""),
                          hint="only failed or cancelled jobs can be retried")
+    from saigeedged.worker import Jobs, Places  # docker-py and structlog: only the commands that need them
+
     places = Places(config.inbox, config.state_dir)
     jobs = Jobs(store, Outbox(config.outbox), places)
     sharing = [j for j in store.by_claim(job.claim_dir) if j.state in (FAILED, CANCELLED) and j.job_id != job.job_id]
@@ -210,12 +211,23 @@ def cancel(config: Config, job_id: str, out: TextIO) -> int:
         return 0
     if job.state != QUEUED:
         raise SaigeError("MANIFEST_INVALID", f"job {job_id} is already {job.state}", hint="nothing to cancel")
+    from saigeedged.worker import Jobs, Places  # docker-py and structlog: only the commands that need them
+
     places = Places(config.inbox, config.state_dir)
     jobs = Jobs(store, Outbox(config.outbox), places)
     jobs.end(job, CANCELLED, SaigeError("CANCELLED", "cancelled while queued"), expect=QUEUED,
              announce=False)  # no journal here: this is the operator's shell
     print(f"{job_id}: cancelled", file=out)
     return 0
+
+
+def prune(config: Config, dry_run: bool, out: TextIO) -> int:
+    """`saigeedged prune [--dry-run]`: one retention round by hand (config `retention:`)."""
+    from saigeedged import retention
+    from saigeedged.worker import Places
+
+    outputs = retention.Outputs(config.outbox, Places(config.inbox, config.state_dir).failed)
+    return retention.main(_store(config), outputs, retention.Policy.from_section(config.section("retention")), dry_run, out)
 
 
 def main(args: argparse.Namespace, config: Config) -> int:
@@ -226,6 +238,8 @@ def main(args: argparse.Namespace, config: Config) -> int:
         return submit(config, args, out)
     if args.command == "status":
         return status(config, args.job, args.json, out)
+    if args.command == "prune":
+        return prune(config, args.dry_run, out)
     if args.command == "retry":
         return retry(config, args.job_id, out)
     return cancel(config, args.job_id, out)

@@ -18,6 +18,7 @@ from saigeedged.joblog import JobLog
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job, entry_to_doc, status_text
 from saigeedged.manifest import safe_stem
 from saigeedged.notify import Notifier
+from saigeedged.ops import Ops
 from saigeedged.outage import DOCKER_TARGETS
 from saigeedged.publish import Outbox
 from saigeedged.store import Store
@@ -63,6 +64,8 @@ class Daemon:
         self._next_catch_up = 0.0
         self._hung_up = False  # set by the SIGHUP handler: a plain flag, no lock in signal context
         self.worker = Worker(config, self.jobs, self.containers, self.places, on_change=self._status)
+        self.ops = Ops(config, self.store, lambda: not self.worker.outage.active)
+        self.jobs.observers.append(self.ops.observe)
 
     @staticmethod
     def _container_event(name: str, fields: dict[str, object]) -> None:
@@ -193,6 +196,7 @@ class Daemon:
                 log.warning("watch.unavailable", message=str(exc), mode="poll")
                 self.watcher, self.polling = None, True
         self.worker.start()
+        self.ops.start()
         watch = self.config.section("watch")
         period = watch["poll_interval_s"] if self.polling else watch["rescan_interval_s"]
         next_scan = self.clock()
@@ -227,6 +231,7 @@ class Daemon:
         log.info("daemon.stopping", running=self.worker.current.job_id if self.worker.current else None)
         self.worker.stop()
         self.worker.join(timeout=25)
+        self.ops.stop()
         if not self.worker.is_alive():
             child.shutdown()  # the fork server and the resource tracker end with us, not by systemd's SIGKILL
         if self.watcher is not None:

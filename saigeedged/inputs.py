@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -12,6 +11,7 @@ import onnx
 from saigeedged import calibration, onnxcheck
 from saigeedged.calibration import CalibSet, Sample
 from saigeedged.errors import SaigeError
+from saigeedged.files import sha256_file as sha256_file  # re-exported: callers import it from here
 from saigeedged.manifest import Entry, safe_stem
 from saigeedged.onnxcheck import ModelInfo
 from saigeedged.profiles import DETECTION_HEADS
@@ -46,11 +46,6 @@ class Prepared:
     surgery: tuple[str, ...] | None = None
     chosen: Sequence[Sample] = ()
     dataset: Path | None = None
-
-
-def sha256_file(path: Path) -> str:
-    with path.open("rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def validate(entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: int | None = None,

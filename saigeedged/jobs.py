@@ -58,6 +58,7 @@ class Job:
     calib_samples: int | None = None
     report: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None
+    cache: dict[str, Any] | None = None  # {hit, key, source_job_id} once the compile key is known (SPEC §12)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_doc(self) -> dict[str, Any]:

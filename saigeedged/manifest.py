@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from saigeedged.errors import SaigeError
-from saigeedged.profiles import MOBILINT_DEVICES, PLATFORMS, PROFILES, TaskProfile
+from saigeedged.profiles import CHANNEL_ORDERS, MOBILINT_DEVICES, PLATFORMS, PROFILES, TaskProfile
 
 QUANTIZERS = ("asymmetric_affine", "dynamic_fixed_point", "perchannel_symmetric_affine", "qbfloat16", "float16")
 QTYPES = ("uint8", "int16", "int8", "qbfloat16", "float16")
@@ -47,6 +47,8 @@ SCHEMA: dict[str, tuple[tuple[type, ...], tuple[Any, ...] | None]] = {
     "name": ((str,), None),
     "keep_mblt": ((bool,), None),
     "request_id": ((str,), None),  # set by `saigeedged submit` to find its job's status file
+    "cache": ((bool,), None),  # false: compile even when the cache holds this compile (SPEC §12)
+    "input_channels": ((str,), CHANNEL_ORDERS),  # the channel order the model was trained on (SPEC §14)
 }
 REQUIRED = ("task", "num_classes", "calib")
 
@@ -82,10 +84,17 @@ class Entry:
     priority: int = 0
     keep_mblt: bool = False
     request_id: str | None = None
+    cache: bool = True
+    input_channels: str | None = None  # None: the task profile's default
 
     @property
     def profile(self) -> TaskProfile:
         return PROFILES[self.task]
+
+    @property
+    def channels(self) -> str:
+        """`input_channels` as written, else the task profile's default (SPEC §14)."""
+        return self.input_channels or self.profile.input_channels
 
     @property
     def output_name(self) -> str:
@@ -108,7 +117,8 @@ def _check_field(path: Path, key: str, value: Any) -> None:
         tip = f" (did you mean `{near[0]}`?)" if near else ""
         raise invalid(path, f"unknown key `{key}`{tip}")
     types, choices = SCHEMA[key]
-    if value is None and key in ("optimize", "preset", "sha256", "name", "output", "password", "device", "request_id"):
+    if value is None and key in ("optimize", "preset", "sha256", "name", "output", "password", "device", "request_id",
+                                     "input_channels"):
         return
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         raise invalid(path, f"`{key}` must be {types[0].__name__}, got {value!r}")

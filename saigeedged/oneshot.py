@@ -8,7 +8,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from saigeedged import calibration, inputs, jobid, manifest, pipeline
 from saigeedged.config import Config
@@ -47,6 +47,7 @@ def describe(config: Config, entry: Entry, out: TextIO) -> None:
     print(f"  calib       {entry.calib}  ({len(prep.calib.samples)} images, {len(chosen)} chosen, "
           f"{profile.sampler}, seed {entry.seed})", file=out)
     print(f"  input_size  {list(prep.input_size)}  normalize {'imagenet' if profile.normalize else 'div255'}", file=out)
+    print(f"  channels    {entry.channels} (the board and the bundle take RGB)", file=out)
     print(f"  outputs     {[list(s) for s in prep.info.output_shapes]}" +
           (f"  (cut at {', '.join(prep.surgery)})" if prep.surgery else ""), file=out)
     print(f"  steps       {' '.join(pipeline.plan_steps(entry))}", file=out)
@@ -74,7 +75,13 @@ def _compile_one(config: Config, entry: Entry, containers: Containers, out: Text
     def on_step(name: str, index: int, count: int) -> None:
         print(f"  [{index}/{count}] {entry.stem}: {name}", file=out, flush=True)
 
-    job = pipeline.Job(job_id, entry, work, log, config, on_step=on_step, container=containers.get,
+    def on_inputs(facts: dict[str, Any]) -> None:
+        cache = facts.get("cache") or {}
+        if cache.get("hit"):
+            print(f"  cache hit {cache['key'][:16]}: compiled by job {cache['source_job_id']}, compiler steps skipped",
+                  file=out, flush=True)
+
+    job = pipeline.Job(job_id, entry, work, log, config, on_step=on_step, on_inputs=on_inputs, container=containers.get,
                        deadline=time.monotonic() + config.section("limits")["job_timeout_s"])
     try:
         pipeline.run(job, publish, jobid.iso(now))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from saigeedged import backends, bundle, inputs
+from saigeedged import backends, bundle, inputs, reuse
 from saigeedged.backends import Context
 from saigeedged.errors import SaigeError
 from saigeedged.inputs import PathPolicy
@@ -38,7 +38,7 @@ class Job:
     policy: PathPolicy = field(default_factory=PathPolicy)
     on_step: Callable[[str, int, int], None] = lambda name, index, count: None
     on_progress: Callable[[dict[str, Any]], None] = lambda event: None
-    on_inputs: Callable[[dict[str, Any]], None] = lambda facts: None  # onnx_sha256, calib_samples as soon as known
+    on_inputs: Callable[[dict[str, Any]], None] = lambda facts: None  # onnx_sha256, calib_samples, cache once known
     container: Callable[[str], Container] | None = None
     deadline: float | None = None  # time.monotonic() limit for the whole job
     interrupted: Callable[[], str | None] = lambda: None  # "stop" | "cancel" once the job must end
@@ -72,6 +72,10 @@ class _Steps:
         job.log.begin(name, index, len(self.names))
         job.on_step(name, index, len(self.names))
 
+    def skip(self, names: list[str]) -> None:
+        """Steps this job will not run after all (a cache hit): the count and the indexes follow."""
+        self.names = [n for n in self.names if n not in names]
+
 
 def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
     """Run every step; `publish(bundle_path)` moves the finished bundle where its readers look for it."""
@@ -90,10 +94,13 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
         job.on_inputs({"calib_samples": len(prep.chosen)})
         job.log.line(f"{len(prep.chosen)} calibration images ({entry.profile.sampler}, seed {entry.seed}) -> {prep.dataset}")
         ctx = Context(job.log, step, job.config, job.container, job.on_progress, job.deadline, job.interrupted)
-        art = backends.get(entry.target).compile(prep, ctx)
+        made = reuse.compile(prep, ctx, job.job_id, step.skip)
+        job.on_inputs({"cache": made.status()})
+        art = made.art
         step("bundle")
         dest = job.work_dir / f"{job.job_id}.saigeedge"
-        bundle.write(dest, bundle.checkpoint(prep, art, job.job_id, created_at), art.members, entry.password)
+        bundle.write(dest, bundle.checkpoint(prep, art, job.job_id, created_at, made.checkpoint(prep)), art.members,
+                     entry.password, made.texts())
         step("publish")
         publish(dest)
         job.log.end()

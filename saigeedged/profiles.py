@@ -22,16 +22,17 @@ class TaskProfile:
     letterbox: bool
     bundle_task: str
     mobilint_preset: str
+    input_channels: str  # "rgb" | "bgr": the channel order the model was trained on (SPEC §14)
 
 
 PROFILES: dict[str, TaskProfile] = {
     "detection": TaskProfile(None, False, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
                              {"conf_threshold": 0.25, "iou_threshold": 0.45}, "balanced", True,
-                             "detection_yolox", "detection"),
+                             "detection_yolox", "detection", "bgr"),  # YOLOX trains on OpenCV (BGR) images
     "mlc": TaskProfile((224, 224), False, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
-                       {"threshold": 50.0}, "uniform", False, "mlc", "classification"),
+                       {"threshold": 50.0}, "uniform", False, "mlc", "classification", "rgb"),
     "reid": TaskProfile((256, 128), True, IMAGENET_MEAN, IMAGENET_STD, {}, "uniform", False,
-                        "reid", "classification"),
+                        "reid", "classification", "rgb"),
 }
 
 # platform -> (--optimize target string, NBG chip id)
@@ -41,6 +42,8 @@ PLATFORMS: dict[str, tuple[str, int]] = {
     "a527": ("VIP9000NANOSI_PLUS_PID0X10000016", 0x10000016),
     "v853": ("VIP9000PICO_PID0XEE", 0xEE),
 }
+
+CHANNEL_ORDERS = ("rgb", "bgr")
 
 MOBILINT_DEVICES = ("aries-rb", "regulus-ra", "regulus-rb", "regulus-rb-usb")
 

@@ -11,17 +11,10 @@ from typing import Any
 
 from saigeedged import __version__
 from saigeedged.errors import SaigeError
+from saigeedged.files import fsync_path as _fsync_dir
 from saigeedged.jobs import Job
 
 STATUS_SCHEMA = 1
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _place(src: Path | None, data: bytes | None, dest: Path) -> None:
@@ -49,6 +42,11 @@ def place_file(src: Path, dest: Path) -> None:
     _place(src, None, dest)
 
 
+def place_data(data: bytes, dest: Path) -> None:
+    """Write `data` to `dest` atomically (temp name beside it, fsync, rename)."""
+    _place(None, data, dest)
+
+
 def status_doc(job: Job) -> dict[str, Any]:
     """The status file of SPEC §8 (never the password, never a traceback)."""
     return {
@@ -58,7 +56,7 @@ def status_doc(job: Job) -> dict[str, Any]:
         "inputs": {"onnx": Path(job.entry["onnx"]).name, "onnx_sha256": job.onnx_sha256, "manifest": job.manifest,
                    "calib_samples": job.calib_samples},
         "bundle": job.bundle, "log": f"logs/{job.job_id}.log", "progress": job.progress,
-        "quantization_report": job.report,
+        "quantization_report": job.report, "cache": job.cache,
         "created_at": job.created_at, "started_at": job.started_at, "finished_at": job.finished_at,
         "updated_at": job.updated_at, "error": job.error, "host": socket.gethostname(), "version": __version__,
     }

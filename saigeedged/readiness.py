@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from saigeedged import log
+from saigeedged import log, vivsdk
 from saigeedged.backends import cubie
 from saigeedged.config import Config
 from saigeedged.container import MANAGED_LABEL, Spec, client, cubie_section
@@ -72,9 +72,11 @@ def _cubie(report: Report, api: Any, config: Config) -> None:
         return
     entry = section["pegasus"] if section["pegasus"] != "auto" else _probe_image(api, spec.image, cubie.PROBE)
     report(OK if entry else FAIL, "pegasus", entry.splitlines()[0] if entry else "no pegasus on PATH nor pegasus.py in the image")
-    cfg = _probe_image(api, spec.image, f"ls {section['viv_sdk']}/common/cfg/ 2>/dev/null | grep '\\.config$' || true")
-    configs = sorted(c.removesuffix(".config") for c in cfg.split())
-    report(OK if configs else FAIL, "viv_sdk", f"{section['viv_sdk']}: {', '.join(configs) or 'no target .config files'}")
+    configs = vivsdk.targets(_probe_image(api, spec.image, vivsdk.list_script(section["viv_sdk"])))
+    report(OK if configs else FAIL, "viv_sdk", f"{section['viv_sdk']}: --optimize targets "
+           f"{', '.join(configs) or 'none (no target .config files)'}")
+    for warning in vivsdk.missing(configs, vivsdk.overrides_in_use(config.state_dir)) if configs else []:
+        report(WARN, "optimize", warning)
 
 
 def _mobilint(report: Report, api: Any, config: Config) -> None:

@@ -124,3 +124,8 @@ class Store:
     def cancel_requested(self, job_id: str) -> bool:
         rows = self._rows("SELECT cancel FROM jobs WHERE job_id = ?", (job_id,))
         return bool(rows and rows[0][0])
+
+    def ended_since(self, stamp: str) -> list[Job]:
+        """Final jobs whose `finished_at` is `stamp` or later (UTC ISO strings sort by time; "" = every final job)."""
+        return self._jobs("SELECT doc FROM jobs WHERE state IN (?, ?, ?) AND "
+                          "COALESCE(json_extract(doc, '$.finished_at'), '') >= ? ORDER BY seq", (*sorted(TERMINAL), stamp))

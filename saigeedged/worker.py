@@ -67,18 +67,25 @@ class Jobs:
         self.store, self.outbox, self.places = store, outbox, places
         self.behind: dict[str, set[str]] = {"status": set(), "log": set()}  # job ids whose file is not out yet
         self._writing = threading.Lock()  # a row and its status file are written together, by one thread at a time
+        self.observers: list[Callable[[Job], None]] = []  # told of every saved change (the ops surfaces); must not block
 
     def save(self, job: Job, expect: str | None = None) -> None:
         job.updated_at = jobid.iso(jobid.utc_now())
         with self._writing:
             self.store.save(job, expect)
             self._write_status(job)
+        self._observe(job)
 
     def add(self, job: Job) -> None:
         """A new row and its first status file, together: the worker may take the job the moment the row exists."""
         with self._writing:
             self.store.add(job)
             self._write_status(job)
+        self._observe(job)
+
+    def _observe(self, job: Job) -> None:
+        for observe in self.observers:
+            observe(job)
 
     def _write_status(self, job: Job) -> None:
         try:
@@ -272,6 +279,7 @@ class Worker(threading.Thread):
         def on_inputs(facts: dict[str, Any]) -> None:
             job.onnx_sha256 = facts.get("onnx_sha256", job.onnx_sha256)
             job.calib_samples = facts.get("calib_samples", job.calib_samples)
+            job.cache = facts.get("cache", job.cache)
 
         def on_progress(progress: dict[str, Any]) -> None:
             job.progress = progress

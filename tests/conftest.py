@@ -67,6 +67,20 @@ def docker_client() -> Any:
     return client
 
 
+@pytest.fixture(scope="session")
+def fresh_acuity(docker_client: Any) -> Any:
+    """A stand-in ACUITY image built for this session under its own tag (tests/images as checked out: the call
+    record, every cfg folder), so a rebuild of the shared tag by another run cannot change it mid-test."""
+    import subprocess
+    import uuid
+
+    tag = f"saigeedged-standin/acuity:session-{uuid.uuid4().hex[:8]}"
+    subprocess.run([str(IMAGES / "build.sh"), tag, str(IMAGES / "common"), str(IMAGES / "acuity")], check=True,
+                   stdout=subprocess.DEVNULL)
+    yield tag
+    docker_client.images.remove(tag, force=True)
+
+
 @pytest.fixture
 def docker_config(tmp_path: Path, docker_client: Any) -> Any:
     """A config whose containers are unique to this test and removed afterwards."""

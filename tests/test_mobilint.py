@@ -65,7 +65,7 @@ def test_classifier_to_mxq(tmp_path: Path, docker_config: Path) -> None:
     assert cli.main(["compile", str(setup(tmp_path, "tags", keep_mblt=True)), "-c", str(docker_config)]) == 0
     with zipfile.ZipFile(tmp_path / "tags.saigeedge") as zf:
         ckpt = yaml.safe_load(zf.read("checkpoint.yaml"))
-        assert sorted(zf.namelist()) == ["checkpoint.yaml", "tags.mblt", "tags.mxq"]
+        assert sorted(zf.namelist()) == ["calib_digests.txt", "checkpoint.yaml", "tags.mblt", "tags.mxq"]
         assert zf.read("tags.mxq").startswith(b"MXQ1regulus-rb")
     assert ckpt["target"] == "mobilint" and ckpt["model"] == "tags.mxq" and ckpt["platform"] == {"device": "regulus-rb"}
     assert ckpt["quantization"]["preset"] == "classification" and ckpt["task"] == "mlc"

@@ -76,14 +76,16 @@ def export_args(name: str, entry: Entry, viv_sdk: str) -> list[str]:
             "--optimize", optimize_target(entry), "--viv-sdk", viv_sdk]
 
 
-def patch_inputmeta(text: str, dataset: Path, mean: list[float], scale: list[float]) -> str:
-    """Point the database at dataset.txt and fuse mean/scale with a uint8 RGB preprocess node (step `patch`)."""
+def patch_inputmeta(text: str, dataset: Path, mean: list[float], scale: list[float], channels: str = "rgb") -> str:
+    """Point the database at dataset.txt and fuse mean/scale with a uint8 RGB preprocess node (step `patch`);
+    a model trained on BGR gets reverse_channel so the board still feeds RGB (SPEC §14)."""
     header = "%YAML 1.2\n---\n" if text.lstrip().startswith("%YAML") else ""
     data = yaml.safe_load(text)
     database = data["input_meta"]["databases"][0]
     database["path"] = str(dataset)
     database["type"] = "TEXT"
     pre = database["ports"][0].setdefault("preprocess", {})
+    pre["reverse_channel"] = channels == "bgr"
     pre["mean"] = [float(m) for m in mean]
     pre["scale"] = [float(s) for s in scale]
     node = pre.setdefault("preproc_node_params", {})
@@ -197,7 +199,7 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     meta = work / f"{name}_inputmeta.yml"
     mean, scale = mean_scale(entry.profile)
     assert prep.dataset is not None
-    meta.write_text(patch_inputmeta(meta.read_text(), prep.dataset.resolve(), mean, scale))
+    meta.write_text(patch_inputmeta(meta.read_text(), prep.dataset.resolve(), mean, scale, entry.channels))
     ctx.step("quantize")
     quantize_file = _quantize(run, prep, len(prep.chosen))
     hybrid: list[str] = []

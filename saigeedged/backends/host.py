@@ -33,8 +33,8 @@ def steps(entry: Entry) -> list[str]:
 
 
 def wrap_uint8(model: onnx.ModelProto, input_name: str, size: tuple[int, int],
-               mean: Sequence[float], scale: Sequence[float]) -> onnx.ModelProto:
-    """Prepend Cast → Transpose → (x - mean) * scale so the model takes raw uint8 [1, H, W, 3]."""
+               mean: Sequence[float], scale: Sequence[float], bgr: bool = False) -> onnx.ModelProto:
+    """Prepend Cast → Transpose (→ RGB to BGR) → (x - mean) * scale so the model takes raw uint8 RGB [1, H, W, 3]."""
     inner = f"{input_name}__nchw"
     graph = model.graph
     for node in graph.node:
@@ -53,9 +53,14 @@ def wrap_uint8(model: onnx.ModelProto, input_name: str, size: tuple[int, int],
     pre = [
         helper.make_node("Cast", [input_name], [f"{input_name}__f32"], to=TensorProto.FLOAT, name="saige_cast"),
         helper.make_node("Transpose", [f"{input_name}__f32"], [f"{input_name}__t"], perm=[0, 3, 1, 2], name="saige_nchw"),
-        helper.make_node("Sub", [f"{input_name}__t", f"{input_name}__mean"], [f"{input_name}__c"], name="saige_mean"),
+        helper.make_node("Sub", [f"{input_name}__o" if bgr else f"{input_name}__t", f"{input_name}__mean"],
+                         [f"{input_name}__c"], name="saige_mean"),
         helper.make_node("Mul", [f"{input_name}__c", f"{input_name}__scale"], [inner], name="saige_scale"),
     ]
+    if bgr:  # a model trained on BGR images: the bundle still takes RGB like the boards (SPEC §14)
+        graph.initializer.append(numpy_helper.from_array(np.array([2, 1, 0], np.int64), f"{input_name}__bgr"))
+        pre.insert(2, helper.make_node("Gather", [f"{input_name}__t", f"{input_name}__bgr"], [f"{input_name}__o"], axis=1,
+                                       name="saige_bgr"))
     nodes = pre + list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes)
@@ -154,10 +159,12 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     mean, scale = mean_scale(entry.profile)
     ctx.step("wrap")
     wrapped = prep.work_dir / f"{prep.name}.uint8.onnx"
-    model = wrap_uint8(onnx.load(str(prep.model)), prep.info.input_name, prep.input_size, mean, scale)
+    model = wrap_uint8(onnx.load(str(prep.model)), prep.info.input_name, prep.input_size, mean, scale,
+                       entry.channels == "bgr")
     onnx.save(model, str(wrapped))
     ctx.log.line(f"wrapped {prep.model.name}: input {prep.info.input_name} uint8 [1, {prep.input_size[0]}, "
-                 f"{prep.input_size[1]}, 3], mean {mean}, scale {[round(s, 6) for s in scale]}")
+                 f"{prep.input_size[1]}, 3] RGB, model channels {entry.channels}, mean {mean}, "
+                 f"scale {[round(s, 6) for s in scale]}")
     calib = Calib(tuple(str(s.image) for s in prep.chosen), prep.input_size, entry.profile.letterbox)
     int8 = prep.work_dir / f"{prep.name}.int8.onnx"
     ctx.step("quantize")

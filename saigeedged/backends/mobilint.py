@@ -42,13 +42,16 @@ def quantize_args(name: str, device: str, config_preset: str | None) -> list[str
 
 
 def write_calibration(prep: Prepared) -> Path:
-    """Each chosen image as an HWC float32 .npy at input_size, preprocessed per the task profile; calib.txt lists them."""
+    """Each chosen image as an HWC float32 .npy at input_size, preprocessed per the task profile (channels reversed
+    for a model trained on BGR, SPEC §14); calib.txt lists them."""
     profile = prep.entry.profile
     folder = prep.work_dir / "calib_npy"
     folder.mkdir(exist_ok=True)
     paths = []
     for i, sample in enumerate(prep.chosen):
         hwc = images.load_rgb(sample.image, prep.input_size, profile.letterbox)
+        if prep.entry.channels == "bgr":
+            hwc = hwc[..., ::-1]
         path = folder / f"{i:04d}.npy"
         np.save(path, images.normalized(hwc, profile.mean, profile.std))
         paths.append(str(path.resolve()))

@@ -4,8 +4,11 @@
 # the failure modes of notes/pegasus.md, chosen by a word in the model NAME:
 #   failimport  import exits 1          hang   quantize never returns      slow  quantize takes 3 s
 #   fatal65280  export: Fatal model generation error: 65280 (so does a promoted @output tensor)
+#   bignbg      export writes a 150 MB NBG
 # A quantizer/qtype mismatch "succeeds" with exit 0 and writes no .quantize (silent failure).
 set -u
+# every call is recorded (cwd, then argv) so a test can count what really ran in this container
+printf '%s %s %s\n' "$(pwd)" "pegasus.py" "$*" >> /tmp/standin-calls.log 2>/dev/null || true
 usage() { echo "usage: pegasus.py [-h] {import,generate,quantize,export,inference} ..." >&2; echo "pegasus.py: error: $*" >&2; exit 2; }
 fail() { echo "E $*" >&2; exit 1; }
 need() { [ -f "$1" ] || fail "[Errno 2] No such file or directory: '$1'"; }
@@ -159,6 +162,7 @@ YML
   { printf 'VPMN\000\000\002\000'
     for shift_by in 0 8 16 24; do printf "\\$(printf %o $(( (pid >> shift_by) & 255 )))"; done
     printf 'stand-in network binary of %s\n' "$NAME"; } > "$nbg"
+  case "$NAME" in *bignbg*) head -c 150000000 /dev/zero >> "$nbg" ;; esac  # slow to copy: a crash can hit mid-copy
   printf '{"Inputs": {"images_208": {"shape": [1, 3, 64, 64], "dtype": "uint8"}}}\n' > "${dir}_nbg_unify/nbg_meta.json"
   echo "I Export NBG to $nbg"
   echo "I Error(0),Warning(0)"

@@ -5,6 +5,8 @@
 # Failure modes, chosen by a word in the model name: qbfail (an `error` event, exit 1), qbnooutput (exit 0,
 # no output file), qbhang (never returns), slow (3 s per step).
 set -u
+# every call is recorded (cwd, then argv) so a test can count what really ran in this container
+printf '%s %s %s\n' "$(pwd)" "qbcompiler" "$*" >> /tmp/standin-calls.log 2>/dev/null || true
 jsonl="${QBCOMPILER_JSONL:-0}"
 say() { [ "$jsonl" = 1 ] && printf '{"type": "%s", %s}\n' "$1" "$2" || echo "$3" >&2; }
 error() { if [ "$jsonl" = 1 ]; then printf '{"type": "error", "code": "%s", "message": "%s"}\n' "$1" "$2"; else echo "ERROR [$1]: $2" >&2; fi; exit "${3:-1}"; }

@@ -1,0 +1,34 @@
+"""Final jobs as they appear in the queue, whoever ended them: the worker, or `saigeedged cancel` in a shell."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from saigeedged.jobs import Job
+from saigeedged.store import Store
+
+# An end is stamped before its row is saved, so a later look also reads back this far behind the newest end seen.
+LOOK_BACK = timedelta(seconds=120)
+
+
+def _key(job: Job) -> tuple[str, str]:
+    return job.job_id, job.finished_at or ""
+
+
+class Ends:
+    """`fresh()` returns each end once: the first call every final job in the queue, later calls only new ends."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.newest = ""  # the latest finished_at seen ("" before the first call)
+        self._seen: set[tuple[str, str]] = set()  # ends inside the look-back window, already returned
+
+    def fresh(self) -> list[Job]:
+        since = ""
+        if self.newest:
+            newest = datetime.fromisoformat(self.newest.replace("Z", "+00:00"))
+            since = (newest - LOOK_BACK).strftime("%Y-%m-%dT%H:%M:%S")
+        jobs = [job for job in self.store.ended_since(since) if _key(job) not in self._seen]
+        self.newest = max([self.newest, *(job.finished_at or "" for job in jobs)])
+        self._seen = {key for key in self._seen if key[1] >= since} | {_key(job) for job in jobs if job.finished_at}
+        return jobs

@@ -1,0 +1,134 @@
+"""Prometheus metrics (SPEC §13): one registry, brought up to date from the queue's rows before each collection.
+
+Counters are rebuilt from the rows after a restart: `saigeedged_jobs_total` then starts from the number of jobs that
+ended in each state (a retried job counts once, in its last final state) and Prometheus sees an ordinary counter
+reset. Step durations are observed live only (the rows do not keep them).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, write_to_textfile
+from prometheus_client.registry import Collector
+
+from saigeedged import __version__
+from saigeedged.ends import Ends
+from saigeedged.errors import SaigeError
+from saigeedged.jobs import QUEUED, RUNNING, SUCCEEDED, Job
+from saigeedged.store import Store
+
+TARGETS = ("cubie", "mobilint", "host")
+JOB_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, float("inf"))
+STEP_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, float("inf"))
+
+
+def seconds(stamp: str) -> float:
+    """UTC ISO-8601 `...Z` → seconds since the epoch."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """`HOST:PORT`, `[V6]:PORT` or a bare `PORT` (bound to 127.0.0.1) → (host, port)."""
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]") if sep else "127.0.0.1"
+    if not port.isdigit() or not 0 < int(port) < 65536 or not host:
+        raise SaigeError("MANIFEST_INVALID", f"config: `metrics.listen` must be HOST:PORT or PORT, got {value!r}",
+                         hint='e.g. metrics: {listen: "127.0.0.1:9464"}; leave it "" to serve no /metrics')
+    return host, int(port)
+
+
+class _Refresh(Collector):
+    """Registered first: brings the metrics up to date from the queue, then yields nothing itself."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Any]:
+        self.metrics.sync()
+        return []
+
+
+class Metrics:
+    """The daemon's metrics. `engines` says which engines answer; `clock` is time.monotonic in production."""
+
+    def __init__(self, store: Store, engines: Callable[[], dict[str, bool]],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.engines, self.clock = store, engines, clock
+        self.registry = CollectorRegistry()
+        self.registry.register(_Refresh(self))  # collected first: the families below are current when they are read
+        r = self.registry
+        self.jobs_total = Counter("saigeedged_jobs", "Jobs that reached a final state", ["target", "state", "error_code"],
+                                  registry=r)
+        self.queue_depth = Gauge("saigeedged_queue_depth", "Jobs waiting in the queue", ["target"], registry=r)
+        self.job_duration = Histogram("saigeedged_job_duration_seconds", "Run time of ended jobs (start to end)",
+                                      ["target"], buckets=JOB_BUCKETS, registry=r)
+        self.step_duration = Histogram("saigeedged_step_duration_seconds", "Run time of each step (this process)",
+                                       ["target", "step"], buckets=STEP_BUCKETS, registry=r)
+        self.engine_up = Gauge("saigeedged_engine_up", "1 when the Docker engine answered when last used", ["engine"],
+                               registry=r)
+        self.cache_hits = Counter("saigeedged_cache_hits", "Jobs whose compile came from the cache", registry=r)
+        self.last_success = Gauge("saigeedged_last_success_timestamp_seconds", "When a job of the target last succeeded",
+                                  ["target"], registry=r)
+        Gauge("saigeedged_build_info", "The running saigeedged", ["version"], registry=r).labels(__version__).set(1)
+        self._ends = Ends(store)  # its first look returns every end in the queue: the counts after a restart
+        self._last: dict[str, float] = {}  # target -> newest success
+        self._steps: dict[str, tuple[str, str, float]] = {}  # running job id -> (target, step, when it began)
+        self._lock = threading.Lock()
+        self._server: Any = None
+
+    def sync(self) -> None:
+        """Count the ends not counted yet (also those written by another process, e.g. `cancel`); set the gauges."""
+        depth = Tally(job.target for job in self.store.in_state(QUEUED))
+        with self._lock:  # the scrape's thread and the textfile's may both be here
+            for job in self._ends.fresh():
+                self._count(job)
+            for target in sorted({*TARGETS, *depth}):
+                self.queue_depth.labels(target).set(depth[target])
+            for engine, up in self.engines().items():
+                self.engine_up.labels(engine).set(1 if up else 0)
+
+    def _count(self, job: Job) -> None:
+        target = job.target if job.target in TARGETS else "unknown"
+        self.jobs_total.labels(target, job.state, (job.error or {}).get("code") or "").inc()
+        if job.started_at and job.finished_at and job.step:  # it ran (a job cancelled while queued did not)
+            self.job_duration.labels(target).observe(max(0.0, seconds(job.finished_at) - seconds(job.started_at)))
+        if job.state == SUCCEEDED and job.finished_at:
+            # rows come in queue order, not in the order they ended
+            self._last[target] = max(seconds(job.finished_at), self._last.get(target, 0.0))
+            self.last_success.labels(target).set(self._last[target])
+        if (job.cache or {}).get("hit"):
+            self.cache_hits.inc()
+
+    def observe(self, job: Job) -> None:
+        """Every saved job change: times the steps of the running job."""
+        now = self.clock()
+        with self._lock:
+            began = self._steps.get(job.job_id)
+            if began is not None and (job.state != RUNNING or job.step != began[1]):
+                del self._steps[job.job_id]
+                if job.state != QUEUED:  # a requeued job's step did not finish
+                    self.step_duration.labels(began[0], began[1]).observe(max(0.0, now - began[2]))
+            if job.state == RUNNING and job.step and job.job_id not in self._steps:
+                self._steps[job.job_id] = (job.target, job.step, now)
+
+    def serve(self, listen: str) -> tuple[str, int]:
+        """Serve /metrics on `listen` from a background thread; returns the address bound."""
+        host, port = parse_listen(listen)
+        self._server, _ = start_http_server(port, host, registry=self.registry)
+        bound: tuple[str, int] = self._server.server_address[:2]
+        return bound
+
+    def write_textfile(self, path: str) -> None:
+        """The same metrics for node_exporter's textfile collector (temp name beside it, then rename)."""
+        write_to_textfile(path, self.registry)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()

@@ -1,0 +1,141 @@
+"""The ops surfaces in the daemon (SPEC §13): metrics, notifications, retention and the dashboard, fed by job changes.
+
+`observe` is called on every saved job change, from the worker's or the loop's thread: it only records and wakes
+this module's own thread, so no surface can delay a claim or a compile, and none can fail a job.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import structlog
+
+from saigeedged import dashboard, jobid, retention
+from saigeedged.config import Config
+from saigeedged.dashboard import Slot, View
+from saigeedged.ends import Ends
+from saigeedged.errors import SaigeError
+from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job
+from saigeedged.metrics import Metrics, parse_listen
+from saigeedged.publish import place_data
+from saigeedged.store import Store
+from saigeedged.webhooks import Sender, channels
+
+log = structlog.get_logger()
+PAGE_MIN_S = 1.0  # the dashboard is rewritten at most this often
+PAGE_MAX_S = 30.0  # ... and at least this often (changes made by other processes, e.g. `cancel`, and its clock)
+TEXTFILE_S = 15.0
+TICK_S = 5.0  # the thread looks at least this often
+RETENTION_S = 86400.0
+CONTAINER_TARGETS = ("cubie", "mobilint")
+
+
+class Ops(threading.Thread):
+    """The surfaces the config turns on; `engine_up` says whether the local Docker engine answers."""
+
+    def __init__(self, config: Config, store: Store, engine_up: Callable[[], bool],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(name="saigeedged-ops", daemon=True)
+        self.config, self.store, self.engine_up, self.clock = config, store, engine_up, clock
+        section = config.section("metrics")
+        self.listen, self.textfile = section["listen"], section["textfile"]
+        if self.listen:
+            parse_listen(self.listen)  # a bad address stops the start-up, as any bad key does
+        wanted = bool(self.listen or self.textfile)
+        self.metrics = Metrics(store, lambda: {"local": self.engine_up()}, clock) if wanted else None
+        chans = channels(config.raw["notify"])
+        self.sender = Sender(chans) if chans else None
+        self.ends = Ends(store)
+        if self.sender is not None:
+            self.ends.fresh()  # what ended before this start was notified then, or never will be
+        self.policy = retention.Policy.from_section(config.section("retention"))
+        self.outputs = retention.Outputs(config.outbox, config.inbox / ".saigeedged" / "failed")
+        self.dashboard = bool(config.raw["dashboard"])
+        self.stop_event, self.changed = threading.Event(), threading.Event()
+        self._page_stale = False
+        self._last = dict.fromkeys(("page", "textfile", "retention"), float("-inf"))
+
+    def observe(self, job: Job) -> None:
+        """A job was saved: time its steps, queue its notification, mark the page stale. Never raises."""
+        try:
+            if self.metrics is not None:
+                self.metrics.observe(job)
+            if self.sender is not None and job.state in TERMINAL:
+                self.sender.job_ended(job)
+        except Exception as exc:  # a guard: an ops surface must never fail a job
+            log.error("ops.failed", job_id=job.job_id, error_code="INTERNAL", message=f"{type(exc).__name__}: {exc}")
+        self.changed.set()
+
+    def start(self) -> None:
+        if self.metrics is not None and self.listen:
+            try:
+                host, port = self.metrics.serve(self.listen)
+                log.info("metrics.listening", address=f"{host}:{port}")
+            except OSError as exc:  # compiles matter more than their metrics: say it loudly and go on
+                log.error("metrics.unavailable", address=self.listen, message=str(exc))
+        if self.sender is not None:
+            self.sender.start()
+        super().start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.changed.set()
+        if self.sender is not None:
+            self.sender.stop()
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.is_alive():
+            self.join(timeout=5)  # a page or textfile being written is finished, not left as a temp file
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self.tick(self.clock())
+            except Exception as exc:  # a guard: the next tick tries again
+                log.error("ops.failed", error_code="INTERNAL", message=f"{type(exc).__name__}: {exc}")
+            self.stop_event.wait(PAGE_MIN_S)  # changes meanwhile wait for the next tick: at most one page a second
+            self.changed.wait(TICK_S)
+
+    def tick(self, now: float) -> None:
+        """Whatever is due: the page (changed, or PAGE_MAX_S old), the textfile, a retention round."""
+        stale = self.changed.is_set()
+        self.changed.clear()
+        self._page_stale = self._page_stale or stale
+        last = self._last["page"]
+        if self.dashboard and now >= last + PAGE_MIN_S and (self._page_stale or now >= last + PAGE_MAX_S):
+            self._last["page"], self._page_stale = now, False
+            self.write_page()
+        if self.metrics is not None and self.textfile and (stale or now >= self._last["textfile"] + TEXTFILE_S):
+            self._last["textfile"] = now
+            self.write_textfile()
+        if self.sender is not None:  # ends the observer never saw: `saigeedged cancel` of a queued job, in a shell
+            for job in self.ends.fresh():
+                self.sender.job_ended(job)
+        if self.policy.enabled and now >= self._last["retention"] + RETENTION_S:  # after start, then daily
+            self._last["retention"] = now
+            retention.prune(self.store, self.outputs, self.policy, time.time())
+
+    def view(self) -> View:
+        running, up = self.store.in_state(RUNNING), self.engine_up()  # the rows, not the worker: one truth per page
+
+        def busy(target: str) -> Job | None:
+            return next((job for job in running if job.target == target), None)
+
+        slots = [Slot("local", t, up, busy(t)) for t in CONTAINER_TARGETS] + [Slot("this host", "host", True, busy("host"))]
+        return View(jobid.iso(jobid.utc_now()), slots, running, self.store.in_state(QUEUED),
+                    self.store.recent(dashboard.RECENT))
+
+    def write_page(self) -> None:
+        try:
+            place_data(dashboard.render(self.view()).encode(), dashboard.page_path(self.config.outbox))
+        except SaigeError as exc:  # the share refuses it now: the next change or PAGE_MAX_S tries again
+            log.warning("dashboard.write_failed", error_code=exc.code, message=exc.message)
+
+    def write_textfile(self) -> None:
+        assert self.metrics is not None
+        try:
+            self.metrics.write_textfile(self.textfile)
+        except OSError as exc:
+            log.warning("metrics.textfile_failed", path=self.textfile, message=str(exc))

@@ -1,0 +1,155 @@
+"""Retention (SPEC §13): which final jobs' outputs have aged out (pure), and removing them (`saigeedged prune`).
+
+A final job's files are its status file, its log, its bundle and its inputs under failed/. A job is pruned when
+no rule keeps it: `max_age_days` keeps what was written more recently than that, `keep_last_per_name` keeps the
+newest N final jobs of each name (per drop folder). Nothing of a queued or running job, and no file another kept
+job still points at (several builds of one name share a bundle path), is ever removed. The rows stay in the queue.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+
+from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job, entry_from_doc
+from saigeedged.metrics import seconds
+from saigeedged.store import Store
+
+log = structlog.get_logger()
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    """`retention:` of the config; both 0 = off."""
+
+    max_age_days: float = 0.0
+    keep_last_per_name: int = 0
+
+    @classmethod
+    def from_section(cls, section: dict[str, Any]) -> Policy:
+        return cls(float(section["max_age_days"]), int(section["keep_last_per_name"]))
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_age_days > 0 or self.keep_last_per_name > 0
+
+
+def kept(aged: list[tuple[Job, float]], policy: Policy, now: float) -> set[str]:
+    """The ids of the final jobs some rule keeps; `aged` pairs each with when its files were last written."""
+    keep = {job.job_id for job, when in aged if policy.max_age_days > 0 and now - when < policy.max_age_days * DAY_S}
+    if policy.keep_last_per_name > 0:
+        groups: dict[tuple[str, str], list[Job]] = {}
+        for job, _ in aged:
+            groups.setdefault((job.subdir, job.name), []).append(job)
+        for group in groups.values():
+            group.sort(key=lambda j: (j.finished_at or "", j.job_id), reverse=True)
+            keep.update(j.job_id for j in group[:policy.keep_last_per_name])
+    return keep
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where a job's files are."""
+
+    outbox: Path
+    failed: Path  # <inbox>/.saigeedged/failed
+
+    def files(self, job: Job) -> list[Path]:
+        found = [self.outbox / "status" / f"{job.job_id}.json", self.outbox / "logs" / f"{job.job_id}.log"]
+        if job.bundle:
+            found.append(self.outbox / job.bundle["path"])
+        elif job.state not in TERMINAL:
+            found.extend(self._future_bundle(job))
+        if Path(job.claim_dir).parent == self.failed:
+            found.append(Path(job.claim_dir))
+        return found
+
+    def _future_bundle(self, job: Job) -> list[Path]:
+        """Where a queued or running job will publish (it may be replacing that file right now)."""
+        try:
+            return [self.outbox / job.subdir / entry_from_doc(job.entry).output_name]
+        except (KeyError, TypeError, ValueError):
+            return []
+
+    def written(self, job: Job) -> float:
+        """When the job's outputs were last written: its status file's mtime (its end), else its end in the row."""
+        for path in (self.outbox / "status" / f"{job.job_id}.json", self.outbox / "logs" / f"{job.job_id}.log"):
+            try:
+                return path.stat().st_mtime
+            except OSError:
+                continue
+        return seconds(job.finished_at) if job.finished_at else time.time()
+
+
+def plan(store: Store, outputs: Outputs, policy: Policy, now: float) -> list[tuple[Job, list[Path]]]:
+    """The final jobs to prune, each with its files that exist and that no job still kept points at."""
+    final = store.in_state(*sorted(TERMINAL))
+    keep = kept([(job, outputs.written(job)) for job in final], policy, now) if policy.enabled else {j.job_id for j in final}
+    staying = [job for job in final if job.job_id in keep] + store.in_state(QUEUED, RUNNING)
+    protected = {path for job in staying for path in outputs.files(job)}
+    doomed = []
+    for job in final:
+        if job.job_id in keep:
+            continue
+        paths = [p for p in outputs.files(job) if p not in protected and (p.exists() or p.is_symlink())]
+        if paths:
+            doomed.append((job, paths))
+    return doomed
+
+
+def remove(store: Store, doomed: list[tuple[Job, list[Path]]], announce: bool = True) -> list[Path]:
+    """Delete the planned files of each job that is still as planned (`retry` may have queued it meanwhile).
+
+    `announce`: a journal event per job (the daemon); the operator's shell gets printed lines instead.
+    """
+    removed = []
+    for job, paths in doomed:
+        now = store.get(job.job_id)
+        if now is None or now.state not in TERMINAL or now.finished_at != job.finished_at:
+            continue
+        for path in paths:
+            try:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+            except OSError as exc:  # said even from the shell: the file stays
+                log.warning("retention.failed", job_id=job.job_id, job_name=job.name, path=str(path), message=str(exc))
+                continue
+            removed.append(path)
+        if announce:
+            log.info("retention.pruned", job_id=job.job_id, job_name=job.name, state=job.state, files=len(paths))
+    return removed
+
+
+def prune(store: Store, outputs: Outputs, policy: Policy, now: float) -> int:
+    """One retention round in the daemon; returns the number of files removed."""
+    removed = remove(store, plan(store, outputs, policy, now))
+    log.info("retention.done", removed=len(removed), max_age_days=policy.max_age_days,
+             keep_last_per_name=policy.keep_last_per_name)
+    return len(removed)
+
+
+def main(store: Store, outputs: Outputs, policy: Policy, dry_run: bool, out: TextIO) -> int:
+    """`saigeedged prune [--dry-run]`: print each file it removes (or would remove)."""
+    if not policy.enabled:
+        print("retention is off (retention.max_age_days and retention.keep_last_per_name are 0): nothing to prune",
+              file=out)
+        return 0
+    doomed = plan(store, outputs, policy, time.time())
+    if dry_run:
+        for job, paths in doomed:
+            print("\n".join(f"would remove {path}  ({job.job_id}, {job.state})" for path in paths), file=out)
+        print(f"{len(doomed)} jobs, {sum(len(p) for _, p in doomed)} files would be removed (dry run)", file=out)
+        return 0
+    removed = remove(store, doomed, announce=False)
+    for path in removed:
+        print(f"removed {path}", file=out)
+    print(f"{len(doomed)} jobs, {len(removed)} files removed", file=out)
+    return 0

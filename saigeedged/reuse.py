@@ -1,0 +1,119 @@
+"""A compile through the cache (SPEC §12): the key decided before any compiler step, a hit reused, a success kept."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from saigeedged import __version__, backends, cache, cachekey, jobid
+from saigeedged.backends import Artifact, Context
+from saigeedged.files import sha256_file
+from saigeedged.inputs import Prepared
+
+CALIB_MEMBER = "calib_digests.txt"
+
+
+@dataclass
+class Made:
+    """A compile's artifact and what made it: its key, hit or not, the toolchain, the calibration digests."""
+
+    art: Artifact
+    key: str
+    hit: bool
+    source_job_id: str | None
+    toolchain: dict[str, Any]
+    calib_rows: list[tuple[str, str]]
+
+    def status(self) -> dict[str, Any]:
+        """The status file's `cache` field."""
+        return {"hit": self.hit, "key": self.key, "source_job_id": self.source_job_id}
+
+    def checkpoint(self, prep: Prepared) -> dict[str, Any]:
+        """What checkpoint.yaml records about how the bundle was made."""
+        return {"toolchain": self.toolchain, "saigeedged_version": __version__, "cache_key": self.key,
+                "input_channels": prep.entry.channels, "calib_digests": CALIB_MEMBER}
+
+    def texts(self) -> dict[str, str]:
+        """Text members of the bundle (stored unencrypted, like checkpoint.yaml)."""
+        return {CALIB_MEMBER: cachekey.calib_digests_text(self.calib_rows)}
+
+
+def toolchain(target: str, ctx: Context) -> dict[str, Any]:
+    """The compiler's identity: the image the target's container runs (reference and ID), or onnxruntime's version."""
+    if target == "host":
+        return {"onnxruntime": importlib.metadata.version("onnxruntime")}
+    assert ctx.container is not None
+    ctr = ctx.container(target)
+    return {"image": ctr.spec.image, "image_id": ctr.image_id}
+
+
+def resolved(prep: Prepared) -> dict[str, Any]:
+    """The compile-relevant values the inputs and profiles decide (defaults that live outside the Entry)."""
+    from saigeedged.backends import cubie, mobilint
+
+    entry = prep.entry
+    values: dict[str, Any] = {"input_size": list(prep.input_size), "input_channels": entry.channels,
+                              "surgery_outputs": list(prep.surgery) if prep.surgery else None}
+    if entry.target == "cubie":
+        values["optimize"] = cubie.optimize_target(entry)
+    if entry.target == "mobilint":
+        values["preset"] = mobilint.preset(entry)
+    return values
+
+
+def _meta(art: Artifact, prep: Prepared, job_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(files to store, meta.json): members are stored by their suffix after the job's name, which a hit renames."""
+    files, members = {}, []
+    for i, (member, path) in enumerate(art.members.items()):
+        suffix = member[len(prep.name):] if member.startswith(prep.name) else f"/{member}"
+        files[f"m{i}"] = path
+        members.append([f"m{i}", suffix, member == art.model_member])
+    meta = {"source_job_id": job_id, "created_at": jobid.iso(jobid.utc_now()), "target": prep.entry.target,
+            "model": art.model_member, "members": members,
+            "quantization": art.quantization, "platform": art.platform, "image": art.image, "image_id": art.image_id,
+            "report": art.report}
+    return files, meta
+
+
+def _restore(meta: dict[str, Any], prep: Prepared) -> Artifact:
+    """The artifact of a hit, its members named after this job's model (the files were put in work/cached/)."""
+    folder = prep.work_dir / "cached"
+    members, model = {}, ""
+    for stored, suffix, is_model in meta["members"]:
+        member = suffix[1:] if suffix.startswith("/") else f"{prep.name}{suffix}"
+        members[member] = folder / stored
+        model = member if is_model else model
+    return Artifact(model, members, meta["quantization"], meta["platform"], meta["image"], meta["image_id"],
+                    meta["report"])
+
+
+def compile(prep: Prepared, ctx: Context, job_id: str, skip: Callable[[list[str]], None]) -> Made:
+    """The backend's compile, or the cached artifacts of an identical earlier one (`skip` gets the steps not run)."""
+    entry = prep.entry
+    tools = toolchain(entry.target, ctx)
+    rows = [(sha256_file(s.image), str(s.image)) for s in prep.chosen]
+    key = cachekey.compile_key(cachekey.KeyInputs(prep.onnx_sha256, cachekey.compile_fields(entry, resolved(prep)),
+                                                  [d for d, _ in rows], tools, __version__))
+    store = cache.for_config(ctx.config)
+    backend = backends.get(entry.target)
+    if not (entry.cache and store.enabled):
+        ctx.log.line(f"cache: not used ({'cache: false in the manifest' if store.enabled else 'cache.max_bytes is 0'}), "
+                     f"key {key}")
+        return Made(backend.compile(prep, ctx), key, False, None, tools, rows)
+    with store.compiling(key, ctx.interrupted):  # an identical compile in progress elsewhere: wait for its entry
+        meta = store.get(key, prep.work_dir / "cached")
+        if meta is not None:
+            skip(backend.steps(entry))
+            ctx.log.line(f"cache: hit {key}, compiled by job {meta['source_job_id']}: compiler steps skipped")
+            return Made(_restore(meta, prep), key, True, meta["source_job_id"], tools, rows)
+        ctx.log.line(f"cache: miss {key}")
+        art = backend.compile(prep, ctx)
+        files, meta = _meta(art, prep, job_id)
+        try:
+            note = "kept" if store.put(key, files, meta) else "not kept (larger than cache.max_bytes)"
+        except OSError as exc:  # a full state_dir costs the next identical drop a compile, not this job its bundle
+            note = f"not kept ({exc})"
+        ctx.log.line(f"cache: {note} {key}")
+    return Made(art, key, False, None, tools, rows)

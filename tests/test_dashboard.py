@@ -1,0 +1,126 @@
+"""The dashboard (SPEC §13): <outbox>/index.html kept current by the daemon, read by headless Chromium from file://."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import pytest
+from conftest import write_config
+from harness import drop, wait_for
+from test_daemon_docker import cubie_daemon, in_quantize  # noqa: F401 (a fixture)
+
+from saigeedged import cli, config, dashboard, jobid
+from saigeedged.jobs import FAILED, Job
+from saigeedged.ops import Ops
+from saigeedged.store import Store
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is installed by scripts/setup-host")
+
+
+class Rows(HTMLParser):
+    """Each `<tr id=JOB_ID>`: its cells' text (by data-label) and its links; plus the page's whole text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[str, dict[str, str]] = {}
+        self.links: dict[str, dict[str, str]] = {}
+        self.text: list[str] = []
+        self._row: str | None = None
+        self._cell = ""
+        self._anchor = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "tr" and a.get("id"):
+            self._row = a["id"]
+            self.rows[self._row], self.links[self._row] = {}, {}
+        elif tag == "td" and self._row:
+            self._cell = a.get("data-label") or ""
+        elif tag == "a" and self._row:
+            self._anchor, self._href = True, a.get("href") or ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "tr":
+            self._row = None
+        self._anchor = self._anchor and tag != "a"
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+        if self._row and self._cell:
+            cells = self.rows[self._row]
+            cells[self._cell] = (cells.get(self._cell, "") + " " + data).strip()
+        if self._row and self._anchor:
+            self.links[self._row][data] = self._href
+
+
+def chromium(*args: str) -> str:
+    assert CHROMIUM is not None
+    run = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", *args], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout
+
+
+@pytest.mark.docker
+@needs_chromium
+def test_page_in_chromium_shows_every_job(cubie_daemon: Any, docker_client: Any, tmp_path: Path,  # noqa: F811
+                                          det_inputs: dict[str, Any]) -> None:
+    """Running, queued, failed and succeeded jobs appear with state, step, error code, hint, report and working links."""
+    d = cubie_daemon(dashboard=True)
+    host = {**det_inputs["manifest"], "target": "host"}
+    drop(d.inbox, "good", det_inputs["onnx"], host)
+    good = d.wait_job("good")
+    drop(d.inbox, "bad", det_inputs["onnx"], {**host, "num_classes": 7})
+    bad = d.wait_job("bad")
+    hang = in_quantize(d, docker_client, tmp_path, "hang", det_inputs["manifest"])
+    drop(d.inbox, "waiting", det_inputs["onnx"], host)
+    waiting = d.wait_job("waiting", ("queued",))
+    page = d.outbox / "index.html"
+    wait_for(lambda: waiting["job_id"] in page.read_text(), 30, "the queued job on the page")
+    dom = Rows()
+    dom.feed(chromium("--dump-dom", page.as_uri()))
+    rows = dom.rows
+    assert rows[good["job_id"]]["state"] == "succeeded" and rows[good["job_id"]]["quantization"].startswith("ok")
+    assert rows[bad["job_id"]]["state"] == "failed" and rows[bad["job_id"]]["error"].startswith("CALIB_INVALID")
+    assert rows[bad["job_id"]]["hint"] == bad["error"]["hint"]
+    assert rows[hang["job_id"]]["state"] == "running" and rows[hang["job_id"]]["step"] == "quantize 8/11"
+    assert rows[waiting["job_id"]]["state"] == "queued"
+    links = dom.links[good["job_id"]]
+    assert unquote(links["bundle"]) == good["bundle"]["path"]
+    assert all((d.outbox / unquote(links[k])).is_file() for k in ("bundle", "log", "status"))
+    assert "1 running, 1 queued" in "".join(dom.text)
+    for width in (420, 1100):  # a phone and a desktop (docs/dashboard.png is the desktop one of such a run)
+        shot = tmp_path / f"dashboard-{width}.png"
+        chromium(f"--screenshot={shot}", f"--window-size={width},900", "--hide-scrollbars", page.as_uri())
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for job in (hang, waiting):
+        assert cli.main(["cancel", job["job_id"], "-c", str(d.config)]) == 0
+
+
+def test_page_escapes_names_and_is_rewritten_at_most_once_a_second(tmp_path: Path) -> None:
+    """A hostile drop name is shown as text; changes within a second wait for the next second's rewrite."""
+    store = Store(tmp_path / "state" / "saigeedged.db")
+    cfg = config.load(write_config(tmp_path, dashboard=True))
+    ops = Ops(cfg, store, lambda: True, clock=lambda: 0.0)
+    now = jobid.iso(jobid.utc_now())
+    job = Job(job_id="x-1", name='<img src=x onerror="alert(1)">', target="host", task="mlc", entry={"onnx": "a.onnx"},
+              subdir="", claim_dir=str(tmp_path), manifest="m.yml", state=FAILED, created_at=now, finished_at=now,
+              error={"code": "MANIFEST_INVALID", "message": "<b>bad</b>", "hint": "fix it", "step": "validate"})
+    store.add(job)
+    ops.observe(job)
+    page = dashboard.page_path(cfg.outbox)
+    ops.tick(100.0)
+    first = page.read_text()
+    assert "<img" not in first and "&lt;img src=x" in first and "&lt;b&gt;bad&lt;/b&gt;" in first
+    page.unlink()
+    ops.observe(job)
+    ops.tick(100.5)
+    assert not page.exists()  # within the second: not yet
+    ops.tick(101.0)
+    assert page.exists()  # the pending change is written at the next second
