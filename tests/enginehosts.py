@@ -186,9 +186,14 @@ class Engine:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
 
-    def stop(self) -> None:
-        """SIGSTOP the dockerd: connections are accepted by the kernel, nothing answers."""
+    def stop(self, timeout: float = 10) -> None:
+        """SIGSTOP the dockerd and wait until every thread is stopped: connections are accepted, nothing answers.
+
+        kill() returns before the stop: one thread takes the signal and then stops the others, and on a
+        loaded machine the rest can go on serving requests meanwhile.
+        """
         os.kill(self.pid, signal.SIGSTOP)
+        wait_for(lambda: _all_threads_stopped(self.pid), timeout, f"dockerd of engine {self.name} to stop")
 
     def cont(self) -> None:
         os.kill(self.pid, signal.SIGCONT)
@@ -208,6 +213,14 @@ class Engine:
             if proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(10)
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+    return all(state == "T" for state in states)
 
 
 def _banner(addr: str, port: int) -> bool:
