@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 import docker  # noqa: E402
 from conftest import STANDIN_ACUITY, build_standins  # noqa: E402
-from enginehosts import STANDARD, engine_hosts  # noqa: E402
+from enginehosts import STANDARD, started_engines  # noqa: E402
 
 
 def calibration_tar(count: int, size: int) -> bytes:
@@ -89,7 +89,7 @@ def main() -> None:
     build_standins(host)
     data = calibration_tar(args.images, args.size_kb * 1000)
     started = time.perf_counter()
-    with engine_hosts(host, STANDARD) as hosts:
+    with started_engines(host, STANDARD) as hosts:
         result: dict[str, Any] = {"bring_up_s": round(time.perf_counter() - started, 2), "engines": len(STANDARD),
                                   "payload_MB": round(len(data) / 1e6, 2), "images": args.images}
         for via, engine in (("unix", "tls"), ("tls", "tls"), ("ssh", "ssh")):

@@ -137,7 +137,7 @@ def det_inputs(tmp_path: Path) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def engine_hosts(docker_client: Any) -> Any:
     """Extra engines in their own network namespaces (tests/enginehosts.py: tls, ssh, nocubie), removed after."""
-    from enginehosts import engine_hosts as bring_up
+    from enginehosts import started_engines
 
-    with bring_up(docker_client) as hosts:
+    with started_engines(docker_client) as hosts:
         yield hosts

@@ -302,7 +302,7 @@ def save_images(host: docker.DockerClient, tags: set[str], folder: Path) -> dict
 
 
 @contextlib.contextmanager
-def engine_hosts(host: docker.DockerClient, specs: tuple[EngineSpec, ...] = STANDARD) -> Iterator[EngineHosts]:
+def started_engines(host: docker.DockerClient, specs: tuple[EngineSpec, ...] = STANDARD) -> Iterator[EngineHosts]:
     """Bring up `specs` as extra engines (after removing what killed runs left), and remove them all on exit."""
     enginecleanup.remove_stale()
     run, lock = enginecleanup.begin_run(lambda: secrets.token_hex(2))

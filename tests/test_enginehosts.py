@@ -21,7 +21,7 @@ import netns
 import pytest
 import requests
 from conftest import STANDIN_ACUITY, STANDIN_MOBILINT
-from enginehosts import EngineSpec, engine_hosts
+from enginehosts import EngineSpec, started_engines
 from harness import wait_for
 
 pytestmark = [pytest.mark.engines, pytest.mark.docker]
@@ -166,7 +166,7 @@ NOTHING = {"folder": False, "netns": [], "veths": [], "cgroups": [], "mounts": [
 
 def test_engines_leave_nothing_after_a_failing_test(docker_client: Any) -> None:
     """An engine with a running container, torn down by a failing test, leaves no folder, netns, veth, cgroup, mount, process."""
-    with pytest.raises(RuntimeError, match="the test failed"), engine_hosts(docker_client, (EngineSpec("solo"),)) as hosts:
+    with pytest.raises(RuntimeError, match="the test failed"), started_engines(docker_client, (EngineSpec("solo"),)) as hosts:
         hosts["solo"].client().containers.run(STANDIN_MOBILINT, detach=True)
         run = hosts.run
         assert run_traces(run)["cgroups"]
@@ -178,8 +178,8 @@ CHILD = """
 import sys, time
 sys.path.insert(0, {tests!r})
 import docker
-from enginehosts import EngineSpec, engine_hosts
-with engine_hosts(docker.from_env(), (EngineSpec("orphan", ssh=True),)) as hosts:
+from enginehosts import EngineSpec, started_engines
+with started_engines(docker.from_env(), (EngineSpec("orphan", ssh=True),)) as hosts:
     hosts["orphan"].client().containers.run({image!r}, detach=True)
     print(hosts.run, flush=True)
     time.sleep(600)
