@@ -161,16 +161,17 @@ class Engine:
             if self.proc is None or self.proc.poll() is not None:
                 raise RuntimeError(f"dockerd of engine {self.name} exited:\n{self.log_tail()}")
             try:
-                return bool(docker.DockerClient(base_url=self.unix_url, timeout=5).ping())
+                with contextlib.closing(docker.DockerClient(base_url=self.unix_url, timeout=5)) as client:
+                    return bool(client.ping())
             except Exception:  # not listening yet
                 return False
 
         wait_for(answers, timeout, f"dockerd of engine {self.name}\n{self.log_tail()}")
 
     def load(self, tarballs: dict[str, Path]) -> None:
-        client = self.client()
-        for tag in self.spec.images:
-            client.images.load(tarballs[tag].read_bytes())
+        with contextlib.closing(self.client()) as client:
+            for tag in self.spec.images:
+                client.images.load(tarballs[tag].read_bytes())
 
     def start_sshd(self, timeout: float = 30) -> None:
         assert self.ssh is not None
