@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import onnx
 
 from saigeedged import __version__, backends, cache, cachekey, jobid
 from saigeedged.backends import Artifact, Context
+from saigeedged.config import Config
 from saigeedged.files import sha256_file
 from saigeedged.inputs import Prepared
+
+# Host-side libraries that shape what the compiler is given: onnx cuts the model (surgery) and wraps it (host),
+# Pillow and numpy decode and preprocess the calibration images (host, mobilint)
+HOST_LIBRARIES = ("onnx", "pillow", "numpy")
 
 CALIB_MEMBER = "calib_digests.txt"
 
@@ -63,6 +71,45 @@ def resolved(prep: Prepared) -> dict[str, Any]:
     return values
 
 
+def host_side(target: str, config: Config) -> dict[str, Any]:
+    """What else decides the artifact besides the compiler image: the host libraries that prepare its inputs and,
+    for cubie, the daemon's choice of pegasus entry point and VIV SDK folder inside the image (both in its argv)."""
+    found: dict[str, Any] = {name: importlib.metadata.version(name) for name in HOST_LIBRARIES}
+    if target == "cubie":
+        section = config.section("cubie")
+        found.update(pegasus=section["pegasus"], viv_sdk=section["viv_sdk"])
+    return found
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor of a graph: initializers and node attributes, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            yield from ([attr.t] if attr.HasField("t") else [])
+            yield from attr.tensors
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _tensors(sub)
+
+
+def external_data(path: Path) -> list[tuple[str, str]]:
+    """(location, sha256) of each external data file the ONNX names: its weights, which its own digest misses."""
+    model = onnx.load(str(path), load_external_data=False)
+    locations = {item.value for tensor in _tensors(model.graph) if tensor.data_location == onnx.TensorProto.EXTERNAL
+                 for item in tensor.external_data if item.key == "location"}
+    return [(name, sha256_file(path.parent / name)) for name in sorted(locations)]
+
+
+def key_inputs(prep: Prepared, tools: dict[str, Any], config: Config, rows: list[tuple[str, str]]) -> cachekey.KeyInputs:
+    """The key's inputs of a prepared job compiled with `tools` (see cachekey; rows: the calibration digests)."""
+    onnx_id = prep.onnx_sha256
+    data = external_data(prep.entry.onnx)
+    if data:
+        onnx_id = cachekey.canonical({"onnx": onnx_id, "external_data": data})
+    return cachekey.KeyInputs(onnx_id, cachekey.compile_fields(prep.entry, resolved(prep)), [d for d, _ in rows],
+                              {**tools, "host": host_side(prep.entry.target, config)}, __version__)
+
+
 def _meta(art: Artifact, prep: Prepared, job_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(files to store, meta.json): members are stored by their suffix after the job's name, which a hit renames."""
     files, members = {}, []
@@ -94,8 +141,7 @@ def compile(prep: Prepared, ctx: Context, job_id: str, skip: Callable[[list[str]
     entry = prep.entry
     tools = toolchain(entry.target, ctx)
     rows = [(sha256_file(s.image), str(s.image)) for s in prep.chosen]
-    key = cachekey.compile_key(cachekey.KeyInputs(prep.onnx_sha256, cachekey.compile_fields(entry, resolved(prep)),
-                                                  [d for d, _ in rows], tools, __version__))
+    key = cachekey.compile_key(key_inputs(prep, tools, ctx.config, rows))
     store = cache.for_config(ctx.config)
     backend = backends.get(entry.target)
     if not (entry.cache and store.enabled):
