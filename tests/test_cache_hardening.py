@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import yaml
 from factory import classifier, manifest, random_labels, valjson
 
 from saigeedged import cli
+from saigeedged.cache import Cache
 
 
 def external(path: Path, seed: int) -> bytes:
@@ -65,3 +68,42 @@ def test_another_viv_sdk_folder_is_another_compile(tmp_path: Path, docker_config
     assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 1
     out = capsys.readouterr().out
     assert "cache hit" not in out and "EXPORT_FAILED" in out
+
+
+def stored(tmp_path: Path, key: str, payload: bytes) -> Cache:
+    """A cache under tmp_path/state/cache holding `payload` as file m0 under `key`."""
+    src = tmp_path / "work" / f"{key}.nb"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_bytes(payload)
+    cache = Cache(tmp_path / "state" / "cache", 10_000)
+    assert cache.put(key, {"m0": src}, {"source_job_id": f"job-{key}"})
+    return cache
+
+
+def test_an_entry_copied_under_another_key_is_no_hit(tmp_path: Path) -> None:
+    """A folder whose meta.json names another key (copied or renamed by hand) is a miss, not that other compile."""
+    cache = stored(tmp_path, "a" * 64, b"model of a")
+    shutil.copytree(cache.root / ("a" * 64), cache.root / ("b" * 64))
+    assert cache.get("b" * 64, tmp_path / "dest") is None
+    assert cache.get("a" * 64, tmp_path / "dest") is not None
+
+
+def test_a_file_name_leading_out_of_the_work_dir_is_no_hit(tmp_path: Path) -> None:
+    """meta.json naming a file `../m0` (a damaged or tampered entry) is a miss and nothing is written beside the
+    destination folder."""
+    key = "c" * 64
+    cache = stored(tmp_path, key, b"model")
+    folder = cache.root / key
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["files"] = {"../m0": meta["files"]["m0"]}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    shutil.copyfile(folder / "m0", cache.root / "m0")
+    dest = tmp_path / "job" / "cached"
+    assert cache.get(key, dest) is None and not (dest.parent / "m0").exists()
+
+
+def test_the_cache_is_readable_by_the_daemon_user_only(tmp_path: Path) -> None:
+    """The cache folder is 0700: it holds plain compiled models, also those whose bundles are encrypted."""
+    (tmp_path / "state" / "cache").mkdir(parents=True, mode=0o755)
+    cache = stored(tmp_path, "d" * 64, b"model")
+    assert cache.root.stat().st_mode & 0o777 == 0o700
