@@ -47,9 +47,17 @@ class Channel:
 
     @property
     def shown(self) -> str:
-        """The URL as logged: scheme, host and port only (a webhook's path or query is often its secret)."""
-        parts = urlsplit(self.url)
-        return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        return shown(self.url)
+
+
+def shown(url: str) -> str:
+    """A URL as logged: scheme, host and port only (a webhook's path, query or user:token@ is often its secret)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{parts.scheme}://{parts.hostname or ''}" + (f":{port}" if port else "")
 
 
 def _invalid(where: str, message: str) -> SaigeError:
@@ -64,7 +72,7 @@ def channels(entries: list[Any]) -> list[Channel]:
         where = f"notify[{i}]"
         raw = _merge(entry, CHANNEL_DEFAULTS, f"{where}.")
         if urlsplit(raw["url"]).scheme not in ("http", "https") or not urlsplit(raw["url"]).hostname:
-            raise _invalid(f"{where}.url", f"must be an http:// or https:// URL, got {raw['url']!r}")
+            raise _invalid(f"{where}.url", f"must be an http:// or https:// URL, got {shown(raw['url'])!r}")
         unknown = [e for e in raw["events"] if e not in EVENTS]
         if unknown or not raw["events"]:
             raise _invalid(f"{where}.events", f"must list some of {', '.join(EVENTS)}, got {raw['events']!r}")
@@ -77,16 +85,22 @@ def channels(entries: list[Any]) -> list[Channel]:
     return found
 
 
+def _plain(value: Any) -> str:
+    """Text Slack shows as written: `<!channel>`, `<@U1>` or `<https://x|y>` in a dropper's value stay inert."""
+    return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def slack_text(doc: dict[str, Any]) -> str:
     """One Slack message: job, state, target; the bundle path, or the error code, message and hint."""
-    lines = [f"{ICONS.get(doc['state'], '')} saigeedged: *{doc['name']}* {doc['state']} "
-             f"({doc['target']}, job `{doc['job_id']}`)"]
+    lines = [f"{ICONS.get(doc['state'], '')} saigeedged: *{_plain(doc['name'])}* {doc['state']} "
+             f"({doc['target']}, job `{_plain(doc['job_id'])}`)"]
     if doc.get("bundle"):
-        lines.append(f"bundle: {doc['bundle']['path']}")
+        lines.append(f"bundle: {_plain(doc['bundle']['path'])}")
     if doc.get("error"):
         error = doc["error"]
-        lines.append(f"{error['code']}: {str(error['message']).splitlines()[0] if error['message'] else ''}")
-        lines.append(f"hint: {error['hint']}")
+        message = str(error['message']).splitlines()[0] if error['message'] else ''
+        lines.append(f"{error['code']}: {_plain(message)}")
+        lines.append(f"hint: {_plain(error['hint'])}")
     return "\n".join(lines)
 
 

@@ -115,3 +115,25 @@ def test_one_post_per_end_also_for_a_cancel_from_a_shell(cubie_daemon: Any, dock
         r.wait_posts(3, 30)
     assert [p["body"]["job_id"] for p in r.posts] == [queued["job_id"], running["job_id"], after["job_id"]]
     assert [p["body"]["state"] for p in r.posts] == ["cancelled", "cancelled", "succeeded"]
+
+
+def test_slack_text_keeps_a_droppers_mentions_and_links_inert() -> None:
+    """Slack control sequences in a dropper's values (a manifest key echoed in the error message) reach Slack
+    escaped: no `@channel` ping, no disguised link."""
+    from saigeedged.webhooks import slack_text
+
+    doc = {"state": "failed", "name": "det", "target": "host", "job_id": "det-20261130T031500Z-a1b2c3", "bundle": None,
+           "error": {"code": "MANIFEST_INVALID", "message": "det.yml: unknown key `<!channel> <https://evil.test|docs>`",
+                     "hint": "see <!here> & fix"}}
+    text = slack_text(doc)
+    assert "<!" not in text and "<https" not in text
+    assert "&lt;!channel&gt; &lt;https://evil.test|docs&gt;" in text and "see &lt;!here&gt; &amp; fix" in text
+
+
+def test_a_bad_notify_url_is_refused_without_echoing_its_secret() -> None:
+    """A notify URL with a typo in its scheme is refused at start-up naming the field, without its token or
+    credentials in the message (it goes to the journal)."""
+    with pytest.raises(SaigeError) as err:
+        channels([{"url": "htps://bot:p4ssw0rd@hooks.example/services/T0/B0/s3cret-token"}])
+    assert "notify[0].url" in err.value.message and "hooks.example" in err.value.message
+    assert "s3cret" not in str(err.value) and "p4ssw0rd" not in str(err.value)
