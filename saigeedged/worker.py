@@ -267,7 +267,7 @@ class Worker(threading.Thread):
 
     def _run(self, job: Job, work: Path, joblog: JobLog) -> None:
         entry = entry_from_doc(job.entry)
-        rel = Path(job.subdir) / entry.output_name
+        rel = self.jobs.outbox.bundle_rel(Path(job.subdir) / entry.output_name)  # before any compile: fails fast
         policy = PathPolicy((Path(job.claim_dir), self.places.inbox, *self.config.allowed_roots))
 
         def on_step(name: str, index: int, count: int) -> None:
