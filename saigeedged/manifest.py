@@ -121,7 +121,8 @@ def _check_field(path: Path, key: str, value: Any) -> None:
                                      "input_channels"):
         return
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        raise invalid(path, f"`{key}` must be {types[0].__name__}, got {value!r}")
+        got = f"a {type(value).__name__}" if key == "password" else repr(value)  # a password never reaches a message
+        raise invalid(path, f"`{key}` must be {types[0].__name__}, got {got}")
     if choices is not None and value not in choices:
         raise invalid(path, f"`{key}` must be one of {', '.join(map(str, choices))}, got {value!r}")
     minimum = {"num_classes": 1, "n_samples": 1, "hybrid_topn": 0}.get(key)

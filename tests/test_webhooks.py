@@ -137,3 +137,15 @@ def test_a_bad_notify_url_is_refused_without_echoing_its_secret() -> None:
         channels([{"url": "htps://bot:p4ssw0rd@hooks.example/services/T0/B0/s3cret-token"}])
     assert "notify[0].url" in err.value.message and "hooks.example" in err.value.message
     assert "s3cret" not in str(err.value) and "p4ssw0rd" not in str(err.value)
+
+
+def test_a_password_of_the_wrong_type_is_never_echoed(tmp_path: Path) -> None:
+    """`password: 12345678` (a YAML number) is refused naming the field, without the value: the message goes to the
+    status file, the journal and every notification body."""
+    from saigeedged.manifest import build_entry
+
+    with pytest.raises(SaigeError) as err:
+        build_entry(tmp_path / "det.yml", {"task": "mlc", "num_classes": 3, "calib": "v.json", "password": 12345678},
+                    "det", drop=True)
+    assert err.value.code == "MANIFEST_INVALID" and "`password` must be str" in err.value.message
+    assert "12345678" not in str(err.value)
