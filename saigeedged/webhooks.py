@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import requests
 import structlog
@@ -50,14 +50,22 @@ class Channel:
         return shown(self.url)
 
 
+def _parts(url: str) -> SplitResult | None:
+    """The URL's parts, or None when it cannot be parsed (an unclosed `[`, a port out of range)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (parsed on access: raises for a bad port)
+    except ValueError:
+        return None
+    return parts
+
+
 def shown(url: str) -> str:
     """A URL as logged: scheme, host and port only (a webhook's path, query or user:token@ is often its secret)."""
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    return f"{parts.scheme}://{parts.hostname or ''}" + (f":{port}" if port else "")
+    parts = _parts(url)
+    if parts is None:
+        return "(a URL that cannot be parsed)"
+    return f"{parts.scheme}://{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
 
 
 def _invalid(where: str, message: str) -> SaigeError:
@@ -71,7 +79,8 @@ def channels(entries: list[Any]) -> list[Channel]:
     for i, entry in enumerate(entries):
         where = f"notify[{i}]"
         raw = _merge(entry, CHANNEL_DEFAULTS, f"{where}.")
-        if urlsplit(raw["url"]).scheme not in ("http", "https") or not urlsplit(raw["url"]).hostname:
+        parts = _parts(raw["url"])
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise _invalid(f"{where}.url", f"must be an http:// or https:// URL, got {shown(raw['url'])!r}")
         unknown = [e for e in raw["events"] if e not in EVENTS]
         if unknown or not raw["events"]:

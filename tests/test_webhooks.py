@@ -149,3 +149,12 @@ def test_a_password_of_the_wrong_type_is_never_echoed(tmp_path: Path) -> None:
                     "det", drop=True)
     assert err.value.code == "MANIFEST_INVALID" and "`password` must be str" in err.value.message
     assert "12345678" not in str(err.value)
+
+
+@pytest.mark.parametrize("url", ["http://[::1/hook", "http://hooks.example:99999/hook", "http://:8080/hook"])
+def test_a_notify_url_that_cannot_be_parsed_is_a_config_error(url: str) -> None:
+    """An unclosed IPv6 bracket or a port out of range is refused at start-up as a config error naming the field
+    (not a traceback at start, nor a sender thread dying at its first log line)."""
+    with pytest.raises(SaigeError) as err:
+        channels([{"url": url}])
+    assert err.value.code == "MANIFEST_INVALID" and "notify[0].url" in err.value.message
