@@ -72,9 +72,9 @@ class Outbox:
     def bundle_rel(rel: Path) -> Path:
         """`rel` (a bundle's path in the outbox), refused when it lands on the daemon's own files: status/ and logs/
         (another job's status file or log) or the dashboard page."""
-        if rel.parts[:1] in (("status",), ("logs",)) or rel.as_posix() == "index.html":
-            raise SaigeError("MANIFEST_INVALID", f"`output`: the bundle would be written to {rel.as_posix()}, among the "
-                             "daemon's own files in the outbox (status/, logs/, index.html)",
+        if rel.parts[:1] in (("status",), ("logs",)) or rel.as_posix() == "index.html" or not rel.name:
+            raise SaigeError("MANIFEST_INVALID", f"`output`: the bundle would be written to {rel.as_posix()!r}, a folder "
+                             "or among the daemon's own files in the outbox (status/, logs/, index.html)",
                              hint="choose another `output`, or drop the model from another folder of the inbox")
         return rel
 

@@ -10,13 +10,14 @@ from harness import drop
 
 def test_output_onto_another_jobs_status_file_or_the_page_fails_before_compiling(daemon: Any,
                                                                                    det_inputs: dict[str, Any]) -> None:
-    """`output: status/<other job>.json`, `logs/...` or `index.html` fail as MANIFEST_INVALID naming the path; the
-    other job's status file and the dashboard page stay what they were, and later drops still succeed."""
+    """`output: status/<other job>.json`, `logs/...`, `index.html` or `.` (the drop folder itself) fail as
+    MANIFEST_INVALID naming the path; the other job's status file and the dashboard page stay what they were, and
+    later drops still succeed."""
     d = daemon(dashboard=True)
     drop(d.inbox, "first", det_inputs["onnx"], det_inputs["manifest"])
     first = d.wait_job("first")
     for name, output in (("forge", f"status/{first['job_id']}.json"), ("logfake", f"logs/{first['job_id']}.log"),
-                         ("page", "index.html")):
+                         ("page", "index.html"), ("dot", ".")):
         drop(d.inbox, name, det_inputs["onnx"], {**det_inputs["manifest"], "output": output})
         doc = d.wait_job(name)
         assert (doc["state"], doc["error"]["code"]) == ("failed", "MANIFEST_INVALID"), doc
