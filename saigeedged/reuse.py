@@ -124,16 +124,22 @@ def _meta(art: Artifact, prep: Prepared, job_id: str) -> tuple[dict[str, Any], d
     return files, meta
 
 
-def _restore(meta: dict[str, Any], prep: Prepared) -> Artifact:
-    """The artifact of a hit, its members named after this job's model (the files were put in work/cached/)."""
+def _restore(meta: dict[str, Any], prep: Prepared) -> Artifact | None:
+    """The artifact of a hit, its members named after this job's model (the files were put in work/cached/); None
+    when meta.json's members are not plain names of its stored files (damaged or tampered: never a `../x` member)."""
     folder = prep.work_dir / "cached"
     members, model = {}, ""
-    for stored, suffix, is_model in meta["members"]:
-        member = suffix[1:] if suffix.startswith("/") else f"{prep.name}{suffix}"
-        members[member] = folder / stored
-        model = member if is_model else model
-    return Artifact(model, members, meta["quantization"], meta["platform"], meta["image"], meta["image_id"],
-                    meta["report"])
+    try:
+        for stored, suffix, is_model in meta["members"]:
+            member = suffix[1:] if suffix.startswith("/") else f"{prep.name}{suffix}"
+            if stored not in meta["files"] or "/" in member or member in ("", ".", ".."):
+                return None
+            members[member] = folder / stored
+            model = member if is_model else model
+        return Artifact(model, members, meta["quantization"], meta["platform"], meta["image"], meta["image_id"],
+                        meta["report"]) if model else None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def compile(prep: Prepared, ctx: Context, job_id: str, skip: Callable[[list[str]], None]) -> Made:
@@ -150,10 +156,11 @@ def compile(prep: Prepared, ctx: Context, job_id: str, skip: Callable[[list[str]
         return Made(backend.compile(prep, ctx), key, False, None, tools, rows)
     with store.compiling(key, ctx.interrupted):  # an identical compile in progress elsewhere: wait for its entry
         meta = store.get(key, prep.work_dir / "cached")
-        if meta is not None:
+        cached = _restore(meta, prep) if meta is not None else None
+        if meta is not None and cached is not None:
             skip(backend.steps(entry))
             ctx.log.line(f"cache: hit {key}, compiled by job {meta['source_job_id']}: compiler steps skipped")
-            return Made(_restore(meta, prep), key, True, meta["source_job_id"], tools, rows)
+            return Made(cached, key, True, meta["source_job_id"], tools, rows)
         ctx.log.line(f"cache: miss {key}")
         art = backend.compile(prep, ctx)
         files, meta = _meta(art, prep, job_id)

@@ -107,3 +107,22 @@ def test_the_cache_is_readable_by_the_daemon_user_only(tmp_path: Path) -> None:
     (tmp_path / "state" / "cache").mkdir(parents=True, mode=0o755)
     cache = stored(tmp_path, "d" * 64, b"model")
     assert cache.root.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_tampered_member_name_is_a_miss_never_a_bundle_member(tmp_path: Path, config_path: Path,
+                                                                capsys: Any) -> None:
+    """meta.json whose member would be named `../evil.onnx` in the bundle: the next identical compile misses and
+    compiles, and its bundle holds only plain member names."""
+    from saigeedged import config as configmod
+    from saigeedged.cache import for_config
+
+    external(tmp_path / "ext.onnx", seed=0)
+    compile_host(tmp_path, config_path, "first", capsys)
+    (entry,) = for_config(configmod.load(config_path)).entries()
+    meta = json.loads((entry.path / "meta.json").read_text())
+    meta["members"] = [[stored, "/../evil.onnx", is_model] for stored, _, is_model in meta["members"]]
+    (entry.path / "meta.json").write_text(json.dumps(meta))
+    out, _ = compile_host(tmp_path, config_path, "second", capsys)
+    assert "cache hit" not in out and "quantize" in out
+    with zipfile.ZipFile(tmp_path / "second.saigeedge") as zf:
+        assert not any(".." in name or "/" in name for name in zf.namelist())
