@@ -21,6 +21,8 @@ from saigeedged.jobs import Job
 RECENT = 200
 QUEUE_SHOWN = 100  # the head of a long queue: 10,000 rows would make a page of megabytes, rewritten every second
 REFRESH_S = 5
+REPORT_LINES = 10  # per job, its worst outputs: a model may have thousands (the status file keeps them all)
+NAME_CHARS = 80  # an output name longer than this is cut on the page
 STALE_S = 120  # the daemon rewrites the page at least every 30 s; older than this, the page says it is stale
 STYLE = """
 body{font:15px/1.4 system-ui,sans-serif;margin:0 auto;padding:8px 12px;max-width:1200px;color:#222;background:#fff}
@@ -140,14 +142,18 @@ def _error(job: Job) -> str:
 
 
 def _report(report: dict[str, Any] | None) -> str:
-    """The float-vs-compiled comparison: one line per output, flagged ones marked."""
+    """The float-vs-compiled comparison: the worst REPORT_LINES outputs, flagged ones marked."""
     if not report or not report.get("outputs"):
         return '<td data-label="quantization"></td>'
+    outputs = sorted(report["outputs"].items(), key=lambda item: float(item[1].get("cosine", 0.0)))
     lines = []
-    for name, row in report["outputs"].items():
+    for name, row in outputs[:REPORT_LINES]:
         mark = ' <span class="flag">FLAGGED</span>' if row.get("flagged") else ""
-        lines.append(f'{_e(name)}: cosine {_e(row.get("cosine"))}, max abs error {_e(row.get("max_abs_error"))}{mark}')
-    worst = min(float(row.get("cosine", 0.0)) for row in report["outputs"].values())
+        shown = name if len(name) <= NAME_CHARS else f"{name[:NAME_CHARS]}…"
+        lines.append(f'{_e(shown)}: cosine {_e(row.get("cosine"))}, max abs error {_e(row.get("max_abs_error"))}{mark}')
+    if len(outputs) > REPORT_LINES:
+        lines.append(f"and {len(outputs) - REPORT_LINES} more outputs (every one is in the status file)")
+    worst = float(outputs[0][1].get("cosine", 0.0))
     summary = (f'{len(report["flagged"])} flagged' if report.get("flagged") else "ok") + f", cosine ≥ {worst:.4f}"
     css = ' class="flag"' if report.get("flagged") else ""
     return (f'<td data-label="quantization"><details><summary{css}>{summary}</summary>'

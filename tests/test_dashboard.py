@@ -160,3 +160,19 @@ def test_a_page_the_daemon_stopped_rewriting_says_so(tmp_path: Path) -> None:
 
     assert stale_shown("2026-01-01T00:00:00.000Z")
     assert not stale_shown(jobid.iso(jobid.utc_now()))
+
+
+def test_a_report_with_thousands_of_outputs_shows_the_worst_few(tmp_path: Path) -> None:
+    """200 jobs whose models have 5,000 outputs each (long names) still make a small page: each report lists its
+    worst outputs first and counts the rest."""
+    now = jobid.iso(jobid.utc_now())
+    outputs = {f"out{i:04d}_{'x' * 500}": {"cosine": 0.999 - i / 1e6, "max_abs_error": 0.1, "flagged": False}
+               for i in range(5000)}
+    report = {"images": 4, "threshold": 0.99, "outputs": outputs, "flagged": []}
+    jobs = [Job(job_id=f"r{i:03d}-1", name="many", target="host", task="mlc", entry={"onnx": "a.onnx"}, subdir="",
+                claim_dir="/c", manifest="m.yml", state="succeeded", created_at=now, finished_at=now, report=report)
+            for i in range(dashboard.RECENT)]
+    page = dashboard.render(dashboard.View(now, [], [], [], jobs))
+    assert len(page) < 2_000_000 and "and 4990 more outputs" in page
+    first = page.index("out4999_")
+    assert first < page.index("out4990_") and "out4989_" not in page  # the lowest cosine first
