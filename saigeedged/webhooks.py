@@ -141,6 +141,7 @@ class Sender:
         self.clock = clock
         self._lanes = [(c, queue.Queue[dict[str, Any]](QUEUE_MAX)) for c in chans]
         self._seen: deque[tuple[str, str]] = deque(maxlen=4 * QUEUE_MAX)  # ends already queued: one POST per end
+        self._seen_lock = threading.Lock()  # the worker's observer and the ops thread's look at the queue may race
         self._threads = [threading.Thread(target=self._run, args=lane, name=f"saigeedged-notify-{i}", daemon=True)
                          for i, lane in enumerate(self._lanes)]
 
@@ -154,9 +155,10 @@ class Sender:
     def job_ended(self, job: Job) -> None:
         """Queue a final job's notification for every channel that wants its state; never blocks."""
         key = (job.job_id, job.finished_at or "")
-        if job.state not in TERMINAL or key in self._seen:
-            return
-        self._seen.append(key)
+        with self._seen_lock:
+            if job.state not in TERMINAL or key in self._seen:
+                return
+            self._seen.append(key)
         doc = status_doc(job)
         for channel, lane in self._lanes:
             if job.state not in channel.events:
