@@ -150,7 +150,19 @@ class Sender:
             thread.start()
 
     def stop(self) -> None:
+        """No new POST starts; what waits in the queues is logged `notify.failed` now, from the stopping thread (a
+        lane may sit in a slow POST until the process is gone)."""
         self.stop_event.set()
+        for channel, lane in self._lanes:
+            self._drain(channel, lane)
+
+    def _drain(self, channel: Channel, lane: queue.Queue[dict[str, Any]]) -> None:
+        while True:
+            try:
+                doc = lane.get_nowait()
+            except queue.Empty:
+                return
+            self._failed(channel, doc, "the daemon stopped before it was sent", 0)
 
     def job_ended(self, job: Job) -> None:
         """Queue a final job's notification for every channel that wants its state; never blocks."""
@@ -175,8 +187,7 @@ class Sender:
             except queue.Empty:
                 continue
             self.deliver(channel, doc)
-        while not lane.empty():  # what is left at a stop is said, not lost silently
-            self._failed(channel, lane.get_nowait(), "the daemon stopped before it was sent", 0)
+        self._drain(channel, lane)  # what is left at a stop is said, not lost silently
 
     def deliver(self, channel: Channel, doc: dict[str, Any]) -> None:
         """POST until delivered or `retry_for_s` has passed, waiting 1 s, 2 s, 4 s ... (at most 60 s) between tries."""

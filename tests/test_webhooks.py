@@ -158,3 +158,18 @@ def test_a_notify_url_that_cannot_be_parsed_is_a_config_error(url: str) -> None:
     with pytest.raises(SaigeError) as err:
         channels([{"url": url}])
     assert err.value.code == "MANIFEST_INVALID" and "notify[0].url" in err.value.message
+
+
+def test_notifications_queued_behind_a_slow_post_are_said_at_stop(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """The endpoint holds the first POST when the daemon is stopped: the notification queued behind it is logged
+    `notify.failed` (the daemon stopped), not lost without a word, and the stop still exits 0."""
+    with Receiver(hold_s=30) as r:
+        d = daemon(notify=[{"url": r.url, "timeout_s": 60}])
+        drop(d.inbox, "first", det_inputs["onnx"], det_inputs["manifest"])
+        d.wait_job("first")
+        r.wait_posts(1, 30)
+        drop(d.inbox, "second", det_inputs["onnx"], det_inputs["manifest"])
+        second = d.wait_job("second")
+        assert d.stop() == 0
+        failed = d.events("notify.failed")
+    assert [e["job_id"] for e in failed] == [second["job_id"]] and "stopped" in failed[0]["message"]
