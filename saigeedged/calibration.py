@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from typing import Any
 
 from PIL import Image
 
+from saigeedged import safeyaml
 from saigeedged.errors import SaigeError
 
 MAX_NAMED = 3  # offenders named in one message
@@ -64,6 +66,13 @@ def _from_coco(path: Path, data: dict[str, Any], base: Path) -> tuple[list[Sampl
 def read(path: Path, num_classes: int, check_path: Callable[[Path], None] | None = None) -> CalibSet:
     """Read a val.json or COCO instances file; every image must exist and every label be in range."""
     try:
+        return _parse(path, num_classes, check_path)
+    except MemoryError:  # in the daemon's bounded child: this file, not the host, is too large
+        raise _bad(path, "reading it needs more memory than limits.child_memory_bytes allows") from None
+
+
+def _parse(path: Path, num_classes: int, check_path: Callable[[Path], None] | None) -> CalibSet:
+    try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise SaigeError("INPUT_NOT_FOUND", f"calibration file {path} not found") from None
@@ -71,6 +80,17 @@ def read(path: Path, num_classes: int, check_path: Callable[[Path], None] | None
         raise _bad(path, f"not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise _bad(path, "must be a JSON object (val.json or COCO instances)")
+    try:
+        return _read(path, data, num_classes, check_path)
+    except SaigeError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError, OSError) as exc:  # a file of some other shape
+        kind = "COCO instances file" if {"images", "annotations", "categories"} <= set(data) else "val.json"
+        detail = f"`{exc.args[0]}` missing" if isinstance(exc, KeyError) and exc.args else type(exc).__name__
+        raise _bad(path, f"not a valid {kind} ({safeyaml.shown(detail)})") from None
+
+
+def _read(path: Path, data: dict[str, Any], num_classes: int, check_path: Callable[[Path], None] | None) -> CalibSet:
     base = path.parent
     if {"images", "annotations", "categories"} <= set(data):
         samples, names, n_classes = _from_coco(path, data, base)
@@ -137,18 +157,36 @@ def sample_balanced(samples: Sequence[Sample], n: int, seed: int) -> list[Sample
 
 def choose(calib: CalibSet, n: int, seed: int, sampler: str) -> list[Sample]:
     """Pick the calibration images and check that each one decodes."""
-    pick = sample_balanced if sampler == "balanced" else sample_uniform
-    chosen = pick(calib.samples, n, seed)
+    chosen = pick(calib, n, seed, sampler)
+    check_decodes(calib.source, chosen)
+    return chosen
+
+
+def pick(calib: CalibSet, n: int, seed: int, sampler: str) -> list[Sample]:
+    """The seeded sample (no image is opened)."""
+    sample = sample_balanced if sampler == "balanced" else sample_uniform
+    return sample(calib.samples, n, seed)
+
+
+def check_decodes(source: Path, chosen: Sequence[Sample]) -> None:
+    """Every chosen image decodes (JPEG/PNG/BMP), else CALIB_INVALID naming the first that do not."""
     broken = []
     for sample in chosen:
         try:
             with Image.open(sample.image) as img:
                 img.load()
+        except MemoryError:
+            raise  # the child's memory bound: child.run names the limit
         except Exception:  # Pillow raises many types for broken files
             broken.append(sample.image)
     if broken:
-        raise _bad(calib.source, f"{len(broken)} image(s) do not decode: {', '.join(str(p) for p in broken[:MAX_NAMED])}")
-    return chosen
+        raise _bad(source, f"{len(broken)} image(s) do not decode: {', '.join(str(p) for p in broken[:MAX_NAMED])}")
+
+
+def staged_name(image: Path) -> str:
+    """The image's name reduced to [A-Za-z0-9._-] and 100 characters (its end, to keep the extension): one line
+    of dataset.txt each, whatever the original name holds (a newline, a space, an escape)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", image.name)[-100:].lstrip(".") or "image"
 
 
 def stage(chosen: Sequence[Sample], work_dir: Path) -> Path:
@@ -157,7 +195,7 @@ def stage(chosen: Sequence[Sample], work_dir: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     lines = []
     for i, sample in enumerate(chosen):
-        dest = folder / f"{i:04d}_{sample.image.name}"
+        dest = folder / f"{i:04d}_{staged_name(sample.image)}"
         if not dest.exists():
             try:
                 os.link(sample.image.resolve(), dest)

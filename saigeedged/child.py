@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import resource
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -14,10 +15,22 @@ from saigeedged.errors import SaigeError
 
 POLL_S = 0.2  # how often the parent looks at stop/cancel requests while the child works
 PRELOAD = ["saigeedged.backends.host", "onnxruntime.quantization"]
+# how a child dies of its memory bound outside Python: C++ bad_alloc aborts, a NULL from malloc faults, the OOM
+# killer kills (a SIGTERM of a stopping unit is not one of them)
+OUT_OF_MEMORY = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGKILL})
 
 
-def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any]) -> None:
+def _address_space() -> int:
+    """This process's mapped address space now (what RLIMIT_AS counts), in bytes."""
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[0]) * resource.getpagesize()
+
+
+def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any], memory_bytes: int | None) -> None:
     try:
+        if memory_bytes is not None:  # on top of what the forkserver already mapped (onnxruntime's libraries)
+            limit = _address_space() + memory_bytes
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         conn.send((True, fn(*args)))
     except BaseException as exc:  # everything goes back to the parent, which decides
         conn.send((False, exc))
@@ -26,8 +39,11 @@ def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any]) -> None
 
 
 def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: float,
-        interrupted: Callable[[], str | None]) -> Any:
+        interrupted: Callable[[], str | None], memory: tuple[int, str] | None = None) -> Any:
     """fn(*args) in a child forked from a server with onnxruntime loaded; its result or its exception.
+
+    `memory` = (bytes, code): the child may map that much more; work that needs more fails with `code` (a bad
+    input too big for this host) instead of taking memory from the daemon or the host.
 
     Keeping onnxruntime out of the daemon matters: its thread pools spin after a run and starved the
     daemon's main loop, and it adds ~50 MB to the daemon's RSS for good.
@@ -35,7 +51,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     parent, child = context.Pipe(duplex=False)
-    proc = context.Process(target=_main, args=(child, fn, args), name=f"saigeedged-{label}", daemon=True)
+    proc = context.Process(target=_main, args=(child, fn, args, memory[0] if memory else None),
+                           name=f"saigeedged-{label}", daemon=True)
     with _hangup_blocked():
         proc.start()
     child.close()
@@ -48,7 +65,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
             if time.monotonic() > deadline:
                 raise SaigeError("TIMEOUT", f"{label} ran longer than {timeout_s:.0f}s and was killed")
             if not proc.is_alive() and not parent.poll():
-                raise SaigeError("INTERNAL", f"{label} died with exit code {proc.exitcode}")
+                raise _died(label, proc.exitcode, memory)
         ok, value = parent.recv()
     finally:
         if proc.is_alive():
@@ -56,8 +73,21 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
         proc.join()
         parent.close()
     if not ok:
-        raise value
+        raise _over(label, memory) if memory and isinstance(value, MemoryError) else value
     return value
+
+
+def _over(label: str, memory: tuple[int, str]) -> SaigeError:
+    return SaigeError(memory[1], f"{label} needs more than limits.child_memory_bytes ({memory[0]} bytes) of memory",
+                      hint="the input is too large for this host's bound: make it smaller, or raise "
+                      "limits.child_memory_bytes (the service's MemoryMax= too) if the host has the memory")
+
+
+def _died(label: str, exitcode: int | None, memory: tuple[int, str] | None) -> SaigeError:
+    """A child killed by a signal under a memory bound ran out of it (C++ allocators abort, the OOM killer kills)."""
+    if memory is not None and exitcode is not None and -exitcode in OUT_OF_MEMORY:
+        return _over(label, memory)
+    return SaigeError("INTERNAL", f"{label} died with exit code {exitcode}")
 
 
 @contextmanager

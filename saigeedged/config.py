@@ -44,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
         "job_timeout_s": 14400,
         "max_attempts": 3,
         "max_onnx_bytes": 8589934592,
+        "child_memory_bytes": 25769803776,
     },
     "defaults": {
         "target": "cubie",

@@ -19,6 +19,7 @@ import yaml
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.files import sha256_file
+from saigeedged.guards import printable
 from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, check_transition
 from saigeedged.manifest import safe_stem
 from saigeedged.publish import Outbox
@@ -139,7 +140,7 @@ def _summary(doc: dict[str, Any], config: Config, out: TextIO) -> int:
         line += f"  bundle {config.outbox / doc['bundle']['path']}"
     if doc.get("error"):
         line += f"  {doc['error']['code']}: {doc['error']['message']}"
-    print(line, file=out)
+    print(printable(line), file=out)
     if state not in TERMINAL:
         print("still running: timed out waiting", file=out)
     return 0 if state == "succeeded" else 1
@@ -173,7 +174,7 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
 def _row(job: Job) -> str:
     step = f"{job.step} {job.step_index}/{job.step_count}" if job.step else "-"
     error = f"{job.error['code']}: {job.error['message'].splitlines()[0]}" if job.error else ""
-    return f"{job.job_id:<44} {job.state:<10} {step:<18} {job.target:<8} {error}"
+    return printable(f"{job.job_id:<44} {job.state:<10} {step:<18} {job.target:<8} {error}")
 
 
 def retry(config: Config, job_id: str, out: TextIO) -> int:

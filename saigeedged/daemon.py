@@ -9,7 +9,7 @@ from pathlib import Path
 
 import structlog
 
-from saigeedged import child, inbox, jobid
+from saigeedged import child, guards, inbox, jobid, ownfolders
 from saigeedged.config import Config
 from saigeedged.container import Containers
 from saigeedged.errors import SaigeError
@@ -53,7 +53,8 @@ class Daemon:
         self.store = Store(config.state_dir / "saigeedged.db")
         self.jobs = Jobs(self.store, Outbox(config.outbox), self.places)
         watch = config.section("watch")
-        self.scanner = Scanner(config.inbox, watch["settle_s"], watch["orphan_timeout_s"], config.section("defaults"))
+        self.scanner = Scanner(config.inbox, watch["settle_s"], watch["orphan_timeout_s"], config.section("defaults"),
+                               max_digest_bytes=config.section("limits")["max_onnx_bytes"])
         self.polling = use_polling(watch["mode"], config.inbox)
         self.wake = threading.Event()
         self.watcher = None if self.polling else Watcher(config.inbox, self.wake)
@@ -94,11 +95,16 @@ class Daemon:
         return "" if rel == "." else rel
 
     def claim(self, drop: Drop) -> None:
+        refused = guards.subdir_problem(self._subdir(drop.manifest))
+        if refused:
+            self.reject(Rejected(drop.manifest, SaigeError("MANIFEST_INVALID", refused), [drop.manifest]))
+            return
         now = jobid.utc_now()
         ids = [jobid.new(e.stem, now) for e in drop.entries]
         claim_dir = self.places.claimed / ids[0]
         try:
-            moved = inbox.claim(drop.files, drop.manifest.parent, claim_dir)
+            ownfolders.ensure(self.places.claimed, self.config.inbox)
+            moved = inbox.claim(drop.files, drop.manifest.parent, claim_dir, self.config.inbox)
         except OSError as exc:  # a file vanished or was replaced under us: the next scan decides again
             log.warning("drop.ignored", manifest=str(drop.manifest), message=f"claim failed: {exc}")
             return
@@ -110,38 +116,42 @@ class Daemon:
             doc["onnx"] = str(moved.get(entry.onnx, entry.onnx))
             doc["manifest"] = str(moved[drop.manifest])
             job = Job(job_id=job_id, name=entry.stem, target=entry.target, task=entry.task, entry=doc,
-                      subdir=self._subdir(drop.manifest), claim_dir=str(claim_dir), manifest=drop.manifest.name,
+                      subdir=self._subdir(drop.manifest), claim_dir=str(claim_dir),
+                      manifest=guards.printable(drop.manifest.name),
                       priority=entry.priority, request_id=entry.request_id, created_at=jobid.iso(now),
                       updated_at=jobid.iso(now))
-            event("drop.claimed", job, manifest=drop.manifest.name, priority=entry.priority)  # before job.started
+            event("drop.claimed", job, manifest=job.manifest, priority=entry.priority)  # before job.started
             self.jobs.add(job)
         self.worker.wake.set()
 
     def reject(self, bad: Rejected) -> None:
         """A manifest that cannot compile becomes a failed job with its error; its files go to failed/."""
         now = jobid.utc_now()
-        stem = bad.manifest.stem
-        job_id = jobid.new(safe_stem(stem), now)
+        stem = safe_stem(bad.manifest.stem)
+        job_id = jobid.new(stem, now)
         dest = self.places.failed / job_id
         try:
-            inbox.claim(bad.files, bad.manifest.parent, dest)
+            ownfolders.ensure(self.places.failed, self.config.inbox)
+            inbox.claim(bad.files, bad.manifest.parent, dest, self.config.inbox)
         except OSError:
             return
         self.scanner.forget(bad.files)
         onnx = next((str(dest / p.name) for p in bad.files if p.suffix == ".onnx"), str(dest / f"{stem}.onnx"))
         job = Job(job_id=job_id, name=stem, target="?", task="?", entry={"onnx": onnx}, subdir=self._subdir(bad.manifest),
-                  claim_dir=str(dest), manifest=bad.manifest.name, state=FAILED, created_at=jobid.iso(now),
+                  claim_dir=str(dest), manifest=guards.printable(bad.manifest.name), state=FAILED, created_at=jobid.iso(now),
                   updated_at=jobid.iso(now), finished_at=jobid.iso(now), error=bad.error.as_dict("validate"))
         with JobLog(self.places.local_log(job_id)) as joblog:
-            joblog.line(f"### {bad.manifest.name}: {bad.error.code}: {bad.error.message}\n### hint: {bad.error.hint}")
+            joblog.line(f"### {job.manifest}: {bad.error.code}: {bad.error.message}\n### hint: {bad.error.hint}")
         self.jobs.move_log(job)
-        event("drop.invalid", job, "warning", manifest=bad.manifest.name, message=bad.error.message)
+        event("drop.invalid", job, "warning", manifest=job.manifest, message=bad.error.message)
         self.jobs.add(job)  # the status file last: its reader finds everything else done
 
     def scan(self) -> None:
         found_now = self.scanner.scan(self.clock())
         for link in self.scanner.new_symlinks:
             log.info("drop.ignored", path=str(link), message="symlinks in the inbox are never followed")
+        if self.scanner.too_deep and self.watcher is not None:
+            self._too_deep()
         for found in found_now:
             if self.stop.is_set():
                 return
@@ -168,6 +178,22 @@ class Daemon:
             log.info("daemon.hangup", message="rescanning the inbox now; the config is read at start only: "
                      "`systemctl restart saigeedged` applies changes")
             self.wake.set()
+
+    def _too_deep(self) -> None:
+        """inotify follows a deep tree folder by folder and falls minutes behind: poll instead, at bounded depth."""
+        log.warning("watch.too_deep", path=str(self.scanner.too_deep[0]), mode="poll",
+                    message=f"folders deeper than {inbox.MAX_DEPTH} levels are never scanned, and inotify cannot keep "
+                    "up with them: polling the inbox instead (remove the tree and restart to watch by events again)")
+        assert self.watcher is not None
+        self.watcher.stop(timeout=0)  # its thread may be busy in the tree: not waited for
+        self.watcher, self.polling = None, True
+
+    def _watcher_check(self, period: float) -> float:
+        """A dead inotify observer (a tree it cannot follow) hands over to polling; returns the scan period."""
+        if self.watcher is not None and not self.watcher.alive():
+            log.warning("watch.failed", mode="poll", message="the inotify observer stopped: polling the inbox instead")
+            self.watcher, self.polling = None, True
+        return float(self.config.section("watch")["poll_interval_s"]) if self.polling else period
 
     def healthy(self) -> bool:
         return self.worker.is_alive() and (self.watcher is None or self.watcher.alive())
@@ -205,6 +231,8 @@ class Daemon:
         self.notifier.ready(status_text(None, self.store.count(QUEUED)))
         while not self.stop.is_set():
             self._answer_hangup()
+            period = self._watcher_check(period)
+            next_scan = min(next_scan, self.clock() + period)
             now = self.clock()
             due = self.scanner.next_due
             blind = now < self._blind_until

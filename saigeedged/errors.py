@@ -43,6 +43,7 @@ FATAL_HINTS: dict[int, str] = {
 }
 
 RETRYABLE = frozenset({"CONTAINER_LOST", "PUBLISH_FAILED"})
+MAX_MESSAGE = 4000  # characters: a message quoting a hostile input must not copy it into every status file and log
 
 
 class SaigeError(Exception):
@@ -51,11 +52,19 @@ class SaigeError(Exception):
     def __init__(self, code: str, message: str, *, hint: str | None = None, **fields: Any) -> None:
         if code not in HINTS:
             raise ValueError(f"unknown error code {code}")
+        # a file name that is not UTF-8 arrives as lone surrogates, which no log, journal or JSON reader takes
+        message = message.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        if len(message) > MAX_MESSAGE:
+            message = f"{message[:MAX_MESSAGE]}... ({len(message) - MAX_MESSAGE} more characters)"
         super().__init__(message)
         self.code = code
         self.message = message
         self.hint = hint or HINTS[code]
         self.fields = fields
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by code, message, hint and fields: errors come back from child processes as themselves."""
+        return _rebuild, (self.code, self.message, self.hint, self.fields)
 
     @property
     def retryable(self) -> bool:
@@ -67,6 +76,11 @@ class SaigeError(Exception):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+
+def _rebuild(code: str, message: str, hint: str, fields: dict[str, Any]) -> SaigeError:
+    return SaigeError(code, message, hint=hint, **fields)
+
 
 # Bad input (exit 2): found before any compiler runs.
 INPUT_CODES = frozenset({"MANIFEST_INVALID", "PATH_NOT_ALLOWED", "INPUT_NOT_FOUND", "INPUT_INCOMPLETE", "ONNX_INVALID",

@@ -11,12 +11,15 @@ from typing import Any
 
 from saigeedged import manifest
 from saigeedged.errors import SaigeError
+from saigeedged.external import external_data
+from saigeedged.guards import printable
 from saigeedged.inputs import sha256_file
 from saigeedged.manifest import Entry
 
 OWN_DIR = ".saigeedged"
 IGNORED_SUFFIXES = (".tmp", ".part", ".partial", ".crdownload", ".swp", "~")
 MANIFEST_SUFFIXES = (".yml", ".yaml")
+MAX_DEPTH = 32  # inbox sub-folder levels scanned; deeper drops are never seen (and a deep tree costs nothing)
 
 Signature = tuple[int, int, int]  # size, mtime_ns, inode
 
@@ -26,22 +29,36 @@ def ignored(name: str) -> bool:
     return name.startswith(".") or name.endswith(IGNORED_SUFFIXES)
 
 
-def walk(root: Path, symlinks: list[Path] | None = None) -> Iterator[tuple[Path, os.stat_result]]:
-    """Every regular, non-ignored file under root with its lstat; symlinks are never followed (only listed)."""
+def walk(root: Path, symlinks: list[Path] | None = None,
+         deep: list[Path] | None = None) -> Iterator[tuple[Path, os.stat_result]]:
+    """Every regular, non-ignored file under root with its lstat; symlinks are never followed (only listed).
+
+    Iterative, and folders deeper than MAX_DEPTH are not entered (they are listed in `deep`): a hostile tree must
+    not exhaust the stack.
+    """
+    pending = [(root, 0)]
+    while pending:
+        folder, depth = pending.pop()
+        for item in _entries(folder):
+            if ignored(item.name):
+                continue
+            if item.is_symlink():
+                if symlinks is not None:
+                    symlinks.append(Path(item.path))
+            elif item.is_dir(follow_symlinks=False):
+                if depth < MAX_DEPTH:
+                    pending.append((Path(item.path), depth + 1))
+                elif deep is not None:
+                    deep.append(Path(item.path))
+            elif item.is_file(follow_symlinks=False):
+                yield Path(item.path), item.stat(follow_symlinks=False)
+
+
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
     try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return
-    for item in entries:
-        if ignored(item.name):
-            continue
-        if item.is_symlink():
-            if symlinks is not None:
-                symlinks.append(Path(item.path))
-        elif item.is_dir(follow_symlinks=False):
-            yield from walk(Path(item.path), symlinks)
-        elif item.is_file(follow_symlinks=False):
-            yield Path(item.path), item.stat(follow_symlinks=False)
+        return list(os.scandir(folder))
+    except OSError:  # vanished or unreadable: the next scan looks again
+        return []
 
 
 def signature(st: os.stat_result) -> Signature:
@@ -85,8 +102,10 @@ class Scanner:
     _digests: dict[tuple[Path, Signature], str] = field(default_factory=dict)
     _symlinks: set[Path] = field(default_factory=set)
     _parsed: dict[Path, tuple[Signature, list[Entry] | SaigeError]] = field(default_factory=dict)
+    max_digest_bytes: int = 8 << 30  # limits.max_onnx_bytes: the scan (the main loop) never reads a larger ONNX
     next_due: float | None = None
     new_symlinks: list[Path] = field(default_factory=list)  # seen for the first time in the last scan
+    too_deep: list[Path] = field(default_factory=list)  # folders below MAX_DEPTH, not scanned (last scan)
 
     def _stable(self, path: Path, sig: Signature, now: float) -> bool:
         seen = self._seen.get(path)
@@ -112,13 +131,14 @@ class Scanner:
         """One pass over the inbox. `now` is time.monotonic(); next_due says when a pending drop needs a look."""
         self.next_due = None
         links: list[Path] = []
-        files = {p: signature(st) for p, st in walk(self.inbox, links)}
+        self.too_deep = []
+        files = {p: signature(st) for p, st in walk(self.inbox, links, self.too_deep)}
         self.new_symlinks = [p for p in links if p not in self._symlinks]
         self._symlinks = set(links)
         found: list[Drop | Rejected] = []
         for path in sorted(files):
             if path.suffix in MANIFEST_SUFFIXES:
-                result = self._consider(path, files, now)
+                result = self._guarded(path, files, now)
                 if result is not None:
                     found.append(result)
         live = set(files)
@@ -139,6 +159,18 @@ class Scanner:
             self._parsed[path] = (sig, result)
         return self._parsed[path][1]
 
+    def _guarded(self, path: Path, files: dict[Path, Signature], now: float) -> Drop | Rejected | None:
+        """_consider, where anything unforeseen (a name too long for the filesystem, ...) rejects this manifest only."""
+        try:
+            return self._consider(path, files, now)
+        except FileNotFoundError:
+            return None  # a file went away during the scan: the next scan sees the inbox as it is then
+        except Exception as exc:  # a guard: one manifest must never stop the scan of the others
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            error = SaigeError("MANIFEST_INVALID", f"{printable(path.name)}: cannot be considered ({reason})",
+                               hint="rename the drop: short names of letters, digits, `.`, `_` and `-` are safe")
+            return Rejected(path, error, [path])
+
     def _consider(self, path: Path, files: dict[Path, Signature], now: float) -> Drop | Rejected | None:
         first = self._first.setdefault(path, now)
         stable = self._stable(path, files[path], now)
@@ -147,7 +179,8 @@ class Scanner:
             return Rejected(path, entries, [path]) if stable else None
         waiting = [e for e in entries if not self._complete(e, files, now)]
         if not waiting:
-            return Drop(path, entries, [path] + sorted({e.onnx for e in entries if e.onnx in files}))
+            onnx = sorted({e.onnx for e in entries if e.onnx in files})
+            return Drop(path, entries, [path] + onnx + external_data(onnx, files))
         if now - first < self.orphan_timeout_s:
             self._due(first + self.orphan_timeout_s)
             return None
@@ -167,7 +200,7 @@ class Scanner:
             return onnx.is_file()  # in an allowed root: not ours to watch
         if onnx not in files:
             return False
-        if entry.sha256:
+        if entry.sha256 and files[onnx][0] <= self.max_digest_bytes:  # larger: refused by validate, never read here
             return self._digest(onnx, files[onnx]).lower() == entry.sha256.lower()
         settled = [self._stable(p, files[p], now) for p in (entry.manifest, onnx)]  # both clocks start now
         return all(settled)
@@ -179,8 +212,11 @@ class Scanner:
             self._parsed.pop(p, None)
 
 
-def claim(files: list[Path], base: Path, dest: Path) -> dict[Path, Path]:
+def claim(files: list[Path], base: Path, dest: Path, root: Path | None = None) -> dict[Path, Path]:
     """Rename each file into `dest`, keeping its path relative to `base` (the manifest's folder).
+
+    A file elsewhere in the inbox `root` (`onnx: ../shared/x.onnx`) keeps its path relative to the inbox under
+    `dest/.inbox/`, so two such inputs of the same name never land on each other.
 
     All or nothing: if one rename fails (a file deleted or replaced under us), those already moved go back
     where they were and `dest` is removed again, so the next scan sees the drop as the user left it.
@@ -189,7 +225,7 @@ def claim(files: list[Path], base: Path, dest: Path) -> dict[Path, Path]:
     dest.mkdir(parents=True, exist_ok=True)
     try:
         for path in files:
-            rel = path.relative_to(base) if path.is_relative_to(base) else Path(path.name)
+            rel = _claimed_name(path, base, root)
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             os.rename(path, target)
@@ -200,3 +236,11 @@ def claim(files: list[Path], base: Path, dest: Path) -> dict[Path, Path]:
         shutil.rmtree(dest, ignore_errors=True)
         raise
     return moved
+
+
+def _claimed_name(path: Path, base: Path, root: Path | None) -> Path:
+    if path.is_relative_to(base):
+        return path.relative_to(base)
+    if root is not None and path.is_relative_to(root):
+        return Path(".inbox") / path.relative_to(root)
+    return Path(path.name)

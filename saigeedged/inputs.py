@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
 
-from saigeedged import calibration, onnxcheck
+from saigeedged import calibration, external, onnxcheck
 from saigeedged.calibration import CalibSet, Sample
 from saigeedged.errors import SaigeError
 from saigeedged.files import sha256_file as sha256_file  # re-exported: callers import it from here
@@ -54,6 +55,13 @@ def validate(entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: i
 
     `on_digest` gets the ONNX's sha256 as soon as the file is known to be there (a later check may still fail).
     """
+    digest = locate(entry, policy, max_onnx_bytes)
+    on_digest(digest)
+    return inspect(entry, work_dir, policy, digest)
+
+
+def locate(entry: Entry, policy: PathPolicy, max_onnx_bytes: int | None = None) -> str:
+    """The inputs are where the policy allows and the ONNX is not too large; returns the ONNX's sha256."""
     for path in (entry.onnx, entry.calib):
         policy.check(path)
         if not path.is_file():
@@ -61,9 +69,12 @@ def validate(entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: i
     if max_onnx_bytes is not None and entry.onnx.stat().st_size > max_onnx_bytes:
         raise SaigeError("ONNX_INVALID", f"{entry.onnx.name} is larger than limits.max_onnx_bytes ({max_onnx_bytes})",
                          hint="raise limits.max_onnx_bytes in the daemon config")
-    digest = sha256_file(entry.onnx)
-    on_digest(digest)
-    model = onnxcheck.load(entry.onnx)
+    return sha256_file(entry.onnx)
+
+
+def inspect(entry: Entry, work_dir: Path, policy: PathPolicy, digest: str) -> Prepared:
+    """The rest of `validate`, which loads the model and reads the calibration file (memory grows with both)."""
+    model = onnxcheck.load(entry.onnx, weights=False)
     info = onnxcheck.describe(model, entry.onnx)
     if entry.task != "detection":  # detection outputs are checked on the cut model
         size = onnxcheck.check_input_size(info, entry.input_size or entry.profile.input_size)
@@ -73,8 +84,17 @@ def validate(entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: i
     work_dir.mkdir(parents=True, exist_ok=True)
     name = safe_stem(entry.onnx.stem)
     dest = work_dir / f"{name}.onnx"
-    onnx.save(model, str(dest))
+    copy_model(entry.onnx, model, dest)
     return Prepared(entry, work_dir, name, dest, replace(info, path=dest), size, calib, digest)
+
+
+def copy_model(src: Path, model: onnx.ModelProto, dest: Path) -> None:
+    """The model file as dropped, and its external data files beside it (the checker kept them in its folder)."""
+    shutil.copyfile(src, dest)
+    for location in external.tensor_locations(model):
+        target = dest.parent / location
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src.parent / location, target)
 
 
 def surgery(prep: Prepared) -> None:
@@ -86,13 +106,6 @@ def surgery(prep: Prepared) -> None:
     cut = onnxcheck.cut_outputs(model, prep.entry.onnx, names, dest)
     prep.info = onnxcheck.describe(cut, dest)
     prep.name, prep.model, prep.surgery = name, dest, names
-
-
-def calibrate(prep: Prepared) -> None:
-    """Step `calibration`: the seeded sample, decoded, staged into the work dir with dataset.txt."""
-    entry = prep.entry
-    prep.chosen = calibration.choose(prep.calib, entry.n_samples, entry.seed, entry.profile.sampler)
-    prep.dataset = calibration.stage(prep.chosen, prep.work_dir)
 
 
 def needs_surgery(entry: Entry) -> bool:

@@ -21,7 +21,7 @@ class JobLog:
         self._fh.write(data)
 
     def line(self, text: str) -> None:
-        self._fh.write(text.encode() + b"\n")
+        self._fh.write(text.encode(errors="surrogateescape") + b"\n")  # a name that is not UTF-8 keeps its bytes
 
     def begin(self, step: str, index: int, count: int) -> None:
         self.end()

@@ -25,15 +25,20 @@ def journal_field(key: str) -> str:
     return ("SAIGEEDGE_" + name)[:64]
 
 
+def _text(value: object) -> str:
+    """str(value) that journald takes: a file name that is not UTF-8 (lone surrogates) shows its bytes escaped."""
+    return str(value).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def journal_fields(event_dict: MutableMapping[str, Any]) -> dict[str, str]:
     """SAIGEEDGE_EVENT plus one SAIGEEDGE_<KEY> per key, and a human MESSAGE."""
     event = str(event_dict.pop("event", ""))
     event_dict.pop("timestamp", None)
     level = str(event_dict.pop("level", "info"))
-    fields = {journal_field(k): str(v) for k, v in event_dict.items() if v is not None}
+    fields = {journal_field(k): _text(v) for k, v in event_dict.items() if v is not None}
     details = " ".join(f"{k}={v}" for k, v in event_dict.items() if v is not None and k not in ("job_id",))
     job = f" {event_dict['job_id']}" if event_dict.get("job_id") else ""
-    fields.update(MESSAGE=f"{event}{job} {details}".strip(), PRIORITY=str(PRIORITY.get(level, 6)),
+    fields.update(MESSAGE=_text(f"{event}{job} {details}".strip()), PRIORITY=str(PRIORITY.get(level, 6)),
                   SYSLOG_IDENTIFIER=IDENTIFIER, SAIGEEDGE_EVENT=event)
     return fields
 

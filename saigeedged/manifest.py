@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from saigeedged import guards, safeyaml
 from saigeedged.errors import SaigeError
 from saigeedged.profiles import CHANNEL_ORDERS, MOBILINT_DEVICES, PLATFORMS, PROFILES, TaskProfile
 
@@ -51,6 +51,9 @@ SCHEMA: dict[str, tuple[tuple[type, ...], tuple[Any, ...] | None]] = {
     "input_channels": ((str,), CHANNEL_ORDERS),  # the channel order the model was trained on (SPEC §14)
 }
 REQUIRED = ("task", "num_classes", "calib")
+NAME_MAX = 255  # bytes in one file name (Linux filesystems)
+MAX_MODELS = 256  # entries of one multi-model manifest: each is a job, claimed and announced in one go
+INT_LIMIT = 2**31  # integers beyond it are no setting (SQLite, numpy seeds and status readers choke on some)
 
 
 @dataclass(frozen=True)
@@ -103,12 +106,12 @@ class Entry:
 
 
 def invalid(path: Path, message: str) -> SaigeError:
-    return SaigeError("MANIFEST_INVALID", f"{path.name}: {message}")
+    return SaigeError("MANIFEST_INVALID", f"{guards.printable(path.name)}: {message}")
 
 
 def safe_stem(text: str) -> str:
     """Restrict a name to [A-Za-z0-9._-] (SPEC §3)."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", text).strip(".") or "model"
+    return guards.short_stem(re.sub(r"[^A-Za-z0-9._-]", "_", text).strip(".")) or "model"
 
 
 def _check_field(path: Path, key: str, value: Any) -> None:
@@ -120,11 +123,13 @@ def _check_field(path: Path, key: str, value: Any) -> None:
     if value is None and key in ("optimize", "preset", "sha256", "name", "output", "password", "device", "request_id",
                                      "input_channels"):
         return
+    got = "a value not shown" if key == "password" else safeyaml.shown(value)
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        got = f"a {type(value).__name__}" if key == "password" else repr(value)  # a password never reaches a message
         raise invalid(path, f"`{key}` must be {types[0].__name__}, got {got}")
     if choices is not None and value not in choices:
-        raise invalid(path, f"`{key}` must be one of {', '.join(map(str, choices))}, got {value!r}")
+        raise invalid(path, f"`{key}` must be one of {', '.join(map(str, choices))}, got {got}")
+    if isinstance(value, int) and not -INT_LIMIT < value < (2 * INT_LIMIT if key == "seed" else INT_LIMIT):
+        raise invalid(path, f"`{key}` is out of range, got {safeyaml.shown(value)}")
     minimum = {"num_classes": 1, "n_samples": 1, "hybrid_topn": 0}.get(key)
     if minimum is not None and isinstance(value, int) and value < minimum:
         raise invalid(path, f"`{key}` must be {'positive' if minimum else '>= 0'}, got {value}")
@@ -132,7 +137,7 @@ def _check_field(path: Path, key: str, value: Any) -> None:
 
 def _input_size(path: Path, value: list[Any]) -> tuple[int, int]:
     if len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-        raise invalid(path, f"`input_size` must be [H, W] with two positive integers, got {value!r}")
+        raise invalid(path, f"`input_size` must be [H, W] with two positive integers, got {safeyaml.shown(value)}")
     return int(value[0]), int(value[1])
 
 
@@ -145,8 +150,14 @@ def _surgery(path: Path, value: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _resolve(path: Path, value: str) -> Path:
-    p = Path(value).expanduser()
-    return p if p.is_absolute() else path.parent / p
+    """Absolute or relative to the manifest, with `..` folded (symlinks are not followed here: PathPolicy does)."""
+    try:
+        p = Path(value).expanduser()
+    except RuntimeError:  # `~nosuchuser/x`
+        raise invalid(path, f"{safeyaml.shown(value)}: the user's home folder cannot be found") from None
+    if "\0" in value:
+        raise invalid(path, "a path must not contain a NUL character")
+    return Path(os.path.normpath(p if p.is_absolute() else path.parent / p))
 
 
 def build_entry(path: Path, data: dict[str, Any], stem: str, *, drop: bool) -> Entry:
@@ -160,9 +171,16 @@ def build_entry(path: Path, data: dict[str, Any], stem: str, *, drop: bool) -> E
     if target == "mobilint" and not data.get("device"):
         raise invalid(path, f"`device` is required for target mobilint: one of {', '.join(MOBILINT_DEVICES)}")
     output = data.get("output")
-    if drop and output is not None and (Path(output).is_absolute() or ".." in Path(output).parts):
-        raise invalid(path, f"`output` must be relative to the drop's outbox folder without `..`, got {output!r}")
+    refused = guards.output_problem(output) if drop and output is not None else None
+    if refused:
+        raise invalid(path, f"`output` {refused}, got {safeyaml.shown(output)}")
+    refused = guards.overrides_problem(data.get("runtime_overrides") or {})
+    if refused:
+        raise invalid(path, f"`runtime_overrides` {refused}")
     onnx = _resolve(path, data["onnx"]) if data.get("onnx") else path.with_suffix(".onnx")
+    if len(os.fsencode(onnx.name)) > NAME_MAX:
+        raise invalid(path, f"the ONNX's name `{guards.printable(onnx.name[:40])}...` is longer than {NAME_MAX} bytes: "
+                      "no file can have it (shorten the manifest's name)")
     kwargs = {k: v for k, v in data.items() if k in Entry.__dataclass_fields__ and k not in ("calib", "onnx", "name")}
     kwargs["input_size"] = _input_size(path, data["input_size"]) if "input_size" in data else None
     kwargs["surgery_outputs"] = _surgery(path, data["surgery"]) if "surgery" in data else None
@@ -171,24 +189,46 @@ def build_entry(path: Path, data: dict[str, Any], stem: str, *, drop: bool) -> E
 
 
 def load(path: Path, defaults: dict[str, Any] | None = None, *, drop: bool = False) -> list[Entry]:
-    """Parse a manifest file into entries; a `models:` list gives one entry per model."""
+    """Parse a manifest file into entries; a `models:` list gives one entry per model.
+
+    Whatever is in the file, the outcome is entries or a SaigeError: anyone can drop a manifest.
+    """
     try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SaigeError("INPUT_NOT_FOUND", f"manifest {path} not found") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise invalid(path, f"not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise invalid(path, "the manifest must be a mapping")
-    base = dict(defaults or {})
-    if "models" not in data:
-        return [build_entry(path, {**base, **data}, data.get("name") or path.stem, drop=drop)]
+        return _load(path, defaults, drop)
+    except SaigeError:
+        raise
+    except Exception as exc:  # a guard: a value of a shape no check foresaw fails this manifest, not the caller
+        raise invalid(path, f"cannot be read ({type(exc).__name__})") from None
+
+
+def _models(path: Path, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `models:` list of a multi-model manifest, checked for shape and size."""
     models = data["models"]
     extra = set(data) - set(TOP_LEVEL_DEFAULTS) - {"models"}
     if extra:
         raise invalid(path, f"unknown top-level key `{sorted(extra)[0]}` (allowed: {', '.join(TOP_LEVEL_DEFAULTS)}, models)")
     if not isinstance(models, list) or not models or not all(isinstance(m, dict) for m in models):
         raise invalid(path, "`models` must be a non-empty list of mappings")
+    if len(models) > MAX_MODELS:
+        raise invalid(path, f"`models` lists {len(models)} entries, at most {MAX_MODELS}: split the manifest")
+    return models
+
+
+def _load(path: Path, defaults: dict[str, Any] | None, drop: bool) -> list[Entry]:
+    try:
+        data = safeyaml.load(path)
+    except FileNotFoundError:
+        raise SaigeError("INPUT_NOT_FOUND", f"manifest {path} not found") from None
+    except UnicodeDecodeError as exc:
+        raise invalid(path, f"not UTF-8 text (byte {exc.start})") from None
+    except safeyaml.YamlRefused as exc:
+        raise invalid(path, str(exc)) from None
+    if not isinstance(data, dict):
+        raise invalid(path, "the manifest must be a mapping")
+    base = dict(defaults or {})
+    if "models" not in data:
+        return [build_entry(path, {**base, **data}, data.get("name") or path.stem, drop=drop)]
+    models = _models(path, data)
     top = {k: data[k] for k in TOP_LEVEL_DEFAULTS if k in data}
     entries = []
     for index, model in enumerate(models):

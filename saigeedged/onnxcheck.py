@@ -8,6 +8,7 @@ from pathlib import Path
 import onnx
 from onnx import shape_inference, utils
 
+from saigeedged import external
 from saigeedged.errors import SaigeError
 
 
@@ -37,16 +38,36 @@ def _dims(value_info: onnx.ValueInfoProto) -> tuple[int | str, ...]:
     return tuple(dims)
 
 
-def load(path: Path) -> onnx.ModelProto:
-    """Load and check a model (external data next to it is fine)."""
+def load(path: Path, weights: bool = True) -> onnx.ModelProto:
+    """Load and check a model (external data next to it is fine).
+
+    `weights=False` leaves external data on disk (the checker still reads and bounds-checks it by path): what
+    validation needs, at the memory of the graph and its embedded tensors only.
+    """
     if not path.is_file():
         raise SaigeError("INPUT_NOT_FOUND", f"ONNX file {path} not found")
     try:
-        model = onnx.load(str(path))
-        onnx.checker.check_model(str(path))
+        model = onnx.load(str(path), load_external_data=weights and _utf8(str(path)))
+        if _utf8(str(path)):
+            onnx.checker.check_model(str(path))
+        elif external.tensor_locations(model):
+            raise SaigeError("ONNX_INVALID", f"{path.name}: a model with external data needs a UTF-8 file name",
+                             hint="rename the ONNX (letters, digits, `.`, `_`, `-`)")
+        else:  # onnx's C++ checker takes UTF-8 paths only; the loaded model is checked instead
+            onnx.checker.check_model(model)
+    except (MemoryError, SaigeError):
+        raise  # MemoryError: the child's memory bound, which child.run names
     except Exception as exc:  # onnx raises many types: DecodeError, ValidationError, OSError
         raise SaigeError("ONNX_INVALID", f"{path.name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     return model
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def describe(model: onnx.ModelProto, path: Path) -> ModelInfo:

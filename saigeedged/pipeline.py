@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from saigeedged import backends, bundle, inputs, reuse
+from saigeedged import backends, bundle, inputs, prepare, reuse
 from saigeedged.backends import Context
 from saigeedged.errors import SaigeError
 from saigeedged.inputs import PathPolicy
@@ -81,19 +81,20 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
     """Run every step; `publish(bundle_path)` moves the finished bundle where its readers look for it."""
     entry = job.entry
     step = _Steps(job)
+    ctx = Context(job.log, step, job.config, job.container, job.on_progress, job.deadline, job.interrupted)
+    bounded = prepare.Bounded(job.config, job.interrupted, ctx.step_timeout)
     try:
         step("validate")
-        prep = inputs.validate(entry, job.work_dir, job.policy, job.config.section("limits")["max_onnx_bytes"],
-                               lambda digest: job.on_inputs({"onnx_sha256": digest}))
+        prep = bounded.validate(entry, job.work_dir, job.policy, job.config.section("limits")["max_onnx_bytes"],
+                                lambda digest: job.on_inputs({"onnx_sha256": digest}))
         if inputs.needs_surgery(entry):
             step("surgery")
-            inputs.surgery(prep)
+            prep = bounded.surgery(prep)
             job.log.line(f"cut at {', '.join(prep.surgery or ())}: outputs {[list(s) for s in prep.info.output_shapes]}")
         step("calibration")
-        inputs.calibrate(prep)
+        bounded.calibrate(prep)
         job.on_inputs({"calib_samples": len(prep.chosen)})
         job.log.line(f"{len(prep.chosen)} calibration images ({entry.profile.sampler}, seed {entry.seed}) -> {prep.dataset}")
-        ctx = Context(job.log, step, job.config, job.container, job.on_progress, job.deadline, job.interrupted)
         made = reuse.compile(prep, ctx, job.job_id, step.skip)
         job.on_inputs({"cache": made.status()})
         art = made.art

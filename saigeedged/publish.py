@@ -9,16 +9,20 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from saigeedged import __version__
+from saigeedged import __version__, noclobber
 from saigeedged.errors import SaigeError
 from saigeedged.files import fsync_path as _fsync_dir
+from saigeedged.guards import printable
 from saigeedged.jobs import Job
 
 STATUS_SCHEMA = 1
 
 
-def _place(src: Path | None, data: bytes | None, dest: Path) -> None:
-    """Copy `src` (or write `data`) to a temp name beside `dest`, fsync, rename, fsync the folder."""
+def _place(src: Path | None, data: bytes | None, dest: Path, exclusive: bool = False) -> bool:
+    """Copy `src` (or write `data`) to a temp name beside `dest`, fsync, rename, fsync the folder.
+
+    `exclusive`: never replace an existing `dest` (False when it exists, the temp file removed).
+    """
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:
@@ -30,11 +34,16 @@ def _place(src: Path | None, data: bytes | None, dest: Path) -> None:
                 out.write(data or b"")
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, dest)
+        if not exclusive:
+            os.replace(tmp, dest)
+        elif not noclobber.take(tmp, dest):
+            tmp.unlink()
+            return False
         _fsync_dir(dest.parent)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise SaigeError("PUBLISH_FAILED", f"cannot write {dest}: {exc.strerror or exc}") from None
+    return True
 
 
 def place_file(src: Path, dest: Path) -> None:
@@ -53,7 +62,7 @@ def status_doc(job: Job) -> dict[str, Any]:
         "schema_version": STATUS_SCHEMA, "job_id": job.job_id, "request_id": job.request_id, "name": job.name,
         "state": job.state, "step": job.step, "step_index": job.step_index, "step_count": job.step_count,
         "target": job.target, "task": job.task, "attempt": job.attempt,
-        "inputs": {"onnx": Path(job.entry["onnx"]).name, "onnx_sha256": job.onnx_sha256, "manifest": job.manifest,
+        "inputs": {"onnx": printable(Path(job.entry["onnx"]).name), "onnx_sha256": job.onnx_sha256, "manifest": job.manifest,
                    "calib_samples": job.calib_samples},
         "bundle": job.bundle, "log": f"logs/{job.job_id}.log", "progress": job.progress,
         "quantization_report": job.report, "cache": job.cache,
@@ -67,16 +76,6 @@ class Outbox:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-
-    @staticmethod
-    def bundle_rel(rel: Path) -> Path:
-        """`rel` (a bundle's path in the outbox), refused when it lands on the daemon's own files: status/ and logs/
-        (another job's status file or log) or the dashboard page."""
-        if rel.parts[:1] in (("status",), ("logs",)) or rel.as_posix() == "index.html" or not rel.name:
-            raise SaigeError("MANIFEST_INVALID", f"`output`: the bundle would be written to {rel.as_posix()!r}, a folder "
-                             "or among the daemon's own files in the outbox (status/, logs/, index.html)",
-                             hint="choose another `output`, or drop the model from another folder of the inbox")
-        return rel
 
     def status_path(self, job_id: str) -> Path:
         return self.root / "status" / f"{job_id}.json"
@@ -92,12 +91,21 @@ class Outbox:
         except (OSError, ValueError):
             return None
 
-    def publish_bundle(self, bundle: Path, rel: Path) -> dict[str, Any]:
-        """Place the bundle at <outbox>/<rel>; returns the status file's `bundle` object."""
+    def publish_bundle(self, bundle: Path, rel: Path, job_id: str | None = None) -> dict[str, Any]:
+        """Place the bundle at <outbox>/<rel>; returns the status file's `bundle` object.
+
+        With `job_id`, a file already at `rel` (another job's bundle, a re-drop's predecessor) is never replaced:
+        this bundle then takes a name of its own, so every recorded digest stays true.
+        """
         from saigeedged.inputs import sha256_file
 
         digest, size = sha256_file(bundle), bundle.stat().st_size
-        _place(bundle, None, self.root / rel)
+        if job_id is not None and not _place(bundle, None, self.root / rel, exclusive=True):
+            rel = noclobber.unique_name(rel, job_id)
+            if not _place(bundle, None, self.root / rel, exclusive=True):
+                raise SaigeError("PUBLISH_FAILED", f"{rel} exists already")
+        elif job_id is None:
+            _place(bundle, None, self.root / rel)
         return {"path": rel.as_posix(), "sha256": digest, "bytes": size}
 
     def move_log(self, local: Path, job_id: str) -> None:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 
-from saigeedged import __version__, backends, cache, cachekey, jobid
+from saigeedged import __version__, backends, cache, cachekey, external, jobid
 from saigeedged.backends import Artifact, Context
 from saigeedged.config import Config
 from saigeedged.files import sha256_file
@@ -81,23 +81,10 @@ def host_side(target: str, config: Config) -> dict[str, Any]:
     return found
 
 
-def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Every tensor of a graph: initializers and node attributes, subgraphs included."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            yield from ([attr.t] if attr.HasField("t") else [])
-            yield from attr.tensors
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                yield from _tensors(sub)
-
-
 def external_data(path: Path) -> list[tuple[str, str]]:
     """(location, sha256) of each external data file the ONNX names: its weights, which its own digest misses."""
-    model = onnx.load(str(path), load_external_data=False)
-    locations = {item.value for tensor in _tensors(model.graph) if tensor.data_location == onnx.TensorProto.EXTERNAL
-                 for item in tensor.external_data if item.key == "location"}
-    return [(name, sha256_file(path.parent / name)) for name in sorted(locations)]
+    names = external.tensor_locations(onnx.load(str(path), load_external_data=False))
+    return [(name, sha256_file(path.parent / name)) for name in names]
 
 
 def key_inputs(prep: Prepared, tools: dict[str, Any], config: Config, rows: list[tuple[str, str]]) -> cachekey.KeyInputs:

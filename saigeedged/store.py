@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -28,11 +29,21 @@ CREATE INDEX IF NOT EXISTS jobs_claim ON jobs (claim_dir);
 """
 
 
+def _private(path: Path) -> None:
+    """The database (it holds manifests' passwords) readable by the service user only; SQLite gives its -wal and
+    -shm files the database's mode."""
+    os.close(os.open(path, os.O_CREAT | os.O_RDONLY, 0o600))
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if file.exists() and file.stat().st_uid == os.geteuid():  # an operator's `status` leaves the modes alone
+            os.chmod(file, 0o600)
+
+
 class Store:
     """Job rows keyed by job_id; every state change is checked against the transition table."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _private(path)
         self._db = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")

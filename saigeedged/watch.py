@@ -64,6 +64,6 @@ class Watcher:
     def alive(self) -> bool:
         return bool(self._observer.is_alive())
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5) -> None:
         self._observer.stop()
-        self._observer.join(timeout=5)
+        self._observer.join(timeout=timeout)

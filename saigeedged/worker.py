@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from saigeedged import jobid, pipeline
+from saigeedged import jobid, ownfolders, pipeline
 from saigeedged.config import Config
 from saigeedged.container import Container, Containers
 from saigeedged.errors import SaigeError
@@ -153,7 +153,7 @@ class Jobs:
         """Move the jobs' claimed folder (they share one) to `dest` and point their rows at it."""
         claim = Path(jobs[0].claim_dir)
         if claim.exists() and claim != dest:
-            dest.parent.mkdir(parents=True, exist_ok=True)
+            ownfolders.ensure(dest.parent, self.places.inbox)
             claim.rename(dest)
         for job in jobs:
             job.entry["onnx"] = job.entry["onnx"].replace(str(claim), str(dest), 1)
@@ -267,7 +267,7 @@ class Worker(threading.Thread):
 
     def _run(self, job: Job, work: Path, joblog: JobLog) -> None:
         entry = entry_from_doc(job.entry)
-        rel = self.jobs.outbox.bundle_rel(Path(job.subdir) / entry.output_name)  # before any compile: fails fast
+        rel = Path(job.subdir) / entry.output_name
         policy = PathPolicy((Path(job.claim_dir), self.places.inbox, *self.config.allowed_roots))
 
         def on_step(name: str, index: int, count: int) -> None:
@@ -286,7 +286,7 @@ class Worker(threading.Thread):
             self.jobs.save(job)
 
         def publish(bundle: Path) -> None:
-            job.bundle = self.jobs.outbox.publish_bundle(bundle, rel)
+            job.bundle = self.jobs.outbox.publish_bundle(bundle, rel, job.job_id)
 
         limits = self.config.section("limits")
         run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, on_step, on_progress, on_inputs,

@@ -49,7 +49,7 @@ def test_what_does_not_make_the_artifact_leaves_the_key_alone() -> None:
     """Output path, password, request_id, priority, the drop's name and folder, runtime_overrides and cache: false
     do not change the key; neither does the image's tag when its ID is the same."""
     base = key()
-    same = [key({"output": "other/x.saigeedge"}), key({"password": "s3cret"}), key({"request_id": "abc"}),
+    same = [key({"output": "renamed.saigeedge"}), key({"password": "s3cret"}), key({"request_id": "abc"}),
             key({"priority": 9}), key(name="renamed"), key(folder="/inbox/teamB"), key({"sha256": "f" * 64}),
             key({"runtime_overrides": {"postprocess": {"conf_threshold": 0.5}}}), key({"cache": False}),
             key({"name": "entry"}), key(tools={**TOOLS, "image": "ubuntu-npu:latest"})]

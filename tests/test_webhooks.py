@@ -139,18 +139,6 @@ def test_a_bad_notify_url_is_refused_without_echoing_its_secret() -> None:
     assert "s3cret" not in str(err.value) and "p4ssw0rd" not in str(err.value)
 
 
-def test_a_password_of_the_wrong_type_is_never_echoed(tmp_path: Path) -> None:
-    """`password: 12345678` (a YAML number) is refused naming the field, without the value: the message goes to the
-    status file, the journal and every notification body."""
-    from saigeedged.manifest import build_entry
-
-    with pytest.raises(SaigeError) as err:
-        build_entry(tmp_path / "det.yml", {"task": "mlc", "num_classes": 3, "calib": "v.json", "password": 12345678},
-                    "det", drop=True)
-    assert err.value.code == "MANIFEST_INVALID" and "`password` must be str" in err.value.message
-    assert "12345678" not in str(err.value)
-
-
 @pytest.mark.parametrize("url", ["http://[::1/hook", "http://hooks.example:99999/hook", "http://:8080/hook"])
 def test_a_notify_url_that_cannot_be_parsed_is_a_config_error(url: str) -> None:
     """An unclosed IPv6 bracket or a port out of range is refused at start-up as a config error naming the field

@@ -80,6 +80,12 @@ class Calib:
         return [images.load_rgb(Path(p), self.size, self.letterbox)[None] for p in self.images]
 
 
+def wrap_job(model: Path, wrapped: Path, input_name: str, size: tuple[int, int], mean: Sequence[float],
+             scale: Sequence[float], bgr: bool) -> None:
+    """Step `wrap`, run in the child process (the model is loaded there, never in the daemon)."""
+    onnx.save(wrap_uint8(onnx.load(str(model)), input_name, size, mean, scale, bgr), str(wrapped))
+
+
 def quantize_job(float_path: Path, int8_path: Path, input_name: str, calib: Calib, method: str) -> None:
     """Step `quantize`, run in the child process."""
     quantize(float_path, int8_path, input_name, calib.batches(), method)
@@ -159,9 +165,9 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     mean, scale = mean_scale(entry.profile)
     ctx.step("wrap")
     wrapped = prep.work_dir / f"{prep.name}.uint8.onnx"
-    model = wrap_uint8(onnx.load(str(prep.model)), prep.info.input_name, prep.input_size, mean, scale,
-                       entry.channels == "bgr")
-    onnx.save(model, str(wrapped))
+    memory = (int(ctx.config.section("limits")["child_memory_bytes"]), "ONNX_INVALID")  # a model too big for this host
+    child.run(wrap_job, (prep.model, wrapped, prep.info.input_name, prep.input_size, mean, scale, entry.channels == "bgr"),
+              "wrap", ctx.step_timeout(), ctx.interrupted, memory)
     ctx.log.line(f"wrapped {prep.model.name}: input {prep.info.input_name} uint8 [1, {prep.input_size[0]}, "
                  f"{prep.input_size[1]}, 3] RGB, model channels {entry.channels}, mean {mean}, "
                  f"scale {[round(s, 6) for s in scale]}")
@@ -169,11 +175,11 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     int8 = prep.work_dir / f"{prep.name}.int8.onnx"
     ctx.step("quantize")
     child.run(quantize_job, (wrapped, int8, prep.info.input_name, calib, entry.calibration_method), "quantize",
-              ctx.step_timeout(), ctx.interrupted)
+              ctx.step_timeout(), ctx.interrupted, memory)
     ctx.log.line(f"quantized {len(calib.images)} calibration images ({entry.calibration_method}) -> {int8.name}")
     ctx.step("report")
     result = child.run(report_job, (wrapped, int8, prep.info.input_name, calib), "report", ctx.step_timeout(),
-                       ctx.interrupted)
+                       ctx.interrupted, memory)
     for name, row in result["outputs"].items():
         flag = "  << FLAGGED: INT8 output diverges" if row["flagged"] else ""
         ctx.log.line(f"report {name}: cosine {row['cosine']:.4f} max_abs_error {row['max_abs_error']:.4g}{flag}")

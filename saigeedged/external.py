@@ -1,0 +1,44 @@
+"""ONNX external data (SPEC §5): which files beside a model hold its weights, so they travel with the drop."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Container, Iterable
+from pathlib import Path
+
+import onnx
+
+# A model that keeps its weights outside is small itself (the graph only); a larger one is not read by the
+# scanner, which runs in the daemon's main loop: its external data, if any, then stays behind and validate says so.
+PROBE_BYTES = 32 << 20
+
+
+def locations(model: Path) -> list[str]:
+    """The `location`s of the model's external tensors, read without loading any weight ([] when unreadable)."""
+    try:
+        if model.stat().st_size > PROBE_BYTES:
+            return []
+        return tensor_locations(onnx.load(str(model), load_external_data=False))
+    except Exception:  # not ours to judge here: validate checks the model and names the problem
+        return []
+
+
+def tensor_locations(proto: onnx.ModelProto) -> list[str]:
+    """The external-data `location`s of a model loaded without its external data."""
+    found: set[str] = set()
+    tensors = list(proto.graph.initializer) + [a.t for n in proto.graph.node for a in n.attribute if a.HasField("t")]
+    for tensor in tensors:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            found.update(e.value for e in tensor.external_data if e.key == "location")
+    return sorted(found)
+
+
+def external_data(models: Iterable[Path], files: Container[Path]) -> list[Path]:
+    """The inbox files the models name as external data; a location outside the model's folder is never taken."""
+    taken: set[Path] = set()
+    for model in models:
+        for location in locations(model):
+            path = Path(os.path.normpath(model.parent / location))
+            if path.is_relative_to(model.parent) and path in files:
+                taken.add(path)
+    return sorted(taken)

@@ -1,0 +1,116 @@
+"""Drops that aim at other jobs' files or at the daemon's own folders (issue 9, classes 2 and 3): refused or
+published in their own place; nothing another job published changes, and a recorded digest is always true."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from factory import yolox
+from harness import drop, wait_for
+from hostile import canary, final
+
+from saigeedged import guards, noclobber
+from saigeedged.inputs import sha256_file
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under root with its digest."""
+    return {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_outputs_cannot_reach_other_places(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """`output:` naming status/, logs/, another team's folder, `.` or a non-bundle fails; the victim's files stay as they were."""
+    d = daemon()
+    drop(d.inbox / "teamB", "victim", det_inputs["onnx"], det_inputs["manifest"])
+    victim = d.wait_job("victim")
+    assert victim["state"] == "succeeded"
+    before = snapshot(d.outbox)
+    aims = {"status": f"status/{victim['job_id']}.json", "logs": f"logs/{victim['job_id']}.log",
+            "team": "teamB/victim.host.saigeedge", "dot": ".", "dotdot": "..", "hidden": ".x.saigeedge",
+            "json": f"{victim['job_id']}.json", "empty": ".saigeedge", "backslash": "a\\b.saigeedge",
+            "long": "x" * 250 + ".saigeedge", "newline": "a\nb.saigeedge"}
+    for name, output in aims.items():
+        drop(d.inbox, name, det_inputs["onnx"], {**det_inputs["manifest"], "output": output})
+    canary(d, det_inputs)
+    for name in aims:
+        doc = final(d, f"{name}.yml")
+        assert doc["state"] == "failed" and doc["error"]["code"] == "MANIFEST_INVALID", doc
+        assert "`output`" in doc["error"]["message"]
+    after = snapshot(d.outbox)
+    assert {k: v for k, v in after.items() if k in before} == before
+
+
+def test_drops_in_an_inbox_folder_named_like_the_outbox_own(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """Drops in inbox/status/ or inbox/logs/ would publish among status files and logs: they fail, nothing lands there."""
+    d = daemon()
+    for folder in ("status", "logs"):
+        drop(d.inbox / folder, f"in{folder}", det_inputs["onnx"], det_inputs["manifest"])
+    canary(d, det_inputs)
+    for folder in ("status", "logs"):
+        doc = final(d, f"in{folder}.yml")
+        assert doc["state"] == "failed" and doc["error"]["code"] == "MANIFEST_INVALID", doc
+        assert f"`{folder}/`" in doc["error"]["message"]
+    assert {p.suffix for p in (d.outbox / "status").iterdir()} == {".json"}
+    assert {p.suffix for p in (d.outbox / "logs").iterdir()} == {".log"}
+
+
+def test_redrop_never_replaces_a_published_bundle(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
+    """A second drop of the same name publishes under a name of its own: both recorded digests stay true."""
+    d = daemon()
+    drop(d.inbox, "same", det_inputs["onnx"], det_inputs["manifest"])
+    first = d.wait_job("same")
+    other = yolox(tmp_path / "other.onnx", size=(64, 64), seed=7)
+    drop(d.inbox, "same", other, det_inputs["manifest"])
+    second = wait_for(lambda: next((s for s in d.statuses() if s["name"] == "same" and s["job_id"] != first["job_id"]
+                                    and s["state"] in ("succeeded", "failed")), None), 60, "the second drop")
+    assert first["bundle"]["path"] == "same.host.saigeedge" and second["bundle"]["path"] != first["bundle"]["path"]
+    assert second["bundle"]["path"].startswith("same.host.") and second["bundle"]["path"].endswith(".saigeedge")
+    for doc in (first, second):
+        assert sha256_file(d.outbox / doc["bundle"]["path"]) == doc["bundle"]["sha256"]
+    assert first["bundle"]["sha256"] != second["bundle"]["sha256"]
+
+
+def test_own_folders_replaced_by_symlinks_are_never_followed(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
+    """claimed/ and failed/ swapped for symlinks: drops never move into the link's target; the folders are the service's."""
+    d = daemon()
+    own = d.inbox / ".saigeedged"
+    elsewhere = {name: tmp_path / f"elsewhere-{name}" for name in ("claimed", "failed")}
+    for name, target in elsewhere.items():
+        target.mkdir()
+        (own / name).rmdir()
+        (own / name).symlink_to(target)
+    (d.inbox / "broken.yml").write_text(yaml.safe_dump({"task": "nosuchtask"}))
+    assert final(d, "broken.yml")["state"] == "failed"
+    (own / "failed").rename(own / "failed.mine")  # again, once the daemon made its own: now for a job failing later
+    (own / "failed").symlink_to(elsewhere["failed"])
+    drop(d.inbox, "latefail", det_inputs["onnx"], {**det_inputs["manifest"], "num_classes": 5})
+    assert final(d, "latefail.yml")["error"]["code"] == "CALIB_INVALID"
+    canary(d, det_inputs)
+    assert not [p for target in elsewhere.values() for p in target.iterdir()]
+    for name in ("claimed", "failed"):
+        assert (own / name).is_dir() and not (own / name).is_symlink()
+    assert len(list((own / "failed").glob("*/latefail.yml"))) == 1
+    for folder in (own, own / "claimed", own / "failed"):
+        assert os.stat(folder).st_mode & 0o022 == 0, f"{folder} is writable by others"
+
+
+def test_output_rule_and_unique_names() -> None:
+    """Only a visible `<name>.saigeedge` without folders is a drop's output; a taken name gets the job's time and tag."""
+    assert guards.output_problem("det.cubie.saigeedge") is None
+    for bad in ("sub/det.saigeedge", "../det.saigeedge", ".", "det.zip", ".det.saigeedge", "x\x1b.saigeedge"):
+        assert guards.output_problem(bad), bad
+    assert guards.subdir_problem("status") and guards.subdir_problem("logs/a") and not guards.subdir_problem("teamA/status")
+    rel = noclobber.unique_name(Path("teamA/det.host.saigeedge"), "det-20261130T031500Z-a1b2c3")
+    assert rel == Path("teamA/det.host.20261130T031500Z-a1b2c3.saigeedge")
+
+
+def test_take_never_replaces(tmp_path: Path) -> None:
+    """noclobber.take moves a finished file to a free name and refuses a taken one, leaving both files as they were."""
+    (tmp_path / "taken").write_text("first")
+    tmp = tmp_path / ".new.tmp"
+    tmp.write_text("second")
+    assert not noclobber.take(tmp, tmp_path / "taken") and (tmp_path / "taken").read_text() == "first" and tmp.exists()
+    assert noclobber.take(tmp, tmp_path / "free") and (tmp_path / "free").read_text() == "second" and not tmp.exists()
