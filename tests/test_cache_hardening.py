@@ -12,6 +12,7 @@ import onnx
 import pytest
 import yaml
 from factory import classifier, manifest, random_labels, valjson
+from harness import drop
 
 from saigeedged import cli
 from saigeedged.cache import Cache
@@ -126,3 +127,23 @@ def test_a_tampered_member_name_is_a_miss_never_a_bundle_member(tmp_path: Path, 
     assert "cache hit" not in out and "quantize" in out
     with zipfile.ZipFile(tmp_path / "second.saigeedge") as zf:
         assert not any(".." in name or "/" in name for name in zf.namelist())
+
+
+def test_a_redrop_with_other_external_weights_misses_in_the_daemon(daemon: Any, tmp_path: Path) -> None:
+    """Through the daemon (external data is claimed with its model): the same .onnx bytes dropped again with other
+    weights in the data file compile again, and the two bundles hold different INT8 models."""
+    d = daemon()
+    valjson(tmp_path / "data", random_labels(6, 4))
+    base = {"task": "mlc", "num_classes": 4, "input_size": [64, 64], "calib": str(tmp_path / "data" / "val.json")}
+    src = tmp_path / "src" / "ext.onnx"
+    src.parent.mkdir()
+    docs, models = [], []
+    for name, seed in (("one", 0), ("two", 1)):
+        external(src, seed)
+        (d.inbox / "ext.onnx.data").write_bytes(src.with_name("ext.onnx.data").read_bytes())
+        drop(d.inbox, name, src, base)
+        docs.append(d.wait_job(name))
+        with zipfile.ZipFile(d.outbox / docs[-1]["bundle"]["path"]) as zf:
+            models.append(zf.read(yaml.safe_load(zf.read("checkpoint.yaml"))["model"]))
+    assert [doc["cache"]["hit"] for doc in docs] == [False, False] and docs[0]["cache"]["key"] != docs[1]["cache"]["key"]
+    assert models[0] != models[1]
