@@ -25,6 +25,7 @@ from saigeedged.files import fsync_path, sha256_file
 META = "meta.json"
 TMP_PREFIX = ".tmp-"
 LOCK_POLL_S = 0.1  # flock has no timeout: a waiter polls so that a stop or cancel can end the wait
+MODE = 0o700  # the daemon's user only: an entry is the plain compiled model even when its bundle is encrypted
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,13 @@ class Cached:
     meta: dict[str, Any]
     size: int
     used: float
+
+
+def _sound(meta: dict[str, Any], key: str) -> bool:
+    """meta.json of the entry for `key` (a folder copied under another key's name is not), its files plain names."""
+    files = meta.get("files")
+    return (meta.get("key") == key and isinstance(files, dict)
+            and all(isinstance(n, str) and n not in ("", ".", "..", META) and "/" not in n for n in files))
 
 
 def _alive(pid: int) -> bool:
@@ -77,7 +85,7 @@ class Cache:
     def get(self, key: str, dest: Path) -> dict[str, Any] | None:
         """Link (or copy) the entry's files into `dest` and check their digests; its meta.json, or None on a miss."""
         entry = self._read(self.root / key)
-        if entry is None:
+        if entry is None or not _sound(entry.meta, key):
             return None
         dest.mkdir(parents=True, exist_ok=True)
         try:
@@ -92,7 +100,8 @@ class Cache:
                     return None  # a damaged entry is a miss; the next success replaces it
         except (OSError, KeyError):
             return None  # evicted meanwhile
-        os.utime(entry.path / META)  # its last use, for LRU
+        with contextlib.suppress(OSError):  # evicted right after its files were linked: they are this job's now
+            os.utime(entry.path / META)  # its last use, for LRU
         return entry.meta
 
     def put(self, key: str, files: Mapping[str, Path], meta: dict[str, Any]) -> bool:
@@ -100,7 +109,8 @@ class Cache:
         size = sum(p.stat().st_size for p in files.values())
         if not self.enabled or size > self.max_bytes:
             return False
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=MODE, parents=True, exist_ok=True)
+        self.root.chmod(MODE)  # also a cache made before this mode was set
         self.sweep()
         tmp = self.root / f"{TMP_PREFIX}{key}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -174,6 +184,7 @@ class Cache:
     @contextlib.contextmanager
     def compiling(self, key: str, interrupted: Callable[[], str | None] = lambda: None) -> Iterator[None]:
         """Hold the key's lock across processes: a second compile of the same key waits, then finds the entry."""
+        self.root.mkdir(mode=MODE, parents=True, exist_ok=True)
         folder = self.root / ".locks"
         folder.mkdir(parents=True, exist_ok=True)
         with (folder / key[:2]).open("a") as fh:  # 256 lock files, never deleted (unlinking a lock file races)

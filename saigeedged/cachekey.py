@@ -16,7 +16,7 @@ from saigeedged.manifest import Entry
 # cover (the ONNX and calibration paths and sha256: their digests are in the key)
 NOT_IN_KEY = frozenset({"output", "password", "request_id", "priority", "stem", "manifest", "onnx", "calib", "sha256",
                         "runtime_overrides", "cache"})
-KEY_SCHEMA = 1  # bump when the key's inputs change meaning
+KEY_SCHEMA = 2  # bump when the key's inputs change meaning
 
 
 @dataclass(frozen=True)

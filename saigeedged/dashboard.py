@@ -6,6 +6,7 @@ and links to bundles, logs and status files by paths relative to the outbox.
 
 from __future__ import annotations
 
+import json
 import socket
 from dataclasses import dataclass
 from html import escape
@@ -18,7 +19,11 @@ from saigeedged.errors import HINTS
 from saigeedged.jobs import Job
 
 RECENT = 200
+QUEUE_SHOWN = 100  # the head of a long queue: 10,000 rows would make a page of megabytes, rewritten every second
 REFRESH_S = 5
+REPORT_LINES = 10  # per job, its worst outputs: a model may have thousands (the status file keeps them all)
+NAME_CHARS = 80  # an output name longer than this is cut on the page
+STALE_S = 120  # the daemon rewrites the page at least every 30 s; older than this, the page says it is stale
 STYLE = """
 body{font:15px/1.4 system-ui,sans-serif;margin:0 auto;padding:8px 12px;max-width:1200px;color:#222;background:#fff}
 h1{font-size:1.3em;margin:.3em 0}h2{font-size:1.1em;margin:1.2em 0 .4em;border-bottom:1px solid #ccc}
@@ -50,8 +55,13 @@ class View:
     now: str
     slots: list[Slot]
     running: list[Job]
-    queued: list[Job]
+    queued: list[Job]  # the head of the queue (at most QUEUE_SHOWN are shown)
     recent: list[Job]
+    queued_total: int | None = None  # the whole queue's length, when `queued` is only its head
+
+    @property
+    def waiting(self) -> int:
+        return len(self.queued) if self.queued_total is None else max(self.queued_total, len(self.queued))
 
 
 def _e(value: Any) -> str:
@@ -78,6 +88,23 @@ def _slots(slots: list[Slot]) -> str:
             + "</td></tr>" for s in slots]
     return ('<table><thead><tr><th>engine</th><th>slot</th><th>engine state</th><th>job</th></tr></thead><tbody>'
             + "".join(rows) + "</tbody></table>")
+
+
+def _queue(view: View) -> str:
+    shown = view.queued[:QUEUE_SHOWN]
+    more = view.waiting - len(shown)
+    tail = f'<p class="muted">and {more} more queued (the first {len(shown)} in queue order are shown)</p>' if more else ""
+    return _active(shown, False) + tail
+
+
+def _stale(view: View) -> str:
+    """A notice the browser shows when the page is older than STALE_S: a stopped daemon cannot say so itself."""
+    made = json.dumps(view.now).replace("<", "\\u003c")  # a JS string that cannot end the script element
+    script = (f"(function(){{if(Date.now()-Date.parse({made})>{STALE_S * 1000})"
+              "{document.getElementById('stale').hidden=false;}})();")
+    return (f'<p id="stale" class="down" hidden>This page has not been updated since {_e(view.now)}: the daemon may be '
+            f'stopped or unable to write the outbox (check <code>systemctl status saigeedged</code>).</p>'
+            f'<script>{script}</script>')
 
 
 def _active(jobs: list[Job], running: bool) -> str:
@@ -115,14 +142,18 @@ def _error(job: Job) -> str:
 
 
 def _report(report: dict[str, Any] | None) -> str:
-    """The float-vs-compiled comparison: one line per output, flagged ones marked."""
+    """The float-vs-compiled comparison: the worst REPORT_LINES outputs, flagged ones marked."""
     if not report or not report.get("outputs"):
         return '<td data-label="quantization"></td>'
+    outputs = sorted(report["outputs"].items(), key=lambda item: float(item[1].get("cosine", 0.0)))
     lines = []
-    for name, row in report["outputs"].items():
+    for name, row in outputs[:REPORT_LINES]:
         mark = ' <span class="flag">FLAGGED</span>' if row.get("flagged") else ""
-        lines.append(f'{_e(name)}: cosine {_e(row.get("cosine"))}, max abs error {_e(row.get("max_abs_error"))}{mark}')
-    worst = min(float(row.get("cosine", 0.0)) for row in report["outputs"].values())
+        shown = name if len(name) <= NAME_CHARS else f"{name[:NAME_CHARS]}…"
+        lines.append(f'{_e(shown)}: cosine {_e(row.get("cosine"))}, max abs error {_e(row.get("max_abs_error"))}{mark}')
+    if len(outputs) > REPORT_LINES:
+        lines.append(f"and {len(outputs) - REPORT_LINES} more outputs (every one is in the status file)")
+    worst = float(outputs[0][1].get("cosine", 0.0))
     summary = (f'{len(report["flagged"])} flagged' if report.get("flagged") else "ok") + f", cosine ≥ {worst:.4f}"
     css = ' class="flag"' if report.get("flagged") else ""
     return (f'<td data-label="quantization"><details><summary{css}>{summary}</summary>'
@@ -150,11 +181,11 @@ def render(view: View) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f'<meta http-equiv="refresh" content="{REFRESH_S}"><title>{_e(title)}</title><style>{STYLE}</style></head>'
-            f'<body><h1>{_e(title)}</h1><p class="muted">updated {_e(view.now)} · saigeedged {__version__} · '
-            f'{len(view.running)} running, {len(view.queued)} queued · this page reloads every {REFRESH_S} s</p>'
+            f'<body><h1>{_e(title)}</h1>{_stale(view)}<p class="muted">updated {_e(view.now)} · saigeedged {__version__} · '
+            f'{len(view.running)} running, {view.waiting} queued · this page reloads every {REFRESH_S} s</p>'
             f'<h2>Engines and slots</h2>{_slots(view.slots)}'
             f'<h2>Running</h2>{_active(view.running, True)}'
-            f'<h2>Queue</h2>{_active(view.queued, False)}'
+            f'<h2>Queue</h2>{_queue(view)}'
             f'<h2>Last {RECENT} jobs</h2>{_recent(view.recent)}</body></html>\n')
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from saigeedged.jobid import utc_now
 from saigeedged.jobs import Job
 from saigeedged.store import Store
 
@@ -18,15 +20,16 @@ def _key(job: Job) -> tuple[str, str]:
 class Ends:
     """`fresh()` returns each end once: the first call every final job in the queue, later calls only new ends."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, store: Store, clock: Callable[[], datetime] = utc_now) -> None:
+        self.store, self.clock = store, clock
         self.newest = ""  # the latest finished_at seen ("" before the first call)
         self._seen: set[tuple[str, str]] = set()  # ends inside the look-back window, already returned
 
     def fresh(self) -> list[Job]:
         since = ""
         if self.newest:
-            newest = datetime.fromisoformat(self.newest.replace("Z", "+00:00"))
+            # not beyond now: an end stamped in the future (a clock set back since) must not hide every later end
+            newest = min(datetime.fromisoformat(self.newest.replace("Z", "+00:00")), self.clock())
             since = (newest - LOOK_BACK).strftime("%Y-%m-%dT%H:%M:%S")
         jobs = [job for job in self.store.ended_since(since) if _key(job) not in self._seen]
         self.newest = max([self.newest, *(job.finished_at or "" for job in jobs)])

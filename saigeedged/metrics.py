@@ -84,7 +84,7 @@ class Metrics:
 
     def sync(self) -> None:
         """Count the ends not counted yet (also those written by another process, e.g. `cancel`); set the gauges."""
-        depth = Tally(job.target for job in self.store.in_state(QUEUED))
+        depth = Tally(self.store.count_by_target(QUEUED))
         with self._lock:  # the scrape's thread and the textfile's may both be here
             for job in self._ends.fresh():
                 self._count(job)

@@ -124,8 +124,8 @@ class Ops(threading.Thread):
             return next((job for job in running if job.target == target), None)
 
         slots = [Slot("local", t, up, busy(t)) for t in CONTAINER_TARGETS] + [Slot("this host", "host", True, busy("host"))]
-        return View(jobid.iso(jobid.utc_now()), slots, running, self.store.in_state(QUEUED),
-                    self.store.recent(dashboard.RECENT))
+        return View(jobid.iso(jobid.utc_now()), slots, running, self.store.head(QUEUED, dashboard.QUEUE_SHOWN),
+                    self.store.recent(dashboard.RECENT), self.store.count(QUEUED))
 
     def write_page(self) -> None:
         try:

@@ -70,6 +70,14 @@ class Outputs:
             found.append(Path(job.claim_dir))
         return found
 
+    def contained(self, path: Path) -> bool:
+        """Is `path` where it says, inside the outbox or failed/, once symlinks and `..` in its folders are followed?
+        (A folder of the share replaced by a symlink must not lead a prune elsewhere.)"""
+        if path.name in ("", ".", ".."):
+            return False
+        folder = path.parent.resolve()
+        return any(folder.is_relative_to(root.resolve()) for root in (self.outbox, self.failed))
+
     def _future_bundle(self, job: Job) -> list[Path]:
         """Where a queued or running job will publish (it may be replacing that file right now)."""
         try:
@@ -97,7 +105,8 @@ def plan(store: Store, outputs: Outputs, policy: Policy, now: float) -> list[tup
     for job in final:
         if job.job_id in keep:
             continue
-        paths = [p for p in outputs.files(job) if p not in protected and (p.exists() or p.is_symlink())]
+        paths = [p for p in outputs.files(job)
+                 if p not in protected and (p.exists() or p.is_symlink()) and outputs.contained(p)]
         if paths:
             doomed.append((job, paths))
     return doomed

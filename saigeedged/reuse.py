@@ -5,12 +5,20 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from saigeedged import __version__, backends, cache, cachekey, jobid
+import onnx
+
+from saigeedged import __version__, backends, cache, cachekey, external, jobid
 from saigeedged.backends import Artifact, Context
+from saigeedged.config import Config
 from saigeedged.files import sha256_file
 from saigeedged.inputs import Prepared
+
+# Host-side libraries that shape what the compiler is given: onnx cuts the model (surgery) and wraps it (host),
+# Pillow and numpy decode and preprocess the calibration images (host, mobilint)
+HOST_LIBRARIES = ("onnx", "pillow", "numpy")
 
 CALIB_MEMBER = "calib_digests.txt"
 
@@ -63,6 +71,32 @@ def resolved(prep: Prepared) -> dict[str, Any]:
     return values
 
 
+def host_side(target: str, config: Config) -> dict[str, Any]:
+    """What else decides the artifact besides the compiler image: the host libraries that prepare its inputs and,
+    for cubie, the daemon's choice of pegasus entry point and VIV SDK folder inside the image (both in its argv)."""
+    found: dict[str, Any] = {name: importlib.metadata.version(name) for name in HOST_LIBRARIES}
+    if target == "cubie":
+        section = config.section("cubie")
+        found.update(pegasus=section["pegasus"], viv_sdk=section["viv_sdk"])
+    return found
+
+
+def external_data(path: Path) -> list[tuple[str, str]]:
+    """(location, sha256) of each external data file the ONNX names: its weights, which its own digest misses."""
+    names = external.tensor_locations(onnx.load(str(path), load_external_data=False))
+    return [(name, sha256_file(path.parent / name)) for name in names]
+
+
+def key_inputs(prep: Prepared, tools: dict[str, Any], config: Config, rows: list[tuple[str, str]]) -> cachekey.KeyInputs:
+    """The key's inputs of a prepared job compiled with `tools` (see cachekey; rows: the calibration digests)."""
+    onnx_id = prep.onnx_sha256
+    data = external_data(prep.entry.onnx)
+    if data:
+        onnx_id = cachekey.canonical({"onnx": onnx_id, "external_data": data})
+    return cachekey.KeyInputs(onnx_id, cachekey.compile_fields(prep.entry, resolved(prep)), [d for d, _ in rows],
+                              {**tools, "host": host_side(prep.entry.target, config)}, __version__)
+
+
 def _meta(art: Artifact, prep: Prepared, job_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(files to store, meta.json): members are stored by their suffix after the job's name, which a hit renames."""
     files, members = {}, []
@@ -77,16 +111,22 @@ def _meta(art: Artifact, prep: Prepared, job_id: str) -> tuple[dict[str, Any], d
     return files, meta
 
 
-def _restore(meta: dict[str, Any], prep: Prepared) -> Artifact:
-    """The artifact of a hit, its members named after this job's model (the files were put in work/cached/)."""
+def _restore(meta: dict[str, Any], prep: Prepared) -> Artifact | None:
+    """The artifact of a hit, its members named after this job's model (the files were put in work/cached/); None
+    when meta.json's members are not plain names of its stored files (damaged or tampered: never a `../x` member)."""
     folder = prep.work_dir / "cached"
     members, model = {}, ""
-    for stored, suffix, is_model in meta["members"]:
-        member = suffix[1:] if suffix.startswith("/") else f"{prep.name}{suffix}"
-        members[member] = folder / stored
-        model = member if is_model else model
-    return Artifact(model, members, meta["quantization"], meta["platform"], meta["image"], meta["image_id"],
-                    meta["report"])
+    try:
+        for stored, suffix, is_model in meta["members"]:
+            member = suffix[1:] if suffix.startswith("/") else f"{prep.name}{suffix}"
+            if stored not in meta["files"] or "/" in member or member in ("", ".", ".."):
+                return None
+            members[member] = folder / stored
+            model = member if is_model else model
+        return Artifact(model, members, meta["quantization"], meta["platform"], meta["image"], meta["image_id"],
+                        meta["report"]) if model else None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def compile(prep: Prepared, ctx: Context, job_id: str, skip: Callable[[list[str]], None]) -> Made:
@@ -94,8 +134,7 @@ def compile(prep: Prepared, ctx: Context, job_id: str, skip: Callable[[list[str]
     entry = prep.entry
     tools = toolchain(entry.target, ctx)
     rows = [(sha256_file(s.image), str(s.image)) for s in prep.chosen]
-    key = cachekey.compile_key(cachekey.KeyInputs(prep.onnx_sha256, cachekey.compile_fields(entry, resolved(prep)),
-                                                  [d for d, _ in rows], tools, __version__))
+    key = cachekey.compile_key(key_inputs(prep, tools, ctx.config, rows))
     store = cache.for_config(ctx.config)
     backend = backends.get(entry.target)
     if not (entry.cache and store.enabled):
@@ -104,10 +143,11 @@ def compile(prep: Prepared, ctx: Context, job_id: str, skip: Callable[[list[str]
         return Made(backend.compile(prep, ctx), key, False, None, tools, rows)
     with store.compiling(key, ctx.interrupted):  # an identical compile in progress elsewhere: wait for its entry
         meta = store.get(key, prep.work_dir / "cached")
-        if meta is not None:
+        cached = _restore(meta, prep) if meta is not None else None
+        if meta is not None and cached is not None:
             skip(backend.steps(entry))
             ctx.log.line(f"cache: hit {key}, compiled by job {meta['source_job_id']}: compiler steps skipped")
-            return Made(_restore(meta, prep), key, True, meta["source_job_id"], tools, rows)
+            return Made(cached, key, True, meta["source_job_id"], tools, rows)
         ctx.log.line(f"cache: miss {key}")
         art = backend.compile(prep, ctx)
         files, meta = _meta(art, prep, job_id)

@@ -153,6 +153,14 @@ class Store:
     def count(self, state: str) -> int:
         return int(str(self._rows("SELECT COUNT(*) FROM jobs WHERE state = ?", (state,))[0][0]))
 
+    def head(self, state: str, limit: int) -> list[Job]:
+        """The first `limit` jobs in `state`, in queue order (a page or a scrape need not decode a long queue)."""
+        return self._jobs("SELECT doc FROM jobs WHERE state = ? ORDER BY priority DESC, seq LIMIT ?", (state, limit))
+
+    def count_by_target(self, state: str) -> dict[str, int]:
+        rows = self._rows("SELECT json_extract(doc, '$.target'), COUNT(*) FROM jobs WHERE state = ? GROUP BY 1", (state,))
+        return {str(target): int(str(n)) for target, n in rows}
+
     def recent(self, limit: int = 20) -> list[Job]:
         return self._jobs("SELECT doc FROM jobs WHERE state IN (?, ?, ?) ORDER BY seq DESC LIMIT ?",
                           (*sorted(TERMINAL), limit))

@@ -6,6 +6,7 @@ Public vendor scripts disagree on whether the A733/T527 target strings carry `_P
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -17,7 +18,7 @@ LIST_SCRIPT = "ls {cfg}/ 2>/dev/null | grep '\\.config$' || true"
 
 def list_script(viv_sdk: str) -> str:
     """The fixed shell snippet that lists the target .config files (viv_sdk comes from the daemon config)."""
-    return LIST_SCRIPT.format(cfg=f"{viv_sdk}/common/cfg")
+    return LIST_SCRIPT.format(cfg=shlex.quote(f"{viv_sdk}/common/cfg"))
 
 
 def targets(listing: str) -> list[str]:

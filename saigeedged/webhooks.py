@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import requests
 import structlog
@@ -47,9 +47,25 @@ class Channel:
 
     @property
     def shown(self) -> str:
-        """The URL as logged: scheme, host and port only (a webhook's path or query is often its secret)."""
-        parts = urlsplit(self.url)
-        return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        return shown(self.url)
+
+
+def _parts(url: str) -> SplitResult | None:
+    """The URL's parts, or None when it cannot be parsed (an unclosed `[`, a port out of range)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (parsed on access: raises for a bad port)
+    except ValueError:
+        return None
+    return parts
+
+
+def shown(url: str) -> str:
+    """A URL as logged: scheme, host and port only (a webhook's path, query or user:token@ is often its secret)."""
+    parts = _parts(url)
+    if parts is None:
+        return "(a URL that cannot be parsed)"
+    return f"{parts.scheme}://{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
 
 
 def _invalid(where: str, message: str) -> SaigeError:
@@ -63,8 +79,9 @@ def channels(entries: list[Any]) -> list[Channel]:
     for i, entry in enumerate(entries):
         where = f"notify[{i}]"
         raw = _merge(entry, CHANNEL_DEFAULTS, f"{where}.")
-        if urlsplit(raw["url"]).scheme not in ("http", "https") or not urlsplit(raw["url"]).hostname:
-            raise _invalid(f"{where}.url", f"must be an http:// or https:// URL, got {raw['url']!r}")
+        parts = _parts(raw["url"])
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise _invalid(f"{where}.url", f"must be an http:// or https:// URL, got {shown(raw['url'])!r}")
         unknown = [e for e in raw["events"] if e not in EVENTS]
         if unknown or not raw["events"]:
             raise _invalid(f"{where}.events", f"must list some of {', '.join(EVENTS)}, got {raw['events']!r}")
@@ -77,16 +94,22 @@ def channels(entries: list[Any]) -> list[Channel]:
     return found
 
 
+def _plain(value: Any) -> str:
+    """Text Slack shows as written: `<!channel>`, `<@U1>` or `<https://x|y>` in a dropper's value stay inert."""
+    return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def slack_text(doc: dict[str, Any]) -> str:
     """One Slack message: job, state, target; the bundle path, or the error code, message and hint."""
-    lines = [f"{ICONS.get(doc['state'], '')} saigeedged: *{doc['name']}* {doc['state']} "
-             f"({doc['target']}, job `{doc['job_id']}`)"]
+    lines = [f"{ICONS.get(doc['state'], '')} saigeedged: *{_plain(doc['name'])}* {doc['state']} "
+             f"({doc['target']}, job `{_plain(doc['job_id'])}`)"]
     if doc.get("bundle"):
-        lines.append(f"bundle: {doc['bundle']['path']}")
+        lines.append(f"bundle: {_plain(doc['bundle']['path'])}")
     if doc.get("error"):
         error = doc["error"]
-        lines.append(f"{error['code']}: {str(error['message']).splitlines()[0] if error['message'] else ''}")
-        lines.append(f"hint: {error['hint']}")
+        message = str(error['message']).splitlines()[0] if error['message'] else ''
+        lines.append(f"{error['code']}: {_plain(message)}")
+        lines.append(f"hint: {_plain(error['hint'])}")
     return "\n".join(lines)
 
 
@@ -118,6 +141,7 @@ class Sender:
         self.clock = clock
         self._lanes = [(c, queue.Queue[dict[str, Any]](QUEUE_MAX)) for c in chans]
         self._seen: deque[tuple[str, str]] = deque(maxlen=4 * QUEUE_MAX)  # ends already queued: one POST per end
+        self._seen_lock = threading.Lock()  # the worker's observer and the ops thread's look at the queue may race
         self._threads = [threading.Thread(target=self._run, args=lane, name=f"saigeedged-notify-{i}", daemon=True)
                          for i, lane in enumerate(self._lanes)]
 
@@ -126,14 +150,27 @@ class Sender:
             thread.start()
 
     def stop(self) -> None:
+        """No new POST starts; what waits in the queues is logged `notify.failed` now, from the stopping thread (a
+        lane may sit in a slow POST until the process is gone)."""
         self.stop_event.set()
+        for channel, lane in self._lanes:
+            self._drain(channel, lane)
+
+    def _drain(self, channel: Channel, lane: queue.Queue[dict[str, Any]]) -> None:
+        while True:
+            try:
+                doc = lane.get_nowait()
+            except queue.Empty:
+                return
+            self._failed(channel, doc, "the daemon stopped before it was sent", 0)
 
     def job_ended(self, job: Job) -> None:
         """Queue a final job's notification for every channel that wants its state; never blocks."""
         key = (job.job_id, job.finished_at or "")
-        if job.state not in TERMINAL or key in self._seen:
-            return
-        self._seen.append(key)
+        with self._seen_lock:
+            if job.state not in TERMINAL or key in self._seen:
+                return
+            self._seen.append(key)
         doc = status_doc(job)
         for channel, lane in self._lanes:
             if job.state not in channel.events:
@@ -150,8 +187,7 @@ class Sender:
             except queue.Empty:
                 continue
             self.deliver(channel, doc)
-        while not lane.empty():  # what is left at a stop is said, not lost silently
-            self._failed(channel, lane.get_nowait(), "the daemon stopped before it was sent", 0)
+        self._drain(channel, lane)  # what is left at a stop is said, not lost silently
 
     def deliver(self, channel: Channel, doc: dict[str, Any]) -> None:
         """POST until delivered or `retry_for_s` has passed, waiting 1 s, 2 s, 4 s ... (at most 60 s) between tries."""

@@ -124,3 +124,55 @@ def test_page_escapes_names_and_is_rewritten_at_most_once_a_second(tmp_path: Pat
     assert not page.exists()  # within the second: not yet
     ops.tick(101.0)
     assert page.exists()  # the pending change is written at the next second
+
+
+def queued_job(i: int, now: str) -> Job:
+    return Job(job_id=f"q{i:05d}-1", name=f"model{i}", target="host", task="mlc", entry={"onnx": "a.onnx"}, subdir="",
+               claim_dir="/c", manifest="m.yml", state="queued", created_at=now)
+
+
+def test_a_long_queue_shows_its_head_and_counts_the_rest(tmp_path: Path) -> None:
+    """10,000 queued jobs: the page lists the head of the queue and says how many more wait, so it stays small;
+    the daemon reads only that head from the queue."""
+    now = jobid.iso(jobid.utc_now())
+    jobs = [queued_job(i, now) for i in range(10_000)]
+    page = dashboard.render(dashboard.View(now, [], [], jobs, []))
+    assert len(page) < 200_000 and "10000 queued" in page
+    assert "q00000-1" in page and f"q{dashboard.QUEUE_SHOWN:05d}-1" not in page
+    assert f"and {10_000 - dashboard.QUEUE_SHOWN} more queued" in page
+    store = Store(tmp_path / "state" / "saigeedged.db")
+    for job in jobs[:dashboard.QUEUE_SHOWN + 5]:
+        store.add(job)
+    view = Ops(config.load(write_config(tmp_path, dashboard=True)), store, lambda: True).view()
+    assert len(view.queued) == dashboard.QUEUE_SHOWN and view.waiting == dashboard.QUEUE_SHOWN + 5
+
+
+@needs_chromium
+def test_a_page_the_daemon_stopped_rewriting_says_so(tmp_path: Path) -> None:
+    """A page last written long ago (daemon stopped or crashed) shows a stale notice in the browser; a fresh one
+    does not."""
+    def stale_shown(now: str) -> bool:
+        page = tmp_path / "index.html"
+        page.write_text(dashboard.render(dashboard.View(now, [], [], [], [])))
+        dom = chromium("--dump-dom", page.as_uri())
+        head = dom.split('id="stale"', 1)[1].split(">", 1)[0]
+        return "hidden" not in head
+
+    assert stale_shown("2026-01-01T00:00:00.000Z")
+    assert not stale_shown(jobid.iso(jobid.utc_now()))
+
+
+def test_a_report_with_thousands_of_outputs_shows_the_worst_few(tmp_path: Path) -> None:
+    """200 jobs whose models have 5,000 outputs each (long names) still make a small page: each report lists its
+    worst outputs first and counts the rest."""
+    now = jobid.iso(jobid.utc_now())
+    outputs = {f"out{i:04d}_{'x' * 500}": {"cosine": 0.999 - i / 1e6, "max_abs_error": 0.1, "flagged": False}
+               for i in range(5000)}
+    report = {"images": 4, "threshold": 0.99, "outputs": outputs, "flagged": []}
+    jobs = [Job(job_id=f"r{i:03d}-1", name="many", target="host", task="mlc", entry={"onnx": "a.onnx"}, subdir="",
+                claim_dir="/c", manifest="m.yml", state="succeeded", created_at=now, finished_at=now, report=report)
+            for i in range(dashboard.RECENT)]
+    page = dashboard.render(dashboard.View(now, [], [], [], jobs))
+    assert len(page) < 2_000_000 and "and 4990 more outputs" in page
+    first = page.index("out4999_")
+    assert first < page.index("out4990_") and "out4989_" not in page  # the lowest cosine first

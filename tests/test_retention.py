@@ -31,7 +31,7 @@ class Seeded:
         self.jobs: dict[str, Job] = {}
         self.tmp = tmp_path
 
-    def add(self, key: str, name: str, state: str, age_days: float) -> Job:
+    def add(self, key: str, name: str, state: str, age_days: float, bundle: str | None = None) -> Job:
         when = jobid.utc_now()
         folder = (self.places.failed if state == FAILED else self.places.claimed) / f"{key}-in"
         entry = build_entry(self.tmp / f"{name}.yml", {"task": "mlc", "num_classes": 3, "calib": "v.json",
@@ -40,8 +40,9 @@ class Seeded:
                   claim_dir=str(folder), manifest=f"{name}.yml", state=state, created_at=jobid.iso(when),
                   finished_at=jobid.iso(when) if state in (SUCCEEDED, FAILED) else None)
         if state == SUCCEEDED:
-            job.bundle = {"path": entry.output_name, "sha256": "0", "bytes": 1}
-            (self.outbox.root / entry.output_name).write_bytes(b"bundle")
+            job.bundle = {"path": bundle or entry.output_name, "sha256": "0", "bytes": 1}
+            if bundle is None:  # a given path is the test's to make
+                (self.outbox.root / job.bundle["path"]).write_bytes(b"bundle")
         if state != SUCCEEDED:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"{name}.onnx").write_bytes(b"onnx")
@@ -122,3 +123,21 @@ def test_daemon_prunes_after_start(daemon: Any, seeded: Seeded) -> None:
     assert not any(p.exists() for p in seeded.files("det1") + seeded.files("bad"))
     assert sorted(e["job_id"] for e in d.events("retention.pruned")) == sorted(
         seeded.jobs[k].job_id for k in ("det1", "det2", "solo", "bad"))
+
+
+def test_prune_never_follows_a_symlinked_folder_or_dots_out_of_the_outbox(tmp_path: Path, seeded: Seeded,
+                                                                           capsys: Any) -> None:
+    """A bundle folder of the share replaced by a symlink to elsewhere, or a bundle path with `..` in its row: the
+    file outside stays (the job's own status file and log still go)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious.host.saigeedge").write_bytes(b"not the outbox's")
+    (tmp_path / "precious.host.saigeedge").write_bytes(b"not the outbox's either")
+    (seeded.outbox.root / "teamA").symlink_to(elsewhere)
+    for key, path in (("linked", "teamA/precious.host.saigeedge"), ("dots", "../precious.host.saigeedge")):
+        seeded.add(key, key, SUCCEEDED, 30, bundle=path)
+    listed = prune(tmp_path, capsys, "--dry-run", max_age_days=7)
+    assert not any("precious" in line for line in listed)
+    prune(tmp_path, capsys, max_age_days=7)
+    assert (elsewhere / "precious.host.saigeedge").is_file() and (tmp_path / "precious.host.saigeedge").is_file()
+    assert not seeded.outbox.status_path(seeded.jobs["linked"].job_id).exists()

@@ -30,3 +30,16 @@ def test_a_missing_platform_target_and_a_missing_override_are_each_named() -> No
 def test_overrides_without_a_queue_are_none(tmp_path: Path) -> None:
     """A host that never ran the daemon has no overrides in use (and check creates no database)."""
     assert vivsdk.overrides_in_use(tmp_path) == [] and not (tmp_path / "saigeedged.db").exists()
+
+
+def test_the_listing_script_takes_a_folder_with_spaces_and_quotes_as_one_path(tmp_path: Path) -> None:
+    """cubie.viv_sdk with a space or a quote in it is listed as written (run here by a real `sh`), never split
+    or run as shell syntax."""
+    import subprocess
+
+    sdk = tmp_path / "Vivante IDE 'x'; touch hacked" / "cmdtools"
+    (sdk / "common" / "cfg").mkdir(parents=True)
+    (sdk / "common" / "cfg" / "VIP9000PICO_PID0XEE.config").write_text("")
+    out = subprocess.run(["sh", "-c", vivsdk.list_script(str(sdk))], capture_output=True, text=True, cwd=tmp_path,
+                         check=True).stdout
+    assert vivsdk.targets(out) == ["VIP9000PICO_PID0XEE"] and not (tmp_path / "hacked").exists()

@@ -115,3 +115,49 @@ def test_one_post_per_end_also_for_a_cancel_from_a_shell(cubie_daemon: Any, dock
         r.wait_posts(3, 30)
     assert [p["body"]["job_id"] for p in r.posts] == [queued["job_id"], running["job_id"], after["job_id"]]
     assert [p["body"]["state"] for p in r.posts] == ["cancelled", "cancelled", "succeeded"]
+
+
+def test_slack_text_keeps_a_droppers_mentions_and_links_inert() -> None:
+    """Slack control sequences in a dropper's values (a manifest key echoed in the error message) reach Slack
+    escaped: no `@channel` ping, no disguised link."""
+    from saigeedged.webhooks import slack_text
+
+    doc = {"state": "failed", "name": "det", "target": "host", "job_id": "det-20261130T031500Z-a1b2c3", "bundle": None,
+           "error": {"code": "MANIFEST_INVALID", "message": "det.yml: unknown key `<!channel> <https://evil.test|docs>`",
+                     "hint": "see <!here> & fix"}}
+    text = slack_text(doc)
+    assert "<!" not in text and "<https" not in text
+    assert "&lt;!channel&gt; &lt;https://evil.test|docs&gt;" in text and "see &lt;!here&gt; &amp; fix" in text
+
+
+def test_a_bad_notify_url_is_refused_without_echoing_its_secret() -> None:
+    """A notify URL with a typo in its scheme is refused at start-up naming the field, without its token or
+    credentials in the message (it goes to the journal)."""
+    with pytest.raises(SaigeError) as err:
+        channels([{"url": "htps://bot:p4ssw0rd@hooks.example/services/T0/B0/s3cret-token"}])
+    assert "notify[0].url" in err.value.message and "hooks.example" in err.value.message
+    assert "s3cret" not in str(err.value) and "p4ssw0rd" not in str(err.value)
+
+
+@pytest.mark.parametrize("url", ["http://[::1/hook", "http://hooks.example:99999/hook", "http://:8080/hook"])
+def test_a_notify_url_that_cannot_be_parsed_is_a_config_error(url: str) -> None:
+    """An unclosed IPv6 bracket or a port out of range is refused at start-up as a config error naming the field
+    (not a traceback at start, nor a sender thread dying at its first log line)."""
+    with pytest.raises(SaigeError) as err:
+        channels([{"url": url}])
+    assert err.value.code == "MANIFEST_INVALID" and "notify[0].url" in err.value.message
+
+
+def test_notifications_queued_behind_a_slow_post_are_said_at_stop(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """The endpoint holds the first POST when the daemon is stopped: the notification queued behind it is logged
+    `notify.failed` (the daemon stopped), not lost without a word, and the stop still exits 0."""
+    with Receiver(hold_s=30) as r:
+        d = daemon(notify=[{"url": r.url, "timeout_s": 60}])
+        drop(d.inbox, "first", det_inputs["onnx"], det_inputs["manifest"])
+        d.wait_job("first")
+        r.wait_posts(1, 30)
+        drop(d.inbox, "second", det_inputs["onnx"], det_inputs["manifest"])
+        second = d.wait_job("second")
+        assert d.stop() == 0
+        failed = d.events("notify.failed")
+    assert [e["job_id"] for e in failed] == [second["job_id"]] and "stopped" in failed[0]["message"]
