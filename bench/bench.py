@@ -26,8 +26,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 from harness import Daemon  # noqa: E402
 
-from saigeedged import examples  # noqa: E402
-from saigeedged.inputs import sha256_file  # noqa: E402
+from saigeedged.cli import examples  # noqa: E402
+from saigeedged.compile.inputs import sha256_file  # noqa: E402
 
 STANDIN = "saigeedged-standin/acuity:test"
 SETTLE = 1.0

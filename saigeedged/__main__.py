@@ -1,5 +1,5 @@
 """`python -m saigeedged` entry point."""
 
-from saigeedged.cli import main
+from saigeedged.cli.main import main
 
 raise SystemExit(main())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from saigeedged import examples
+from saigeedged.cli import examples
 
 
 def prepare(root: Path) -> tuple[Path, Path, Path]:

@@ -1,4 +1,4 @@
-"""Test-only inputs; the generic generators live in saigeedged.examples (the demo uses them too)."""
+"""Test-only inputs; the generic generators live in saigeedged.cli.examples (the demo uses them too)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import onnx
 import yaml
 from onnx import TensorProto, helper
 
-from saigeedged.examples import OPSET, classifier, const, image, random_labels, valjson, yolox
+from saigeedged.cli.examples import OPSET, classifier, const, image, random_labels, valjson, yolox
 
 __all__ = ["classifier", "collapsing", "image", "manifest", "random_labels", "valjson", "yolox"]
 

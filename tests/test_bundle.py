@@ -7,7 +7,7 @@ import pytest
 import pyzipper
 import yaml
 
-from saigeedged import bundle
+from saigeedged.compile import bundle
 
 
 def test_deep_merge() -> None:

@@ -7,9 +7,9 @@ import json
 import os
 from pathlib import Path
 
-from saigeedged import cli
 from saigeedged import config as configmod
-from saigeedged.cache import Cache, command
+from saigeedged.adapters.cache import Cache, command
+from saigeedged.cli import main as cli
 
 
 def artifact(tmp_path: Path, name: str, size: int) -> Path:

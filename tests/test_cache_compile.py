@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 from factory import classifier, image, manifest, random_labels, valjson
 
-from saigeedged import __version__, cli
+from saigeedged import __version__
+from saigeedged.cli import main as cli
 
 
 def compile_cls(tmp_path: Path, config_path: Path, name: str, capsys: Any, **fields: Any) -> tuple[int, str, Path]:
@@ -73,7 +74,7 @@ def test_cache_false_in_the_manifest_compiles_again(tmp_path: Path, config_path:
 def test_eviction_at_max_bytes_makes_the_oldest_compile_a_miss(tmp_path: Path, config_path: Path, capsys: Any) -> None:
     """With room for one entry, a second compile evicts the first, which then compiles again (a miss)."""
     from saigeedged import config as configmod
-    from saigeedged.cache import for_config
+    from saigeedged.adapters.cache import for_config
 
     assert compile_cls(tmp_path, config_path, "a", capsys, seed=1)[0] == 0
     (entry,) = for_config(configmod.load(config_path)).entries()

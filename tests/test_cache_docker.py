@@ -16,8 +16,8 @@ from conftest import IMAGES
 from factory import manifest, yolox
 from harness import drop, wait_for
 
-from saigeedged import cli
 from saigeedged import config as configmod
+from saigeedged.cli import main as cli
 
 pytestmark = pytest.mark.docker
 
@@ -150,8 +150,8 @@ def test_check_warns_about_optimize_targets_the_image_lacks(tmp_path: Path, dock
                                                             fresh_acuity: str) -> None:
     """`check` lists the --optimize targets of the image's VIV SDK cfg files and warns for each platform target
     and each optimize: override in the queue that is not among them (here: an SDK without _PLUS_ names)."""
+    from saigeedged.adapters.store import Store
     from saigeedged.jobs import Job
-    from saigeedged.store import Store
 
     data = yaml.safe_load(docker_config.read_text())
     data["cubie"].update(image=fresh_acuity, viv_sdk="/root/Vivante_IDE/VivanteIDE5.8.2/cmdtools")
@@ -161,7 +161,7 @@ def test_check_warns_about_optimize_targets_the_image_lacks(tmp_path: Path, dock
     store.add(Job("x-1", "x", "cubie", "detection", {"optimize": "VIP9000NANODI_PLUS_PID0X1000003B"}, "", "/c", "x.yml"))
     store.add(Job("y-1", "y", "cubie", "detection", {"optimize": "VIP9000PICO_PID0XEE"}, "", "/c", "y.yml"))
     store.close()
-    from saigeedged import readiness
+    from saigeedged.cli import readiness
 
     out = io.StringIO()
     readiness.main(config, out)
@@ -176,7 +176,7 @@ def test_check_warns_about_optimize_targets_the_image_lacks(tmp_path: Path, dock
 def test_a_failed_compile_is_never_cached(tmp_path: Path, docker_config: Path, capsys: Any,
                                           det_inputs: dict[str, Any]) -> None:
     """An export that fails leaves no entry: the same compile runs the compiler again and fails again."""
-    from saigeedged.cache import for_config
+    from saigeedged.adapters.cache import for_config
 
     onnx = yolox(tmp_path / "fatal65280.onnx", size=(64, 64))
     mf = manifest(tmp_path / "fatal65280.yml", **det_inputs["manifest"], onnx=str(onnx),

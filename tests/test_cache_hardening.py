@@ -14,8 +14,8 @@ import yaml
 from factory import classifier, manifest, random_labels, valjson
 from harness import drop
 
-from saigeedged import cli
-from saigeedged.cache import Cache
+from saigeedged.adapters.cache import Cache
+from saigeedged.cli import main as cli
 
 
 def external(path: Path, seed: int) -> bytes:
@@ -115,7 +115,7 @@ def test_a_tampered_member_name_is_a_miss_never_a_bundle_member(tmp_path: Path, 
     """meta.json whose member would be named `../evil.onnx` in the bundle: the next identical compile misses and
     compiles, and its bundle holds only plain member names."""
     from saigeedged import config as configmod
-    from saigeedged.cache import for_config
+    from saigeedged.adapters.cache import for_config
 
     external(tmp_path / "ext.onnx", seed=0)
     compile_host(tmp_path, config_path, "first", capsys)

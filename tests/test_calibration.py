@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from factory import image, random_labels, valjson
 
-from saigeedged import calibration
-from saigeedged.calibration import Sample, sample_balanced, sample_uniform
+from saigeedged.compile import calibration
+from saigeedged.compile.calibration import Sample, sample_balanced, sample_uniform
 from saigeedged.errors import SaigeError
 
 

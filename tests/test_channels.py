@@ -16,8 +16,9 @@ from factory import manifest, random_labels, valjson, yolox
 from onnx import TensorProto, helper
 from PIL import Image
 
-from saigeedged import cli, images
-from saigeedged.examples import OPSET
+from saigeedged.cli import main as cli
+from saigeedged.cli.examples import OPSET
+from saigeedged.compile import images
 from saigeedged.profiles import IMAGENET_MEAN, IMAGENET_STD
 
 COLOURS = [(200, 100, 30), (30, 100, 200), (0, 0, 0), (255, 255, 255), (90, 160, 20)]

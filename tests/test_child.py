@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from saigeedged import child
+from saigeedged.compile import child
 from saigeedged.errors import SaigeError
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from harness import drop, wait_for
 
-from saigeedged import child
+from saigeedged.compile import child
 
 
 def descendants(pid: int) -> set[int]:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from factory import classifier, manifest, random_labels, valjson, yolox
 
-from saigeedged import cli
+from saigeedged.cli import main as cli
 
 
 def inputs(tmp_path: Path) -> dict[str, Any]:

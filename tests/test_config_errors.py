@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from saigeedged import cli
+from saigeedged.cli import main as cli
 
 
 def a_directory(tmp_path: Path) -> Path:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from saigeedged import config as configmod
-from saigeedged.backends.cubie import pegasus_prefix
-from saigeedged.container import Spec, exec_user, pick_runtime
+from saigeedged.adapters.container import Spec, exec_user, pick_runtime
+from saigeedged.compile.backends.cubie import pegasus_prefix
 
 
 def test_runtime_auto_avoids_an_nvidia_default() -> None:

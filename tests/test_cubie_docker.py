@@ -10,8 +10,8 @@ import pytest
 import yaml
 from factory import manifest, random_labels, valjson, yolox
 
-from saigeedged import cli
 from saigeedged import config as configmod
+from saigeedged.cli import main as cli
 
 pytestmark = pytest.mark.docker
 
@@ -195,7 +195,7 @@ def test_compile_waits_for_the_container_lock(tmp_path: Path, docker_config: Pat
     import subprocess
     import sys
 
-    from saigeedged.container import HostLock
+    from saigeedged.adapters.container import HostLock
 
     lock = HostLock(tmp_path / "state")
     lock.acquire()

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from saigeedged.backends import cubie
+from saigeedged.compile.backends import cubie
 from saigeedged.errors import SaigeError
 from saigeedged.manifest import Entry
 

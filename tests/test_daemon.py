@@ -19,7 +19,7 @@ import yaml
 from factory import classifier, manifest
 from harness import drop, wait_for
 
-from saigeedged.inputs import sha256_file
+from saigeedged.compile.inputs import sha256_file
 
 
 def test_hand_drop_is_compiled_and_published(daemon: Any, det_inputs: dict[str, Any]) -> None:
@@ -211,7 +211,7 @@ def test_priority_then_fifo(daemon: Any, det_inputs: dict[str, Any]) -> None:
 
 def test_retry_after_fixing_the_input(daemon: Any, det_inputs: dict[str, Any]) -> None:
     """A failed job keeps its inputs under failed/; after the cause is fixed, `retry` runs it again to success."""
-    from saigeedged import cli
+    from saigeedged.cli import main as cli
 
     d = daemon()
     calib = Path(det_inputs["manifest"]["calib"])
@@ -255,7 +255,7 @@ def test_notify_ready_status_watchdog(daemon: Any, det_inputs: dict[str, Any]) -
 
 def test_run_requires_named_dirs(tmp_path: Path) -> None:
     """`run` without a config naming inbox and outbox is bad usage."""
-    from saigeedged import cli
+    from saigeedged.cli import main as cli
 
     (tmp_path / "c.yml").write_text("state_dir: s\n")
     assert cli.main(["run", "-c", str(tmp_path / "c.yml")]) == 2

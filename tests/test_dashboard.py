@@ -14,10 +14,12 @@ from conftest import write_config
 from harness import drop, wait_for
 from test_daemon_docker import cubie_daemon, in_quantize  # noqa: F401 (a fixture)
 
-from saigeedged import cli, config, dashboard, jobid
+from saigeedged import config, jobid
+from saigeedged.adapters import dashboard
+from saigeedged.adapters.store import Store
+from saigeedged.cli import main as cli
 from saigeedged.jobs import FAILED, Job
-from saigeedged.ops import Ops
-from saigeedged.store import Store
+from saigeedged.service.ops import Ops
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is installed by scripts/setup-host")

@@ -6,9 +6,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from saigeedged import jobid
-from saigeedged.ends import Ends
+from saigeedged.adapters.ends import Ends
+from saigeedged.adapters.store import Store
 from saigeedged.jobs import FAILED, Job
-from saigeedged.store import Store
 
 
 def ended(store: Store, key: str, finished_at: str) -> Job:

@@ -15,7 +15,8 @@ from factory import classifier, yolox
 from faults import bind_mount, full_fs, needs_root, set_read_only
 from harness import drop, wait_for
 
-from saigeedged import claims, cli
+from saigeedged.cli import main as cli
+from saigeedged.intake import claims
 from saigeedged.jobs import Job
 
 

@@ -9,8 +9,9 @@ import onnxruntime as ort
 import yaml
 from factory import classifier, collapsing, manifest, random_labels, valjson, yolox
 
-from saigeedged import cli, images
-from saigeedged.backends import host
+from saigeedged.cli import main as cli
+from saigeedged.compile import images
+from saigeedged.compile.backends import host
 
 
 def compile_host(tmp_path: Path, config_path: Path, name: str, **fields: object) -> tuple[int, Path]:

@@ -15,10 +15,10 @@ from harness import drop
 from hostile import canary, final
 from PIL import Image
 
-from saigeedged import calibration
+from saigeedged.compile import calibration
+from saigeedged.compile.images import load_rgb, to_rgb
+from saigeedged.compile.inputs import sha256_file
 from saigeedged.errors import SaigeError
-from saigeedged.images import load_rgb, to_rgb
-from saigeedged.inputs import sha256_file
 
 GOOD_COCO = {"images": [{"id": 1, "file_name": "a.jpg"}], "annotations": [{"image_id": 1, "category_id": 7}],
              "categories": [{"id": 7, "name": "x"}]}

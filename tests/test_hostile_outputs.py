@@ -12,8 +12,9 @@ from factory import yolox
 from harness import drop, wait_for
 from hostile import canary, final
 
-from saigeedged import guards, noclobber
-from saigeedged.inputs import sha256_file
+from saigeedged import guards
+from saigeedged.adapters import noclobber
+from saigeedged.compile.inputs import sha256_file
 
 
 def snapshot(root: Path) -> dict[str, str]:

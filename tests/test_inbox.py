@@ -9,9 +9,9 @@ import pytest
 import yaml
 from factory import yolox
 
-from saigeedged.inbox import Drop, Rejected, Scanner, claim, ignored
-from saigeedged.inputs import sha256_file
-from saigeedged.watch import filesystem_type, use_polling
+from saigeedged.compile.inputs import sha256_file
+from saigeedged.intake.inbox import Drop, Rejected, Scanner, claim, ignored
+from saigeedged.intake.watch import filesystem_type, use_polling
 
 M = {"task": "detection", "num_classes": 3, "calib": "/data/val.json"}
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import structlog
 
+from saigeedged.adapters.publish import Outbox
+from saigeedged.adapters.store import Store
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL, Job
-from saigeedged.publish import Outbox
-from saigeedged.store import Store
-from saigeedged.worker import Jobs, Places
+from saigeedged.service.worker import Jobs, Places
 
 
 class WatchedOutbox(Outbox):

@@ -13,9 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from receiver import free_port
 from test_daemon_docker import cubie_daemon, in_quantize  # noqa: F401 (a fixture)
 
-from saigeedged import __version__, cli
+from saigeedged import __version__
+from saigeedged.adapters.metrics import parse_listen, seconds
+from saigeedged.cli import main as cli
 from saigeedged.errors import SaigeError
-from saigeedged.metrics import parse_listen, seconds
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 ENDS = {("host", "succeeded", ""): 1.0, ("host", "failed", "CALIB_INVALID"): 1.0, ("host", "cancelled", "CANCELLED"): 1.0,

@@ -11,8 +11,9 @@ import pytest
 import yaml
 from factory import classifier, manifest, random_labels, valjson, yolox
 
-from saigeedged import cli, images
-from saigeedged.backends import mobilint
+from saigeedged.cli import main as cli
+from saigeedged.compile import images
+from saigeedged.compile.backends import mobilint
 from saigeedged.profiles import IMAGENET_MEAN, IMAGENET_STD
 
 

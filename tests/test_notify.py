@@ -6,7 +6,7 @@ import os
 import socket
 from pathlib import Path
 
-from saigeedged.notify import Notifier
+from saigeedged.adapters.notify import Notifier
 
 
 def bound(tmp_path: Path) -> tuple[socket.socket, str]:

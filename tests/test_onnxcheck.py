@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 from factory import classifier, yolox
 
-from saigeedged import onnxcheck
+from saigeedged.compile import onnxcheck
 from saigeedged.errors import SaigeError
 from saigeedged.profiles import DETECTION_HEADS
 

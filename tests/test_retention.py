@@ -11,12 +11,13 @@ import pytest
 from conftest import write_config
 from harness import wait_for
 
-from saigeedged import cli, jobid
+from saigeedged import jobid
+from saigeedged.adapters.publish import Outbox
+from saigeedged.adapters.store import Store
+from saigeedged.cli import main as cli
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, SUCCEEDED, Job, entry_to_doc
 from saigeedged.manifest import build_entry
-from saigeedged.publish import Outbox
-from saigeedged.store import Store
-from saigeedged.worker import Places
+from saigeedged.service.worker import Places
 
 DAY = 86400.0
 

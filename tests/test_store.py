@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from saigeedged.adapters.store import Store
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, SUCCEEDED, Job, TransitionError, status_text
-from saigeedged.outage import Outage
-from saigeedged.store import Store
+from saigeedged.service.outage import Outage
 
 
 def job(job_id: str, priority: int = 0, target: str = "host", **fields: object) -> Job:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from saigeedged import vivsdk
+from saigeedged.compile import vivsdk
 
 PLUS = ["VIP9000NANODI_PLUS_PID0X1000003B", "VIP9000NANOSI_PLUS_PID0X10000016", "VIP9000PICO_PID0XEE"]
 

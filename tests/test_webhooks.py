@@ -11,10 +11,10 @@ from harness import drop, wait_for
 from receiver import Receiver, free_port
 from test_daemon_docker import cubie_daemon, in_quantize  # noqa: F401 (a fixture)
 
-from saigeedged import cli
 from saigeedged import config as configmod
+from saigeedged.adapters.webhooks import channels
+from saigeedged.cli import main as cli
 from saigeedged.errors import SaigeError
-from saigeedged.webhooks import channels
 
 
 def test_endpoint_down_then_up_gets_each_end_once(daemon: Any, det_inputs: dict[str, Any]) -> None:
@@ -120,7 +120,7 @@ def test_one_post_per_end_also_for_a_cancel_from_a_shell(cubie_daemon: Any, dock
 def test_slack_text_keeps_a_droppers_mentions_and_links_inert() -> None:
     """Slack control sequences in a dropper's values (a manifest key echoed in the error message) reach Slack
     escaped: no `@channel` ping, no disguised link."""
-    from saigeedged.webhooks import slack_text
+    from saigeedged.adapters.webhooks import slack_text
 
     doc = {"state": "failed", "name": "det", "target": "host", "job_id": "det-20261130T031500Z-a1b2c3", "bundle": None,
            "error": {"code": "MANIFEST_INVALID", "message": "det.yml: unknown key `<!channel> <https://evil.test|docs>`",

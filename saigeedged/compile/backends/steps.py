@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from saigeedged.errors import SaigeError
 
 if TYPE_CHECKING:
-    from saigeedged.backends import Context
-    from saigeedged.container import Container
+    from saigeedged.adapters.container import Container
+    from saigeedged.compile.backends import Context
 
 TIMED_OUT = (124, 137)  # coreutils timeout: timed out / killed after --kill-after
 

@@ -12,16 +12,17 @@ from collections.abc import Callable
 
 import structlog
 
-from saigeedged import dashboard, jobid, retention
+from saigeedged import jobid
+from saigeedged.adapters import dashboard, retention
+from saigeedged.adapters.dashboard import Slot, View
+from saigeedged.adapters.ends import Ends
+from saigeedged.adapters.metrics import Metrics, parse_listen
+from saigeedged.adapters.publish import place_data
+from saigeedged.adapters.store import Store
+from saigeedged.adapters.webhooks import Sender, channels
 from saigeedged.config import Config
-from saigeedged.dashboard import Slot, View
-from saigeedged.ends import Ends
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job
-from saigeedged.metrics import Metrics, parse_listen
-from saigeedged.publish import place_data
-from saigeedged.store import Store
-from saigeedged.webhooks import Sender, channels
 
 log = structlog.get_logger()
 PAGE_MIN_S = 1.0  # the dashboard is rewritten at most this often

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from saigeedged import images
-from saigeedged.backends import Artifact, Context
-from saigeedged.backends.steps import Lines, StepRunner
+from saigeedged.compile import images
+from saigeedged.compile.backends import Artifact, Context
+from saigeedged.compile.backends.steps import Lines, StepRunner
 from saigeedged.errors import SaigeError
 
 if TYPE_CHECKING:
-    from saigeedged.container import Container
-    from saigeedged.inputs import Prepared
+    from saigeedged.adapters.container import Container
+    from saigeedged.compile.inputs import Prepared
     from saigeedged.manifest import Entry
 
 PROBE = "command -v qbcompiler || { python3 -m qbcompiler --help >/dev/null 2>&1 && echo 'python3 -m qbcompiler'; }"

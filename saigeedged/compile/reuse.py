@@ -10,11 +10,13 @@ from typing import Any
 
 import onnx
 
-from saigeedged import __version__, backends, cache, cachekey, external, jobid
-from saigeedged.backends import Artifact, Context
+from saigeedged import __version__, cachekey, external, jobid
+from saigeedged.adapters import cache
+from saigeedged.compile import backends
+from saigeedged.compile.backends import Artifact, Context
+from saigeedged.compile.inputs import Prepared
 from saigeedged.config import Config
 from saigeedged.files import sha256_file
-from saigeedged.inputs import Prepared
 
 # Host-side libraries that shape what the compiler is given: onnx cuts the model (surgery) and wraps it (host),
 # Pillow and numpy decode and preprocess the calibration images (host, mobilint)
@@ -59,7 +61,7 @@ def toolchain(target: str, ctx: Context) -> dict[str, Any]:
 
 def resolved(prep: Prepared) -> dict[str, Any]:
     """The compile-relevant values the inputs and profiles decide (defaults that live outside the Entry)."""
-    from saigeedged.backends import cubie, mobilint
+    from saigeedged.compile.backends import cubie, mobilint
 
     entry = prep.entry
     values: dict[str, Any] = {"input_size": list(prep.input_size), "input_channels": entry.channels,

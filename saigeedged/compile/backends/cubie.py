@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from saigeedged.backends import Artifact, Context
-from saigeedged.backends.steps import StepRunner
-from saigeedged.container import cubie_section
+from saigeedged.adapters.container import cubie_section
+from saigeedged.compile.backends import Artifact, Context
+from saigeedged.compile.backends.steps import StepRunner
 from saigeedged.errors import FATAL_HINTS, SaigeError
 from saigeedged.profiles import PLATFORMS, mean_scale
 
 if TYPE_CHECKING:
-    from saigeedged.container import Container
-    from saigeedged.inputs import Prepared
+    from saigeedged.adapters.container import Container
+    from saigeedged.compile.inputs import Prepared
     from saigeedged.manifest import Entry
 
 ALGORITHMS = {"ema": "moving_average", "minmax": "normal", "normal": "normal", "kl": "kl_divergence", "auto": "auto"}

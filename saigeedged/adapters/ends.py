@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from saigeedged.adapters.store import Store
 from saigeedged.jobid import utc_now
 from saigeedged.jobs import Job
-from saigeedged.store import Store
 
 # An end is stamped before its row is saved, so a later look also reads back this far behind the newest end seen.
 LOOK_BACK = timedelta(seconds=120)

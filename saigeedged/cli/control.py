@@ -16,14 +16,14 @@ from typing import Any, TextIO
 
 import yaml
 
+from saigeedged.adapters.publish import Outbox
+from saigeedged.adapters.store import Store
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.files import sha256_file
 from saigeedged.guards import printable
 from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, check_transition
 from saigeedged.manifest import safe_stem
-from saigeedged.publish import Outbox
-from saigeedged.store import Store
 
 CLAIM_WAIT_S = 60.0  # `submit` gives up (exit 3) when no daemon claims the drop within this (or --timeout)
 WAIT_POLL_S = 0.1  # status files live on a share: reading them is the only cross-host signal
@@ -40,7 +40,8 @@ def run(config: Config) -> int:
     if not config.named_dirs:
         raise SaigeError("MANIFEST_INVALID", "`run` needs a config that names `inbox` and `outbox`",
                          hint="saigeedged run -c /etc/saigeedged/saigeedged.yml")
-    from saigeedged import daemon, log
+    from saigeedged.adapters import log
+    from saigeedged.service import daemon
 
     log.configure(config.section("log")["format"], config.section("log")["level"])
     stop = threading.Event()
@@ -154,14 +155,14 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
             raise SaigeError("INPUT_NOT_FOUND", f"no job {key}")
         doc = Outbox(config.outbox).read_status(job.job_id)
         if doc is None:
-            from saigeedged.publish import status_doc
+            from saigeedged.adapters.publish import status_doc
 
             doc = status_doc(job)
         print(json.dumps(doc, indent=1) if as_json else _row(job), file=out)
         return 0
     jobs = store.in_state(RUNNING, QUEUED) + store.recent()
     if as_json:
-        from saigeedged.publish import status_doc
+        from saigeedged.adapters.publish import status_doc
 
         print(json.dumps([status_doc(j) for j in jobs], indent=1), file=out)
         return 0
@@ -188,7 +189,7 @@ def retry(config: Config, job_id: str, out: TextIO) -> int:
         raise SaigeError("MANIFEST_INVALID", f"job {job_id} is {job.state}" +
                          (" and its manifest never parsed: fix it and drop it again" if job.target == "?" else ""),
                          hint="only failed or cancelled jobs can be retried")
-    from saigeedged.worker import Jobs, Places  # docker-py and structlog: only the commands that need them
+    from saigeedged.service.worker import Jobs, Places  # docker-py and structlog: only the commands that need them
 
     places = Places(config.inbox, config.state_dir)
     jobs = Jobs(store, Outbox(config.outbox), places)
@@ -212,7 +213,7 @@ def cancel(config: Config, job_id: str, out: TextIO) -> int:
         return 0
     if job.state != QUEUED:
         raise SaigeError("MANIFEST_INVALID", f"job {job_id} is already {job.state}", hint="nothing to cancel")
-    from saigeedged.worker import Jobs, Places  # docker-py and structlog: only the commands that need them
+    from saigeedged.service.worker import Jobs, Places  # docker-py and structlog: only the commands that need them
 
     places = Places(config.inbox, config.state_dir)
     jobs = Jobs(store, Outbox(config.outbox), places)
@@ -224,8 +225,8 @@ def cancel(config: Config, job_id: str, out: TextIO) -> int:
 
 def prune(config: Config, dry_run: bool, out: TextIO) -> int:
     """`saigeedged prune [--dry-run]`: one retention round by hand (config `retention:`)."""
-    from saigeedged import retention
-    from saigeedged.worker import Places
+    from saigeedged.adapters import retention
+    from saigeedged.service.worker import Places
 
     outputs = retention.Outputs(config.outbox, Places(config.inbox, config.state_dir).failed)
     return retention.main(_store(config), outputs, retention.Policy.from_section(config.section("retention")), dry_run, out)

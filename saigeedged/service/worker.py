@@ -12,17 +12,19 @@ from typing import Any
 
 import structlog
 
-from saigeedged import jobid, ownfolders, pipeline
+from saigeedged import jobid
+from saigeedged.adapters.container import Container, Containers
+from saigeedged.adapters.joblog import JobLog
+from saigeedged.adapters.publish import Outbox
+from saigeedged.adapters.store import Store
+from saigeedged.compile import pipeline
+from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
-from saigeedged.container import Container, Containers
 from saigeedged.errors import SaigeError
-from saigeedged.inputs import PathPolicy
-from saigeedged.joblog import JobLog
+from saigeedged.intake import ownfolders
 from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL, Job, TransitionError, entry_from_doc
-from saigeedged.outage import DOCKER_TARGETS, Outage
-from saigeedged.publish import Outbox
-from saigeedged.publishing import publish_patiently
-from saigeedged.store import Store
+from saigeedged.service.outage import DOCKER_TARGETS, Outage
+from saigeedged.service.publishing import publish_patiently
 
 log = structlog.get_logger()
 ENDED = {SUCCEEDED: "job.succeeded", FAILED: "job.failed", CANCELLED: "job.cancelled"}

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import onnx
 
-from saigeedged import calibration, external, onnxcheck
-from saigeedged.calibration import CalibSet, Sample
+from saigeedged import external
+from saigeedged.compile import calibration, onnxcheck
+from saigeedged.compile.calibration import CalibSet, Sample
+from saigeedged.compile.onnxcheck import ModelInfo
 from saigeedged.errors import SaigeError
 from saigeedged.files import sha256_file as sha256_file  # re-exported: callers import it from here
 from saigeedged.manifest import Entry, safe_stem
-from saigeedged.onnxcheck import ModelInfo
 from saigeedged.profiles import DETECTION_HEADS
 
 

@@ -18,10 +18,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.registry import Collector
 
 from saigeedged import __version__
-from saigeedged.ends import Ends
+from saigeedged.adapters.ends import Ends
+from saigeedged.adapters.store import Store
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import QUEUED, RUNNING, SUCCEEDED, Job
-from saigeedged.store import Store
 
 TARGETS = ("cubie", "mobilint", "host")
 JOB_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, float("inf"))

@@ -20,10 +20,10 @@ import requests
 import structlog
 
 from saigeedged import __version__
+from saigeedged.adapters.publish import status_doc
 from saigeedged.config import _merge
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import TERMINAL, Job
-from saigeedged.publish import status_doc
 
 log = structlog.get_logger()
 EVENTS = ("succeeded", "failed", "cancelled")

@@ -16,8 +16,8 @@ from saigeedged import __version__
 from saigeedged.profiles import mean_scale
 
 if TYPE_CHECKING:
-    from saigeedged.backends import Artifact
-    from saigeedged.inputs import Prepared
+    from saigeedged.compile.backends import Artifact
+    from saigeedged.compile.inputs import Prepared
 
 SCHEMA_VERSION = 2
 

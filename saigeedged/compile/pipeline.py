@@ -8,16 +8,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from saigeedged import backends, bundle, inputs, prepare, reuse
-from saigeedged.backends import Context
+from saigeedged.adapters.joblog import JobLog
+from saigeedged.compile import backends, bundle, inputs, prepare, reuse
+from saigeedged.compile.backends import Context
+from saigeedged.compile.inputs import PathPolicy
 from saigeedged.errors import SaigeError
-from saigeedged.inputs import PathPolicy
-from saigeedged.joblog import JobLog
 from saigeedged.manifest import Entry
 
 if TYPE_CHECKING:
+    from saigeedged.adapters.container import Container
     from saigeedged.config import Config
-    from saigeedged.container import Container
 
 
 def plan_steps(entry: Entry) -> list[str]:

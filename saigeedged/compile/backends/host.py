@@ -13,12 +13,12 @@ import onnx
 from numpy.typing import NDArray
 from onnx import TensorProto, helper, numpy_helper
 
-from saigeedged import child, images
-from saigeedged.backends import Artifact, Context
+from saigeedged.compile import child, images
+from saigeedged.compile.backends import Artifact, Context
 from saigeedged.profiles import mean_scale
 
 if TYPE_CHECKING:
-    from saigeedged.inputs import Prepared
+    from saigeedged.compile.inputs import Prepared
     from saigeedged.manifest import Entry
 
 REPORT_IMAGES = 16

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from saigeedged.adapters.joblog import JobLog
 from saigeedged.errors import SaigeError
-from saigeedged.joblog import JobLog
 
 if TYPE_CHECKING:
+    from saigeedged.adapters.container import Container
+    from saigeedged.compile.inputs import Prepared
     from saigeedged.config import Config
-    from saigeedged.container import Container
-    from saigeedged.inputs import Prepared
     from saigeedged.manifest import Entry
 
 
@@ -64,4 +64,4 @@ def get(target: str) -> Backend:
     """The backend module for a target (modules satisfy the Backend protocol)."""
     import importlib
 
-    return cast(Backend, importlib.import_module(f"saigeedged.backends.{target}"))
+    return cast(Backend, importlib.import_module(f"saigeedged.compile.backends.{target}"))

@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from saigeedged import log, vivsdk
-from saigeedged.backends import cubie
+from saigeedged.adapters import log
+from saigeedged.adapters.container import MANAGED_LABEL, Spec, client, cubie_section
+from saigeedged.compile import vivsdk
+from saigeedged.compile.backends import cubie
 from saigeedged.config import Config
-from saigeedged.container import MANAGED_LABEL, Spec, client, cubie_section
 from saigeedged.errors import SaigeError
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"

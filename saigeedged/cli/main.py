@@ -9,8 +9,8 @@ from pathlib import Path
 
 from saigeedged import __version__
 from saigeedged import config as configmod
+from saigeedged.adapters.store import CorruptDatabase
 from saigeedged.errors import ENVIRONMENT_CODES, INPUT_CODES, SaigeError
-from saigeedged.store import CorruptDatabase
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_READY = 0, 1, 2, 3
 
@@ -56,22 +56,22 @@ def _parser() -> argparse.ArgumentParser:
 def _dispatch(args: argparse.Namespace) -> int:
     config = configmod.load(args.config)
     if args.command == "compile":
-        from saigeedged import oneshot
+        from saigeedged.cli import oneshot
 
         return oneshot.compile_manifest(config, args.manifest, args.only, args.dry_run)
     if args.command == "validate":
-        from saigeedged import oneshot
+        from saigeedged.cli import oneshot
 
         return oneshot.validate(config, args.manifest)
     if args.command == "check":
-        from saigeedged import readiness
+        from saigeedged.cli import readiness
 
         return readiness.main(config)
     if args.command == "cache":
-        from saigeedged import cache
+        from saigeedged.adapters import cache
 
         return cache.command(config, args.action, sys.stdout)
-    from saigeedged import control
+    from saigeedged.cli import control
 
     return control.main(args, config)
 

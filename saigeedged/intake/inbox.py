@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from saigeedged import manifest
+from saigeedged.compile.inputs import sha256_file
 from saigeedged.errors import SaigeError
 from saigeedged.external import external_data
 from saigeedged.guards import printable
-from saigeedged.inputs import sha256_file
 from saigeedged.manifest import Entry
 
 OWN_DIR = ".saigeedged"

@@ -14,7 +14,7 @@ from typing import Any
 from saigeedged.errors import SaigeError
 
 POLL_S = 0.2  # how often the parent looks at stop/cancel requests while the child works
-PRELOAD = ["saigeedged.backends.host", "onnxruntime.quantization"]
+PRELOAD = ["saigeedged.compile.backends.host", "onnxruntime.quantization"]
 # how a child dies of its memory bound outside Python: C++ bad_alloc aborts, a NULL from malloc faults, the OOM
 # killer kills (a SIGTERM of a stopping unit is not one of them)
 OUT_OF_MEMORY = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGKILL})

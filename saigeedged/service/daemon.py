@@ -10,22 +10,24 @@ from pathlib import Path
 
 import structlog
 
-from saigeedged import child, claims, guards, inbox, jobid, ownfolders
+from saigeedged import guards, jobid
+from saigeedged.adapters.container import Containers
+from saigeedged.adapters.joblog import JobLog
+from saigeedged.adapters.notify import Notifier
+from saigeedged.adapters.publish import Outbox
+from saigeedged.adapters.store import Store
+from saigeedged.compile import child
 from saigeedged.config import Config
-from saigeedged.container import Containers
 from saigeedged.errors import SaigeError
-from saigeedged.inbox import Drop, Rejected, Scanner
-from saigeedged.joblog import JobLog
+from saigeedged.intake import claims, inbox, ownfolders
+from saigeedged.intake.inbox import Drop, Rejected, Scanner
+from saigeedged.intake.watch import Watcher, use_polling
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job, entry_to_doc, status_text
 from saigeedged.manifest import safe_stem
-from saigeedged.notify import Notifier
-from saigeedged.ops import Ops
-from saigeedged.outage import DOCKER_TARGETS
-from saigeedged.publish import Outbox
-from saigeedged.recovery import Recovery
-from saigeedged.store import Store
-from saigeedged.watch import Watcher, use_polling
-from saigeedged.worker import Jobs, Places, Worker, event
+from saigeedged.service.ops import Ops
+from saigeedged.service.outage import DOCKER_TARGETS
+from saigeedged.service.recovery import Recovery
+from saigeedged.service.worker import Jobs, Places, Worker, event
 
 log = structlog.get_logger()
 CANCEL_POLL_S = 1.0  # how often the loop looks for `saigeedged cancel` requests when nothing else wakes it

@@ -10,7 +10,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from saigeedged import __version__, noclobber
+from saigeedged import __version__
+from saigeedged.adapters import noclobber
 from saigeedged.errors import SaigeError
 from saigeedged.files import fsync_path as _fsync_dir
 from saigeedged.guards import printable
@@ -99,7 +100,7 @@ class Outbox:
         With `job_id`, a file already at `rel` (another job's bundle, a re-drop's predecessor) is never replaced:
         this bundle then takes a name of its own, so every recorded digest stays true.
         """
-        from saigeedged.inputs import sha256_file
+        from saigeedged.compile.inputs import sha256_file
 
         digest, size = sha256_file(bundle), bundle.stat().st_size
         if job_id is not None and not _place(bundle, None, self.root / rel, exclusive=True):

@@ -10,13 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from saigeedged import calibration, inputs, jobid, manifest, pipeline
+from saigeedged import jobid, manifest
+from saigeedged.adapters.container import Containers
+from saigeedged.adapters.joblog import JobLog
+from saigeedged.adapters.publish import place_file
+from saigeedged.compile import calibration, inputs, pipeline
 from saigeedged.config import Config
-from saigeedged.container import Containers
 from saigeedged.errors import ENVIRONMENT_CODES, INPUT_CODES, SaigeError
-from saigeedged.joblog import JobLog
 from saigeedged.manifest import Entry
-from saigeedged.publish import place_file
 
 
 def select(config: Config, path: Path, only: Sequence[str]) -> list[Entry]:

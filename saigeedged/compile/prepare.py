@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from saigeedged import calibration, child, inputs
-from saigeedged.calibration import CalibSet, Sample
-from saigeedged.inputs import PathPolicy, Prepared
+from saigeedged.compile import calibration, child, inputs
+from saigeedged.compile.calibration import CalibSet, Sample
+from saigeedged.compile.inputs import PathPolicy, Prepared
 from saigeedged.manifest import Entry
 
 if TYPE_CHECKING:

@@ -16,9 +16,9 @@ from typing import Any, TextIO
 
 import structlog
 
+from saigeedged.adapters.metrics import seconds
+from saigeedged.adapters.store import Store
 from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job, entry_from_doc
-from saigeedged.metrics import seconds
-from saigeedged.store import Store
 
 log = structlog.get_logger()
 DAY_S = 86400.0

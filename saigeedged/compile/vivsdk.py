@@ -43,7 +43,7 @@ def overrides_in_use(state_dir: Path) -> list[str]:
     path = state_dir / "saigeedged.db"
     if not path.exists():
         return []
-    from saigeedged.store import Store
+    from saigeedged.adapters.store import Store
 
     store = Store(path)
     try:

@@ -1,0 +1,1 @@
+"""The commands: argument parsing, the client commands, one-shot compile, readiness, examples."""

@@ -1,0 +1,1 @@
+"""Intake: inbox drops scanned, settled and claimed into job rows; the daemon's own folders."""
