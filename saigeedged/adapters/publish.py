@@ -100,7 +100,7 @@ class Outbox:
         With `job_id`, a file already at `rel` (another job's bundle, a re-drop's predecessor) is never replaced:
         this bundle then takes a name of its own, so every recorded digest stays true.
         """
-        from saigeedged.compile.inputs import sha256_file
+        from saigeedged.files import sha256_file
 
         digest, size = sha256_file(bundle), bundle.stat().st_size
         if job_id is not None and not _place(bundle, None, self.root / rel, exclusive=True):

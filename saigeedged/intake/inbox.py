@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from saigeedged import manifest
-from saigeedged.compile.inputs import sha256_file
 from saigeedged.errors import SaigeError
 from saigeedged.external import external_data
+from saigeedged.files import sha256_file
 from saigeedged.guards import printable
 from saigeedged.manifest import Entry
 
