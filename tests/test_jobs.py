@@ -14,7 +14,7 @@ from saigeedged.adapters.publish import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL, Job
-from saigeedged.service.worker import Jobs, Places
+from saigeedged.service.lifecycle import Jobs, Places
 
 
 class WatchedOutbox(Outbox):

@@ -17,7 +17,7 @@ from saigeedged.adapters.store import Store
 from saigeedged.cli import main as cli
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, SUCCEEDED, Job, entry_to_doc
 from saigeedged.manifest import build_entry
-from saigeedged.service.worker import Places
+from saigeedged.service.lifecycle import Places
 
 DAY = 86400.0
 

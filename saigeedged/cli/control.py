@@ -189,7 +189,7 @@ def retry(config: Config, job_id: str, out: TextIO) -> int:
         raise SaigeError("MANIFEST_INVALID", f"job {job_id} is {job.state}" +
                          (" and its manifest never parsed: fix it and drop it again" if job.target == "?" else ""),
                          hint="only failed or cancelled jobs can be retried")
-    from saigeedged.service.worker import Jobs, Places  # docker-py and structlog: only the commands that need them
+    from saigeedged.service.lifecycle import Jobs, Places  # docker-py and structlog: only the commands that need them
 
     places = Places(config.inbox, config.state_dir)
     jobs = Jobs(store, Outbox(config.outbox), places)
@@ -213,7 +213,7 @@ def cancel(config: Config, job_id: str, out: TextIO) -> int:
         return 0
     if job.state != QUEUED:
         raise SaigeError("MANIFEST_INVALID", f"job {job_id} is already {job.state}", hint="nothing to cancel")
-    from saigeedged.service.worker import Jobs, Places  # docker-py and structlog: only the commands that need them
+    from saigeedged.service.lifecycle import Jobs, Places  # docker-py and structlog: only the commands that need them
 
     places = Places(config.inbox, config.state_dir)
     jobs = Jobs(store, Outbox(config.outbox), places)
@@ -226,7 +226,7 @@ def cancel(config: Config, job_id: str, out: TextIO) -> int:
 def prune(config: Config, dry_run: bool, out: TextIO) -> int:
     """`saigeedged prune [--dry-run]`: one retention round by hand (config `retention:`)."""
     from saigeedged.adapters import retention
-    from saigeedged.service.worker import Places
+    from saigeedged.service.lifecycle import Places
 
     outputs = retention.Outputs(config.outbox, Places(config.inbox, config.state_dir).failed)
     return retention.main(_store(config), outputs, retention.Policy.from_section(config.section("retention")), dry_run, out)

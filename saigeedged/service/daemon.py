@@ -12,6 +12,7 @@ import structlog
 
 from saigeedged import guards, jobid
 from saigeedged.adapters.container import Containers
+from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.adapters.notify import Notifier
 from saigeedged.adapters.publish import Outbox
@@ -24,10 +25,11 @@ from saigeedged.intake.inbox import Drop, Rejected, Scanner
 from saigeedged.intake.watch import Watcher, use_polling
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job, entry_to_doc, status_text
 from saigeedged.manifest import safe_stem
+from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.ops import Ops
 from saigeedged.service.outage import DOCKER_TARGETS
 from saigeedged.service.recovery import Recovery
-from saigeedged.service.worker import Jobs, Places, Worker, event
+from saigeedged.service.worker import Worker
 
 log = structlog.get_logger()
 CANCEL_POLL_S = 1.0  # how often the loop looks for `saigeedged cancel` requests when nothing else wakes it

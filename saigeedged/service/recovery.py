@@ -12,11 +12,12 @@ from pathlib import Path
 import structlog
 
 from saigeedged import jobid
+from saigeedged.adapters.events import event
 from saigeedged.errors import SaigeError
 from saigeedged.intake import claims
 from saigeedged.intake.claims import Orphan
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job
-from saigeedged.service.worker import Jobs, event
+from saigeedged.service.lifecycle import Jobs
 
 log = structlog.get_logger()
 TEMP_NAME = re.compile(r"^\..+\.\d+\.tmp$")  # publish._place's temp names: .<name>.<pid>.tmp

@@ -6,7 +6,6 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,183 +13,18 @@ import structlog
 
 from saigeedged import jobid
 from saigeedged.adapters.container import Container, Containers
+from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
-from saigeedged.adapters.publish import Outbox
-from saigeedged.adapters.store import Store
 from saigeedged.compile import pipeline
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
-from saigeedged.intake import ownfolders
-from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL, Job, TransitionError, entry_from_doc
+from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, TransitionError, entry_from_doc
+from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.outage import DOCKER_TARGETS, Outage
 from saigeedged.service.publishing import publish_patiently
 
 log = structlog.get_logger()
-ENDED = {SUCCEEDED: "job.succeeded", FAILED: "job.failed", CANCELLED: "job.cancelled"}
-
-
-def event(name: str, job: Job, level: str = "info", **fields: Any) -> None:
-    """One journal entry for a job event, with the SPEC §9 fields."""
-    fields.setdefault("error_code", (job.error or {}).get("code"))
-    getattr(log, level)(name, job_id=job.job_id, job_name=job.name, state=job.state, step=job.step, **fields)
-
-
-@dataclass
-class Places:
-    """The daemon's directories."""
-
-    inbox: Path
-    state_dir: Path
-
-    @property
-    def claimed(self) -> Path:
-        return self.inbox / ".saigeedged" / "claimed"
-
-    @property
-    def failed(self) -> Path:
-        return self.inbox / ".saigeedged" / "failed"
-
-    @property
-    def logs(self) -> Path:
-        return self.state_dir / "logs"
-
-    def local_log(self, job_id: str) -> Path:
-        return self.logs / f"{job_id}.log"
-
-
-class Jobs:
-    """Job transitions with their side effects: the row, the status file, the journal event.
-
-    The row is the truth. What the outbox refuses (a full or unmounted share) is remembered in the database and
-    written by catch_up() once the outbox takes it, so a `succeeded` or `failed` is never stuck unseen as `running`,
-    across restarts too.
-    """
-
-    def __init__(self, store: Store, outbox: Outbox, places: Places) -> None:
-        self.store, self.outbox, self.places = store, outbox, places
-        self._writing = threading.Lock()  # a row and its status file are written together, by one thread at a time
-        self.observers: list[Callable[[Job], None]] = []  # told of every saved change (the ops surfaces); must not block
-
-    def save(self, job: Job, expect: str | None = None) -> None:
-        job.updated_at = jobid.iso(jobid.utc_now())
-        with self._writing:
-            self.store.save(job, expect)
-            self._write_status(job)
-        self._observe(job)
-
-    def add(self, job: Job) -> None:
-        """A new row and its first status file, together: the worker may take the job the moment the row exists."""
-        with self._writing:
-            self.store.add(job)
-            self._write_status(job)
-        self._observe(job)
-
-    def _observe(self, job: Job) -> None:
-        for observe in self.observers:
-            observe(job)
-
-    def behind(self) -> bool:
-        """Has the outbox refused a file that catch_up() still has to write?"""
-        return bool(self.store.behind("status") or self.store.behind("log"))
-
-    def _write_status(self, job: Job) -> None:
-        """The status file; called with the row lock held, so the durable "behind" mark matches the last write."""
-        try:
-            self.outbox.write_status(job)
-        except SaigeError as exc:
-            if job.job_id not in self.store.behind("status"):
-                log.error("status.write_failed", job_id=job.job_id, job_name=job.name, error_code=exc.code,
-                          message=exc.message)
-                self.store.mark_behind(job.job_id, "status")
-        else:
-            self.store.mark_behind(job.job_id, "status", False)
-
-    def move_log(self, job: Job) -> None:
-        """The ended job's log from state_dir to the outbox (later, by catch_up(), if the outbox refuses it)."""
-        try:
-            self.outbox.move_log(self.places.local_log(job.job_id), job.job_id)
-        except SaigeError as exc:
-            log.error("log.move_failed", job_id=job.job_id, job_name=job.name, error_code=exc.code, message=exc.message)
-            self.store.mark_behind(job.job_id, "log")
-
-    def strand(self, job_ids: list[str]) -> None:
-        """Jobs whose log never left state_dir (the outbox refused it before a restart): catch up on both files."""
-        for job_id in job_ids:
-            self.store.mark_behind(job_id, "log")
-            self.store.mark_behind(job_id, "status")
-
-    def catch_up(self) -> None:
-        """Write the files the outbox refused; stops at the first refusal (the next round goes on from there)."""
-        try:
-            for job_id in self.store.behind("status"):
-                with self._writing:  # the mark is cleared under the lock: a newer refused write would set it again
-                    job = self.store.get(job_id)
-                    if job is not None:
-                        self.outbox.write_status(job)
-                    self.store.mark_behind(job_id, "status", False)
-                log.info("status.caught_up", job_id=job_id)
-            for job_id in self.store.behind("log"):
-                job = self.store.get(job_id)
-                if job is not None and job.state in TERMINAL:  # a retried job writes its log anew
-                    self.outbox.move_log(self.places.local_log(job_id), job_id)
-                self.store.mark_behind(job_id, "log", False)
-                log.info("log.caught_up", job_id=job_id)
-        except SaigeError:
-            pass  # still refused: the next round tries again
-
-    def requeue(self, job: Job, reason: str, error: SaigeError | None = None, spend_attempt: bool = True) -> None:
-        """Back to the queue; the status file's `error` says why the last attempt did not finish."""
-        job.error = error.as_dict(job.step) if error else None
-        job.state, job.step, job.step_index = QUEUED, None, 0
-        job.attempt += 1 if spend_attempt else 0
-        event("job.requeued", job, "warning", reason=reason, error_code=error.code if error else None)
-        self.save(job)  # the status file last, as for every transition
-
-    def settle_inputs(self, job: Job) -> None:
-        """After the last job of a claimed folder ends: delete it if all succeeded, else keep it under failed/."""
-        sharing = [job if j.job_id == job.job_id else j for j in self.store.by_claim(job.claim_dir)]
-        if any(j.state in (QUEUED, RUNNING) for j in sharing):
-            return
-        claim = Path(job.claim_dir)
-        if all(j.state == SUCCEEDED for j in sharing):
-            shutil.rmtree(claim, ignore_errors=True)
-            return
-        self.relocate([j for j in sharing if j.state != SUCCEEDED], self.places.failed / claim.name)
-
-    def relocate(self, jobs: list[Job], dest: Path) -> None:
-        """Move the jobs' claimed folder (they share one) to `dest` and point their rows at it."""
-        claim = Path(jobs[0].claim_dir)
-        if claim.exists() and claim != dest:
-            ownfolders.ensure(dest.parent, self.places.inbox)
-            claim.rename(dest)
-        for job in jobs:
-            job.entry["onnx"] = job.entry["onnx"].replace(str(claim), str(dest), 1)
-            job.claim_dir = str(dest)
-            self.store.save(job)
-
-    def end(self, job: Job, state: str, error: SaigeError | None = None, expect: str | None = None,
-            announce: bool = True) -> None:
-        """A terminal state: the row; the log, the inputs and the journal event; and last the status file.
-
-        So whoever reads the final status finds the log in the outbox, the inputs deleted or under failed/.
-        """
-        job.state, job.finished_at = state, jobid.iso(jobid.utc_now())
-        job.error = error.as_dict(error.fields.get("step")) if error else None
-        # the row first: `expect` is checked before anything moves, and a crash once the inputs are deleted
-        # does not run the job again
-        with self._writing:
-            self.store.save(job, expect)
-        self.move_log(job)
-        try:
-            self.settle_inputs(job)
-        except OSError as exc:  # the inputs stay where they are; the job's end is still written
-            log.error("inputs.settle_failed", job_id=job.job_id, job_name=job.name, error_code="INTERNAL",
-                      message=f"{job.claim_dir}: {exc}")
-        if announce:
-            event(ENDED[state], job, "info" if state == SUCCEEDED else "warning",
-                  message=error.message.splitlines()[0] if error else None)
-        self.save(job)
 
 
 class Worker(threading.Thread):

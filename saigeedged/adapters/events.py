@@ -1,0 +1,17 @@
+"""Job events in the journal (SPEC §9): importable by the daemon and the commands without the worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from saigeedged.jobs import Job
+
+log = structlog.get_logger()
+
+
+def event(name: str, job: Job, level: str = "info", **fields: Any) -> None:
+    """One journal entry for a job event, with the SPEC §9 fields."""
+    fields.setdefault("error_code", (job.error or {}).get("code"))
+    getattr(log, level)(name, job_id=job.job_id, job_name=job.name, state=job.state, step=job.step, **fields)
