@@ -15,7 +15,7 @@ from engineproxy import EngineProxy
 from factory import classifier, manifest, yolox
 from harness import drop, wait_for
 
-from saigeedged.cli import control
+from saigeedged.cli import client
 from saigeedged.cli import main as cli
 
 pytestmark = pytest.mark.docker
@@ -224,7 +224,7 @@ def test_engine_outage_holds_container_jobs_while_host_jobs_go_on(cubie_daemon: 
 def test_submit_wait_outlasts_the_claim_wait(cubie_daemon: Any, tmp_path: Path, det_inputs: dict[str, Any],
                                              monkeypatch: Any, capsys: Any) -> None:
     """Without --timeout only the claim is bounded: `submit --wait` waits out a compile longer than that."""
-    monkeypatch.setattr(control, "CLAIM_WAIT_S", 2.0)
+    monkeypatch.setattr(client, "CLAIM_WAIT_S", 2.0)
     d = cubie_daemon()
     mf = manifest(tmp_path / "slow.yml", **det_inputs["manifest"])
     assert cli.main(["submit", str(named_model(tmp_path, "slow")), str(mf), "--wait", "-c", str(d.config)]) == 0

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import structlog
 
-from saigeedged.adapters.publish import Outbox
+from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL, Job

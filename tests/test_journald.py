@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from harness import drop, wait_for
 
-from saigeedged.adapters.log import journal_field, journal_fields, journal_unreachable
+from saigeedged.adapters.journal import journal_field, journal_fields, journal_unreachable
 
 pytestmark = pytest.mark.journald
 
@@ -74,8 +74,8 @@ def test_auto_format_detects_a_journal_stream_and_logs_once(tmp_path: Path) -> N
     marker = f"auto-{os.getpid()}-{tmp_path.name}"
     err = (tmp_path / "stderr").open("w+b")
     st = os.fstat(err.fileno())
-    code = ("import structlog; from saigeedged.adapters import log; "
-            f"print(log.configure('auto'), flush=True); structlog.get_logger().info('daemon.ready', marker='{marker}')")
+    code = ("import structlog; from saigeedged.adapters import journal; "
+            f"print(journal.configure('auto'), flush=True); structlog.get_logger().info('daemon.ready', marker='{marker}')")
     env = dict(os.environ, JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
     run = subprocess.run([sys.executable, "-c", code], stderr=err, capture_output=False, stdout=subprocess.PIPE,
                          text=True, env=env)
@@ -105,7 +105,7 @@ def with_dead_journal(setup: str, *argv: str) -> subprocess.CompletedProcess[str
 @DEAD_JOURNALS
 def test_an_unreachable_journal_costs_no_event_and_no_crash(setup: str, error: str) -> None:
     """Each event is printed as a JSON line naming the journal error, and the process goes on."""
-    code = ("import structlog; from saigeedged.adapters import log; log.configure('journal'); "
+    code = ("import structlog; from saigeedged.adapters import journal; journal.configure('journal'); "
             "structlog.get_logger().info('daemon.ready', n=1); structlog.get_logger().warning('job.failed', n=2); "
             "print('still running')")
     run = with_dead_journal(setup, sys.executable, "-c", code)

@@ -12,7 +12,7 @@ from conftest import write_config
 from harness import wait_for
 
 from saigeedged import jobid
-from saigeedged.adapters.publish import Outbox
+from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.cli import main as cli
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, SUCCEEDED, Job, entry_to_doc

@@ -20,7 +20,7 @@ import requests
 import structlog
 
 from saigeedged import __version__
-from saigeedged.adapters.publish import status_doc
+from saigeedged.adapters.outbox import status_doc
 from saigeedged.config import _merge
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import TERMINAL, Job

@@ -71,9 +71,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         from saigeedged.adapters import cache
 
         return cache.command(config, args.action, sys.stdout)
-    from saigeedged.cli import control
+    if args.command == "run":
+        from saigeedged.cli import run
 
-    return control.main(args, config)
+        return run.run(config)
+    from saigeedged.cli import client
+
+    return client.main(args, config)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

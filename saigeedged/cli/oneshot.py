@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from saigeedged import jobid, manifest
 from saigeedged.adapters.container import Containers
 from saigeedged.adapters.joblog import JobLog
-from saigeedged.adapters.publish import place_file
+from saigeedged.adapters.outbox import place_file
 from saigeedged.compile import calibration, inputs, pipeline
 from saigeedged.config import Config
 from saigeedged.errors import ENVIRONMENT_CODES, INPUT_CODES, SaigeError

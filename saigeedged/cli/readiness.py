@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from saigeedged.adapters import log
+from saigeedged.adapters import journal
 from saigeedged.adapters.container import MANAGED_LABEL, Spec, client, cubie_section
 from saigeedged.compile import vivsdk
 from saigeedged.compile.backends import cubie
@@ -112,7 +112,7 @@ def _host(report: Report, config: Config) -> None:
         writable = os.access(probe, os.W_OK)
         report(OK if writable else FAIL, label, f"{path} {'exists' if path.exists() else 'will be created'}"
                + ("" if writable else ", NOT writable"))
-    journal_error = log.journal_unreachable()
+    journal_error = journal.journal_unreachable()
     report(WARN if journal_error else OK, "journald",
            f"not reachable ({journal_error}): events go to stderr" if journal_error else "accepting events")
     watches = Path("/proc/sys/fs/inotify/max_user_watches")

@@ -15,7 +15,7 @@ from saigeedged.adapters.container import Containers
 from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.adapters.notify import Notifier
-from saigeedged.adapters.publish import Outbox
+from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.compile import child
 from saigeedged.config import Config

@@ -12,7 +12,7 @@ import structlog
 
 from saigeedged import jobid
 from saigeedged.adapters.events import event
-from saigeedged.adapters.publish import Outbox
+from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.errors import SaigeError
 from saigeedged.intake import ownfolders

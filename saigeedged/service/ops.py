@@ -17,7 +17,7 @@ from saigeedged.adapters import dashboard, retention
 from saigeedged.adapters.dashboard import Slot, View
 from saigeedged.adapters.ends import Ends
 from saigeedged.adapters.metrics import Metrics, parse_listen
-from saigeedged.adapters.publish import place_data
+from saigeedged.adapters.outbox import place_data
 from saigeedged.adapters.store import Store
 from saigeedged.adapters.webhooks import Sender, channels
 from saigeedged.config import Config

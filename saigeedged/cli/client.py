@@ -1,4 +1,4 @@
-"""The daemon's commands: `run`, and `submit`, `status`, `retry`, `cancel` that talk to it through the inbox and the queue."""
+"""The client commands `submit`, `status`, `retry`, `cancel`, `prune`: they talk to the daemon through the inbox and the queue."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +14,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from saigeedged.adapters.publish import Outbox
+from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
@@ -34,26 +32,6 @@ def _store(config: Config) -> Store:
     if not path.exists():
         raise SaigeError("INPUT_NOT_FOUND", f"no job database at {path}", hint="is the daemon configured with this -c file?")
     return Store(path)
-
-
-def run(config: Config) -> int:
-    if not config.named_dirs:
-        raise SaigeError("MANIFEST_INVALID", "`run` needs a config that names `inbox` and `outbox`",
-                         hint="saigeedged run -c /etc/saigeedged/saigeedged.yml")
-    from saigeedged.adapters import log
-    from saigeedged.service import daemon
-
-    log.configure(config.section("log")["format"], config.section("log")["level"])
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()  # only a flag: the main loop does the stopping, outside signal context
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    service = daemon.Daemon(config, stop)
-    signal.signal(signal.SIGHUP, lambda signum, frame: service.hang_up())  # not death: a rescan
-    return service.run()
 
 
 def _place(src: Path, dest: Path, data: bytes | None = None) -> None:
@@ -155,14 +133,14 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
             raise SaigeError("INPUT_NOT_FOUND", f"no job {key}")
         doc = Outbox(config.outbox).read_status(job.job_id)
         if doc is None:
-            from saigeedged.adapters.publish import status_doc
+            from saigeedged.adapters.outbox import status_doc
 
             doc = status_doc(job)
         print(json.dumps(doc, indent=1) if as_json else _row(job), file=out)
         return 0
     jobs = store.in_state(RUNNING, QUEUED) + store.recent()
     if as_json:
-        from saigeedged.adapters.publish import status_doc
+        from saigeedged.adapters.outbox import status_doc
 
         print(json.dumps([status_doc(j) for j in jobs], indent=1), file=out)
         return 0
@@ -234,8 +212,6 @@ def prune(config: Config, dry_run: bool, out: TextIO) -> int:
 
 def main(args: argparse.Namespace, config: Config) -> int:
     out = sys.stdout
-    if args.command == "run":
-        return run(config)
     if args.command == "submit":
         return submit(config, args, out)
     if args.command == "status":
