@@ -23,6 +23,8 @@ HINTS: dict[str, str] = {
     "CONTAINER_FAILED": "a container with that name exists without the work-root mount: remove or rename it "
     "(`docker rm -f NAME`) so saigeedged can create its own; if the engine's default runtime is nvidia, set runtime: runc",
     "CONTAINER_LOST": "the compiler container died mid-job (dockerd restart, OOM?); it is recreated and the job retried",
+    "ENGINE_LOST": "a compile host's Docker engine stopped answering mid-job: the job runs again on another engine; "
+    "`saigeedged check` names the engine and what it lacks",
     "STEP_FAILED": "read the job log: the compiler's last lines are in the message",
     "QUANTIZE_NO_OUTPUT": "quantize exited 0 without a .quantize file: the quantizer/qtype pair does not match "
     "(asymmetric_affine/uint8, dynamic_fixed_point/int16, perchannel_symmetric_affine/int8, ...)",
@@ -42,7 +44,7 @@ FATAL_HINTS: dict[int, str] = {
     32512: "simulator libraries not found: check cubie.viv_sdk and the image",
 }
 
-RETRYABLE = frozenset({"CONTAINER_LOST", "PUBLISH_FAILED"})
+RETRYABLE = frozenset({"CONTAINER_LOST", "ENGINE_LOST", "PUBLISH_FAILED"})
 MAX_MESSAGE = 4000  # characters: a message quoting a hostile input must not copy it into every status file and log
 
 
