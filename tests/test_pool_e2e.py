@@ -142,6 +142,8 @@ def test_burst_spreads_over_three_engines_and_compiles_each_job_once(pool: Any, 
         return out if all(busy_engine(out, engine) for engine in ("local", "tls", "ssh")) else None
 
     wait_for(all_busy, JOB_S, "`saigeedged status` showing every engine busy")
+    for engine in ("local", "tls", "ssh"):
+        d.expect(f"{engine}: burst", JOB_S)  # STATUS= names the busy slots
     docs = {name: d.wait_job(name, timeout=JOB_S) for name in names}
     assert {n: doc["state"] for n, doc in docs.items() if doc["state"] != "succeeded"} == {}
     assert {doc["engine"] for doc in docs.values()} == {"local", "tls", "ssh"}
