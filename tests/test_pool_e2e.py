@@ -229,34 +229,24 @@ def assert_published_once(d: Daemon, job_id: str, bundle: dict[str, Any]) -> Non
     assert len(journal(_PID=str(d.proc.pid), SAIGEEDGE_EVENT="job.succeeded")) == 1
 
 
-def test_killed_engine_mid_step_moves_the_job_and_never_publishes_the_lost_attempt(
-        pool: Any, engine_hosts: Any, det_inputs: dict[str, Any]) -> None:
-    """kill -9 of the dockerd running a job's quantize: the job succeeds on the other engine (ENGINE_LOST attempt
-    first, job.moved); when the engine is back (engine.up) its leftover step is gone and nothing is published twice."""
-    d, doc, engine = moved_job(pool, engine_hosts, det_inputs, "killed_sleep5")
-    try:
-        engine.kill()
-        done = assert_moved_once(d, doc["job_id"], engine.name)
-    finally:
-        engine.restart()
-    journal_event(d, "engine.up", engine=engine.name)
-    assert "sleep 5" not in procs(engine.client(), cubie(d)["container"])  # type: ignore[attr-defined]
-    assert_published_once(d, doc["job_id"], done["bundle"])
+FAULTS = {"kill": ("kill", "restart"), "freeze": ("stop", "cont")}  # what befalls the engine, and how it comes back
 
 
-def test_frozen_engine_mid_step_moves_the_job_and_never_publishes_the_lost_attempt(
-        pool: Any, engine_hosts: Any, det_inputs: dict[str, Any]) -> None:
-    """SIGSTOP of the dockerd running a job's quantize: after engine_timeout_s the job moves (ENGINE_LOST) and
-    succeeds on the other engine; after SIGCONT the engine is up again and the old attempt is never published."""
-    d, doc, engine = moved_job(pool, engine_hosts, det_inputs, "frozen_sleep5")
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_engine_lost_mid_step_moves_the_job_and_never_publishes_the_lost_attempt(
+        fault: str, pool: Any, engine_hosts: Any, det_inputs: dict[str, Any]) -> None:
+    """kill -9 or SIGSTOP (past engine_timeout_s) of the dockerd running a job's quantize: the job succeeds on the
+    other engine after an ENGINE_LOST attempt (engine.down, job.moved); once the engine is back (engine.up) no step
+    of the old attempt runs there and nothing is published twice."""
+    d, doc, engine = moved_job(pool, engine_hosts, det_inputs, f"{fault}_sleep5")
+    lose, come_back = FAULTS[fault]
     try:
-        engine.stop()
+        getattr(engine, lose)()
         done = assert_moved_once(d, doc["job_id"], engine.name)
     finally:
-        engine.cont()
+        getattr(engine, come_back)()
     journal_event(d, "engine.up", engine=engine.name)
-    wait_for(lambda: "sleep 5" not in procs(engine.client(), cubie(d)["container"]), 30,  # type: ignore[attr-defined]
-             "the old attempt's step gone")
+    wait_for(lambda: "sleep 5" not in procs(engine.client(), cubie(d)["container"]), 30, "the old attempt's step gone")
     assert_published_once(d, doc["job_id"], done["bundle"])
 
 
