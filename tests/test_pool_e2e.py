@@ -192,15 +192,15 @@ def cubie(d: Daemon) -> dict[str, str]:
 
 
 def moved_job(pool: Any, engine_hosts: Any, det_inputs: dict[str, Any], name: str) -> tuple[Daemon, dict[str, Any], Any]:
-    """A daemon on tls + ssh for cubie (local serves mobilint only) with job `name` in its quantize step: the daemon,
-    the job's status and the engine running it."""
+    """A daemon on tls + ssh for cubie (local serves mobilint only) with job `name` in its quantize step (the
+    stand-in's `sleep LONG`): the daemon, the job's status and the engine running it."""
     d = pool([{**LOCAL, "targets": ["mobilint"]}, *entries(engine_hosts, *REMOTE)], limits={"engine_timeout_s": 3},
              log={"format": "journal"})
     drop(d.inbox, name, det_inputs["onnx"], {**det_inputs["manifest"], "cache": False})
     job = d.wait_job(name, ("running",), timeout=JOB_S)
     doc = d.wait_state(job["job_id"], ("running",), step="quantize", timeout=JOB_S)
     engine = engine_hosts[doc["engine"]]
-    wait_for(lambda: "sleep 5" in procs(engine.client(), cubie(d)["container"]), 30,  # type: ignore[attr-defined]
+    wait_for(lambda: f"sleep {LONG}" in procs(engine.client(), cubie(d)["container"]), 30,
              f"{name}'s quantize step running on {engine.name}")
     return d, doc, engine
 
@@ -215,7 +215,6 @@ def assert_moved_once(d: Daemon, job_id: str, lost: str) -> dict[str, Any]:
     assert done["attempts"][0]["finished_at"]
     moved = journal_event(d, "job.moved", job_id=job_id)
     assert (moved["SAIGEEDGE_FROM_ENGINE"], moved["SAIGEEDGE_TO_ENGINE"]) == (lost, other)
-    journal_event(d, "engine.down", engine=lost)
     return done
 
 
@@ -230,23 +229,26 @@ def assert_published_once(d: Daemon, job_id: str, bundle: dict[str, Any]) -> Non
 
 
 FAULTS = {"kill": ("kill", "restart"), "freeze": ("stop", "cont")}  # what befalls the engine, and how it comes back
+LONG = 12  # seconds of the stand-in's quantize: the lost attempt's step still runs when its engine comes back
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_engine_lost_mid_step_moves_the_job_and_never_publishes_the_lost_attempt(
         fault: str, pool: Any, engine_hosts: Any, det_inputs: dict[str, Any]) -> None:
-    """kill -9 or SIGSTOP (past engine_timeout_s) of the dockerd running a job's quantize: the job succeeds on the
-    other engine after an ENGINE_LOST attempt (engine.down, job.moved); once the engine is back (engine.up) no step
-    of the old attempt runs there and nothing is published twice."""
-    d, doc, engine = moved_job(pool, engine_hosts, det_inputs, f"{fault}_sleep5")
+    """kill -9 or SIGSTOP (past engine_timeout_s) of the dockerd running a job's quantize: engine.down, the job moves
+    (job.moved) and succeeds on the other engine after an ENGINE_LOST attempt; when the engine is back (engine.up)
+    the old attempt's step is already killed there, and nothing is published twice."""
+    d, doc, engine = moved_job(pool, engine_hosts, det_inputs, f"{fault}_sleep{LONG}")
     lose, come_back = FAULTS[fault]
+    getattr(engine, lose)()
     try:
-        getattr(engine, lose)()
-        done = assert_moved_once(d, doc["job_id"], engine.name)
+        journal_event(d, "engine.down", engine=engine.name)
+        journal_event(d, "job.moved", job_id=doc["job_id"])
     finally:
         getattr(engine, come_back)()
     journal_event(d, "engine.up", engine=engine.name)
-    wait_for(lambda: "sleep 5" not in procs(engine.client(), cubie(d)["container"]), 30, "the old attempt's step gone")
+    assert f"sleep {LONG}" not in procs(engine.client(), cubie(d)["container"])  # killed before engine.up
+    done = assert_moved_once(d, doc["job_id"], engine.name)
     assert_published_once(d, doc["job_id"], done["bundle"])
 
 
