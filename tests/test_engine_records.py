@@ -11,9 +11,9 @@ from typing import Any
 import yaml
 from conftest import write_config
 
-from saigeedged.cli import main as cli
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
+from saigeedged.cli import main as cli
 from saigeedged.jobs import QUEUED, RUNNING, Job, begin_attempt, end_attempt
 
 T0, T1, T2, T3 = (f"2026-11-30T03:1{i}:00.000Z" for i in range(4))
