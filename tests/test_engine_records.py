@@ -154,3 +154,40 @@ def test_status_without_engines_is_unchanged(tmp_path: Path, config_path: Path, 
     assert cli.main(["status", "-c", str(config_path)]) == 0
     out = capsys.readouterr().out
     assert "ENGINE" not in out and out.splitlines()[0].startswith("JOB")
+
+
+def test_dashboard_and_metrics_show_each_recorded_engine(tmp_path: Path) -> None:
+    """With engines configured, the dashboard's slots and `saigeedged_engine_up` come from the engines table, and
+    each ended job's attempts are counted per engine and error code."""
+    from prometheus_client import generate_latest
+    from test_metrics import samples, value
+
+    from saigeedged.config import load
+    from saigeedged.jobs import SUCCEEDED
+    from saigeedged.service.ops import Ops
+
+    path = status_setup(tmp_path)
+    store = Store(tmp_path / "state" / "saigeedged.db")
+    moved = job("seg-3", state=SUCCEEDED, finished_at=T3)
+    begin_attempt(moved, "compile2", T0)
+    end_attempt(moved, T1, "ENGINE_LOST")
+    begin_attempt(moved, "local", T2)
+    end_attempt(moved, T3, None)
+    store.add(moved)
+    ops = Ops(load(_with_metrics(path)), store, lambda: True)
+    slots = [(s.engine, s.target, s.up, s.job.name if s.job else None) for s in ops.view().slots]
+    assert slots == [("local", "cubie", True, None), ("local", "mobilint", True, None),
+                     ("compile2", "cubie", False, "det"), ("this host", "host", True, None)]
+    assert ops.metrics is not None
+    found = samples(generate_latest(ops.metrics.registry).decode())
+    assert value(found, "saigeedged_engine_up", engine="local") == 1
+    assert value(found, "saigeedged_engine_up", engine="compile2") == 0
+    assert value(found, "saigeedged_engine_attempts_total", engine="compile2", error_code="ENGINE_LOST") == 1
+    assert value(found, "saigeedged_engine_attempts_total", engine="local", error_code="") == 1
+
+
+def _with_metrics(path: Path) -> Path:
+    data = yaml.safe_load(path.read_text())
+    data["metrics"] = {"textfile": str(path.parent / "m.prom")}
+    path.write_text(yaml.safe_dump(data))
+    return path

@@ -16,13 +16,14 @@ import yaml
 
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
-from saigeedged.cli.enginestatus import attempt_lines, configured, engine_lines, pool_configured
+from saigeedged.cli.enginestatus import attempt_lines, engine_lines, pool_configured
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.files import sha256_file
 from saigeedged.guards import printable
 from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, check_transition
 from saigeedged.manifest import safe_stem
+from saigeedged.service.statusline import configured
 
 CLAIM_WAIT_S = 60.0  # `submit` gives up (exit 3) when no daemon claims the drop within this (or --timeout)
 WAIT_POLL_S = 0.1  # status files live on a share: reading them is the only cross-host signal

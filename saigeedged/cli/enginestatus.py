@@ -16,13 +16,6 @@ def pool_configured(config: Config) -> bool:
     return bool(config.raw.get("engines"))
 
 
-def configured(config: Config, engines: Sequence[EngineState]) -> list[EngineState]:
-    """The recorded engines the config still lists, in its order (a row of an engine since removed is not shown)."""
-    recorded = {e.name: e for e in engines}
-    names = [item.get("name") for item in config.raw.get("engines", []) if isinstance(item, dict)]
-    return [recorded[name] for name in names if name in recorded]
-
-
 def engine_lines(engines: Sequence[EngineState], running: Sequence[Job]) -> list[str]:
     """A header, then one line per engine: name, up/down, each slot `target: job step i/n` or idle, why it is down."""
     slots = slot_views(engines, running)

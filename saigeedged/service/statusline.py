@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from saigeedged.adapters.store import EngineState
+from saigeedged.config import Config
 from saigeedged.jobs import HOST_ENGINE, Job, status_text
 
 
@@ -54,3 +55,10 @@ def slot_views(engines: Sequence[EngineState], running: Sequence[Job]) -> list[S
         elif at is not None:
             slots[at] = SlotView(slots[at].engine, slots[at].target, job)
     return slots
+
+
+def configured(config: Config, engines: Sequence[EngineState]) -> list[EngineState]:
+    """The recorded engines the config still lists, in its order (a row of an engine since removed is not shown)."""
+    recorded = {e.name: e for e in engines}
+    names = [item.get("name") for item in config.raw.get("engines", []) if isinstance(item, dict)]
+    return [recorded[name] for name in names if name in recorded]
