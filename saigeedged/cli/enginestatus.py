@@ -8,7 +8,7 @@ from saigeedged.adapters.store import EngineState
 from saigeedged.config import Config
 from saigeedged.guards import printable
 from saigeedged.jobs import Job
-from saigeedged.service.statusline import slot_views
+from saigeedged.service.statusline import doing, slot_views
 
 
 def pool_configured(config: Config) -> bool:
@@ -21,15 +21,10 @@ def engine_lines(engines: Sequence[EngineState], running: Sequence[Job]) -> list
     slots = slot_views(engines, running)
     lines = [f"{'ENGINE':<16} {'STATE':<5} SLOTS"]
     for engine in engines:
-        busy = [f"{s.target}: {_doing(s.job) if s.job else 'idle'}" for s in slots if s.engine == engine.name]
+        busy = [f"{s.target}: {doing(s.job) if s.job else 'idle'}" for s in slots if s.engine == engine.name]
         why = "" if engine.up else f"  ({engine.reason or 'no answer'}, since {engine.since})"
         lines.append(printable(f"{engine.name:<16} {'up' if engine.up else 'down':<5} {'; '.join(busy) or 'no slots'}{why}"))
     return lines
-
-
-def _doing(job: Job) -> str:
-    step = f"{job.step} {job.step_index}/{job.step_count}" if job.step else "starting"
-    return f"{job.name} {step}"
 
 
 def attempt_lines(job: Job) -> list[str]:

@@ -19,7 +19,8 @@ class SlotView:
     job: Job | None
 
 
-def _doing(job: Job) -> str:
+def doing(job: Job) -> str:
+    """`det quantize 5/11` (`det starting` before its first step)."""
     return f"{job.name} {job.step} {job.step_index}/{job.step_count}" if job.step else f"{job.name} starting"
 
 
@@ -34,7 +35,7 @@ def status_line(slots: Sequence[SlotView], queued: int, down: Sequence[str]) -> 
         return status_text(busy[0] if busy else None, queued, engine_down=bool(down))
     parts = []
     for engine in engines + ([HOST_ENGINE] if any(s.engine == HOST_ENGINE and s.job for s in slots) else []):
-        jobs = [_doing(s.job) for s in slots if s.engine == engine and s.job is not None]
+        jobs = [doing(s.job) for s in slots if s.engine == engine and s.job is not None]
         state = "down" if engine in down else "idle"
         parts.append(f"{engine}: {', '.join(jobs) if jobs else state}{' (down)' if jobs and engine in down else ''}")
     return "; ".join([*parts, f"{queued} queued"])
