@@ -97,7 +97,11 @@ HOST_ENGINE = "host"  # host jobs' attempts are recorded on this engine name; th
 
 
 def begin_attempt(job: Job, engine: str, now_iso: str) -> None:
-    """A slot of `engine` starts running `job`: a new open attempt, and `job.engine` names it (None on the host)."""
+    """A slot of `engine` starts running `job`: a new open attempt, and `job.engine` names it (None on the host).
+
+    An attempt still open is one the daemon died under (nothing ended it): it is closed now, as INTERNAL.
+    """
+    end_attempt(job, now_iso, "INTERNAL")
     job.engine = None if engine == HOST_ENGINE else engine
     job.attempts.append({"engine": engine, "started_at": now_iso, "finished_at": None, "error": None})
 

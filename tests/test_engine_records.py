@@ -37,6 +37,14 @@ def test_attempts_record_each_engine_and_how_it_ended() -> None:
                           {"engine": "local", "started_at": T2, "finished_at": T3, "error": None}]
 
 
+def test_an_attempt_the_daemon_died_under_is_closed_by_the_next() -> None:
+    """An attempt never ended (the daemon killed mid-job) is closed as INTERNAL when the job starts again."""
+    j = job("det-1")
+    begin_attempt(j, "compile2", T0)
+    begin_attempt(j, "compile2", T2)
+    assert [(a["finished_at"], a["error"]) for a in j.attempts] == [(T2, "INTERNAL"), (None, None)]
+
+
 def test_host_jobs_record_attempts_but_no_engine() -> None:
     """A host job's attempts are on engine `host`; the job's own engine stays null."""
     j = job("cls-1", target="host")
