@@ -29,6 +29,7 @@ def test_an_engine_with_two_busy_slots_and_a_down_engine() -> None:
              SlotView("compile3", "cubie", None), SlotView("host", "host", job("cls", "host", None))]
     assert status_line(slots, 0, ["compile3"]) == \
         "local: det quantize 5/11, seg parse 4/7; compile3: down; host: cls starting; 0 queued"
+    assert status_line(slots[:2], 1, ["compile3"]) == "local: det quantize 5/11, seg parse 4/7; compile3: down; 1 queued"
 
 
 def test_one_engine_keeps_the_line_of_section_9() -> None:

@@ -29,7 +29,7 @@ def status_line(slots: Sequence[SlotView], queued: int, down: Sequence[str]) -> 
 
     `down` names the engines that do not answer: they show as `down` (with one engine: container jobs wait).
     """
-    engines = list(dict.fromkeys(s.engine for s in slots if s.engine != HOST_ENGINE))
+    engines = list(dict.fromkeys([*(s.engine for s in slots if s.engine != HOST_ENGINE), *down]))
     busy = [s.job for s in slots if s.job is not None]
     if len(engines) <= 1 and len(busy) <= 1:
         return status_text(busy[0] if busy else None, queued, engine_down=bool(down))
