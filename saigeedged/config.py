@@ -62,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
     "notify": [],
     "retention": {"max_age_days": 0.0, "keep_last_per_name": 0},
     "dashboard": False,
+    "engines": [],  # the engine pool (SPEC §11): [] = the local engine alone
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
