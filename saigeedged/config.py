@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from saigeedged import engines
 from saigeedged.errors import SaigeError
 
 DEFAULT_PATH = Path("/etc/saigeedged/saigeedged.yml")
@@ -62,7 +63,7 @@ DEFAULTS: dict[str, Any] = {
     "notify": [],
     "retention": {"max_age_days": 0.0, "keep_last_per_name": 0},
     "dashboard": False,
-    "engines": [],  # the engine pool (SPEC §11): [] = the local engine alone
+    "engines": [],  # Docker engines (SPEC §11); empty: the one local engine (saigeedged/engines.py validates items)
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -134,6 +135,7 @@ def _check_type(name: str, value: Any, default: Any) -> Any:
 def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> Config:
     """Validate `user` against DEFAULTS; relative paths are resolved against `base`."""
     raw = _merge(user, DEFAULTS, "")
+    engines.parse(raw["engines"], base)  # a bad engine fails at load, like every other key
 
     def path(value: str) -> Path:
         if "\0" in value:  # YAML's "\0" escape: the OS takes no such path

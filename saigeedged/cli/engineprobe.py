@@ -16,8 +16,8 @@ from typing import Any
 import paramiko
 import requests
 
-from saigeedged.adapters.container import cubie_section, pick_runtime
-from saigeedged.adapters.docker import connect
+from saigeedged.adapters.docker import connect, cubie_section, pick_runtime
+from saigeedged.adapters.docker.api import ImageNotFound
 from saigeedged.compile.backends import cubie
 from saigeedged.config import Config
 from saigeedged.engines import EngineSpec, engine_specs
@@ -92,8 +92,6 @@ def _runtime(probe: Probe, config: Config, info: dict[str, Any]) -> None:
 
 def _target(probe: Probe, api: Any, config: Config, target: str) -> None:
     """The target's image on this engine and its compiler inside (probed in a throwaway container)."""
-    from docker.errors import ImageNotFound
-
     image = (cubie_section(config) if target == "cubie" else config.section(target))["image"]
     tool, script = TOOLS[target]
     try:

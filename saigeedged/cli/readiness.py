@@ -5,15 +5,17 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from saigeedged.adapters import journal
-from saigeedged.adapters.container import MANAGED_LABEL, Spec, client, cubie_section
+from saigeedged.adapters.docker import MANAGED_LABEL, DockerAPI, Spec, connect, cubie_section
+from saigeedged.adapters.docker.api import ImageNotFound, NotFound
 from saigeedged.cli.engineprobe import MOBILINT_PROBE, probe_all, run_probe
 from saigeedged.cli.enginestatus import pool_configured
 from saigeedged.compile import vivsdk
 from saigeedged.compile.backends import cubie
 from saigeedged.config import Config
+from saigeedged.engines import DEFAULT
 from saigeedged.errors import SaigeError
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -31,9 +33,7 @@ class Report:
         print(f"{level:<5} {what:<12} {text}", file=self.out)
 
 
-def _container(report: Report, api: Any, spec: Spec) -> None:
-    from docker.errors import NotFound
-
+def _container(report: Report, api: DockerAPI, spec: Spec) -> None:
     try:
         ctr = api.containers.get(spec.name)
     except NotFound:
@@ -46,10 +46,8 @@ def _container(report: Report, api: Any, spec: Spec) -> None:
            f"{'managed by saigeedged' if managed else 'not created by saigeedged'}")
 
 
-def _image(report: Report, api: Any, spec: Spec, target: str, missing: tuple[str, str]) -> bool:
+def _image(report: Report, api: DockerAPI, spec: Spec, target: str, missing: tuple[str, str]) -> bool:
     """Report the target's image and, when it is loaded, its container; False when the image is missing."""
-    from docker.errors import ImageNotFound
-
     try:
         api.images.get(spec.image)
     except ImageNotFound:
@@ -61,7 +59,7 @@ def _image(report: Report, api: Any, spec: Spec, target: str, missing: tuple[str
     return True
 
 
-def _cubie(report: Report, api: Any, config: Config) -> None:
+def _cubie(report: Report, api: DockerAPI, config: Config) -> None:
     section = cubie_section(config)
     spec = Spec.for_target(config, "cubie")
     if not _image(report, api, spec, "cubie", (FAIL, "docker load -i ubuntu-npu_v2.0.10.1.tar, then check the tag")):
@@ -75,7 +73,7 @@ def _cubie(report: Report, api: Any, config: Config) -> None:
         report(WARN, "optimize", warning)
 
 
-def _mobilint(report: Report, api: Any, config: Config) -> None:
+def _mobilint(report: Report, api: DockerAPI, config: Config) -> None:
     spec = Spec.for_target(config, "mobilint")
     if not _image(report, api, spec, "mobilint", (WARN, "only needed for target mobilint")):
         return
@@ -85,7 +83,7 @@ def _mobilint(report: Report, api: Any, config: Config) -> None:
 
 def _docker(report: Report, config: Config) -> None:
     try:
-        api = client()
+        api = connect(DEFAULT)
     except SaigeError as exc:
         report(FAIL, "docker", f"{exc.message} ({exc.hint})")
         return

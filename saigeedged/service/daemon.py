@@ -11,7 +11,7 @@ from pathlib import Path
 import structlog
 
 from saigeedged import guards, jobid
-from saigeedged.adapters.container import Containers
+from saigeedged.adapters.docker import Containers
 from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.adapters.notify import Notifier

@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 
 from saigeedged import jobid
-from saigeedged.adapters.container import Container, Containers
+from saigeedged.adapters.docker import Container, Containers
 from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.compile import pipeline

@@ -1,27 +1,14 @@
-"""The Docker seam. STUB of w11-surfaces until w11-pool's seam lands: replaced by theirs at merge."""
+"""The only package that talks to Docker: engines, their long-lived compiler containers, the steps exec'd in them.
 
-from __future__ import annotations
+api: typed Protocols of the docker-py calls and `connect`; spec: what a container must look like; lifecycle:
+find, create, start, recreate; execs: steps, kills, reaping; transfer: a work dir to and from a remote engine;
+engine: one engine and a worker's containers on it.
+"""
 
-import os
-from typing import Any
+from saigeedged.adapters.docker.api import ENGINE_ERRORS, DockerAPI, connect, reaching_engine
+from saigeedged.adapters.docker.engine import Containers, Engine
+from saigeedged.adapters.docker.execs import Container
+from saigeedged.adapters.docker.spec import MANAGED_LABEL, Spec, cubie_section, exec_user, pick_runtime
 
-import docker
-import docker.tls
-
-from saigeedged.engines import EngineSpec
-
-
-def connect(spec: EngineSpec, timeout_s: float) -> Any:
-    """A docker-py client for the engine (not pinged): the environment's CA bundle and proxies are not used."""
-    if spec.url is None:
-        return docker.from_env(timeout=int(timeout_s))
-    tls: Any = False
-    if spec.tls is not None:
-        tls = docker.tls.TLSConfig(client_cert=(str(spec.tls.cert), str(spec.tls.key)), ca_cert=str(spec.tls.ca), verify=True)
-    saved = {k: os.environ.pop(k) for k in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE") if k in os.environ}
-    try:
-        client = docker.DockerClient(base_url=spec.url, tls=tls, timeout=int(timeout_s), use_ssh_client=False)
-    finally:
-        os.environ.update(saved)
-    client.api.trust_env = False
-    return client
+__all__ = ["ENGINE_ERRORS", "MANAGED_LABEL", "Container", "Containers", "DockerAPI", "Engine", "Spec", "connect",
+           "cubie_section", "exec_user", "pick_runtime", "reaching_engine"]

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from saigeedged.adapters.container import cubie_section
+from saigeedged.adapters.docker import cubie_section
 from saigeedged.compile.backends import Artifact, Context
 from saigeedged.compile.backends.steps import StepRunner
 from saigeedged.errors import FATAL_HINTS, SaigeError
 from saigeedged.profiles import PLATFORMS, mean_scale
 
 if TYPE_CHECKING:
-    from saigeedged.adapters.container import Container
+    from saigeedged.adapters.docker import Container
     from saigeedged.compile.inputs import Prepared
     from saigeedged.manifest import Entry
 
