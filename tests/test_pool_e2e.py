@@ -180,9 +180,9 @@ def test_engine_without_the_image_takes_no_job_of_that_target(pool: Any, engine_
     container = cubie(d)["container"]
     assert not engine_hosts["nocubie"].client().containers.list(all=True, filters={"name": container})
     capsys.readouterr()
-    cli.main(["check", "-c", str(d.config)])
+    assert cli.main(["check", "-c", str(d.config)]) == 3
     lacking = [line for line in capsys.readouterr().out.splitlines() if "nocubie" in line]
-    assert lacking and any(cubie(d)["image"] in line for line in lacking), lacking
+    assert len(lacking) == 1 and f"lacks cubie image {cubie(d)['image']}" in lacking[0], lacking
 
 
 def cubie(d: Daemon) -> dict[str, str]:
