@@ -16,12 +16,14 @@ import yaml
 
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
+from saigeedged.cli.enginestatus import attempt_lines, engine_lines, pool_configured
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.files import sha256_file
 from saigeedged.guards import printable
 from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, check_transition
 from saigeedged.manifest import safe_stem
+from saigeedged.service.statusline import configured
 
 CLAIM_WAIT_S = 60.0  # `submit` gives up (exit 3) when no daemon claims the drop within this (or --timeout)
 WAIT_POLL_S = 0.1  # status files live on a share: reading them is the only cross-host signal
@@ -137,6 +139,8 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
 
             doc = status_doc(job)
         print(json.dumps(doc, indent=1) if as_json else _row(job), file=out)
+        if pool_configured(config) and not as_json:
+            print("\n".join(attempt_lines(job)), file=out)
         return 0
     jobs = store.in_state(RUNNING, QUEUED) + store.recent()
     if as_json:
@@ -147,6 +151,8 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
     print(f"{'JOB':<44} {'STATE':<10} {'STEP':<18} {'TARGET':<8} ERROR", file=out)
     for job in jobs:
         print(_row(job), file=out)
+    if pool_configured(config):
+        print("", *engine_lines(configured(config, store.engines()), store.in_state(RUNNING)), sep="\n", file=out)
     return 0
 
 

@@ -10,6 +10,8 @@ from typing import TextIO
 from saigeedged.adapters import journal
 from saigeedged.adapters.docker import MANAGED_LABEL, DockerAPI, Spec, connect, cubie_section
 from saigeedged.adapters.docker.api import ImageNotFound, NotFound
+from saigeedged.cli.engineprobe import MOBILINT_PROBE, probe_all, run_probe
+from saigeedged.cli.enginestatus import pool_configured
 from saigeedged.compile import vivsdk
 from saigeedged.compile.backends import cubie
 from saigeedged.config import Config
@@ -17,7 +19,6 @@ from saigeedged.engines import DEFAULT
 from saigeedged.errors import SaigeError
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
-MOBILINT_PROBE = "command -v qbcompiler || { python3 -m qbcompiler --help >/dev/null 2>&1 && echo 'python3 -m qbcompiler'; }"
 
 
 class Report:
@@ -30,12 +31,6 @@ class Report:
     def __call__(self, level: str, what: str, text: str) -> None:
         self.failed |= level == FAIL
         print(f"{level:<5} {what:<12} {text}", file=self.out)
-
-
-def _probe_image(api: DockerAPI, image: str, script: str) -> str:
-    """Run a fixed snippet in a throwaway container of `image` (never the long-lived one)."""
-    out = api.containers.run(image, ["sh", "-c", script], remove=True, stdout=True, stderr=True)
-    return bytes(out).decode(errors="replace").strip()
 
 
 def _container(report: Report, api: DockerAPI, spec: Spec) -> None:
@@ -69,9 +64,9 @@ def _cubie(report: Report, api: DockerAPI, config: Config) -> None:
     spec = Spec.for_target(config, "cubie")
     if not _image(report, api, spec, "cubie", (FAIL, "docker load -i ubuntu-npu_v2.0.10.1.tar, then check the tag")):
         return
-    entry = section["pegasus"] if section["pegasus"] != "auto" else _probe_image(api, spec.image, cubie.PROBE)
+    entry = section["pegasus"] if section["pegasus"] != "auto" else run_probe(api, spec.image, cubie.PROBE)
     report(OK if entry else FAIL, "pegasus", entry.splitlines()[0] if entry else "no pegasus on PATH nor pegasus.py in the image")
-    configs = vivsdk.targets(_probe_image(api, spec.image, vivsdk.list_script(section["viv_sdk"])))
+    configs = vivsdk.targets(run_probe(api, spec.image, vivsdk.list_script(section["viv_sdk"])))
     report(OK if configs else FAIL, "viv_sdk", f"{section['viv_sdk']}: --optimize targets "
            f"{', '.join(configs) or 'none (no target .config files)'}")
     for warning in vivsdk.missing(configs, vivsdk.overrides_in_use(config.state_dir)) if configs else []:
@@ -82,7 +77,7 @@ def _mobilint(report: Report, api: DockerAPI, config: Config) -> None:
     spec = Spec.for_target(config, "mobilint")
     if not _image(report, api, spec, "mobilint", (WARN, "only needed for target mobilint")):
         return
-    entry = _probe_image(api, spec.image, MOBILINT_PROBE)
+    entry = run_probe(api, spec.image, MOBILINT_PROBE)
     report(OK if entry else FAIL, "qbcompiler", entry.splitlines()[-1] if entry else "no qbcompiler in the image")
 
 
@@ -117,8 +112,17 @@ def _host(report: Report, config: Config) -> None:
     report(OK, "inotify", f"max_user_watches {watches.read_text().strip()}" if watches.exists() else "unavailable: poll mode")
 
 
+def _engines(report: Report, config: Config) -> None:
+    """An engine pool: one line per engine, what it answered and what it lacks (SPEC §11)."""
+    for probe in probe_all(config):
+        report(FAIL if probe.fatal else WARN if probe.lacks else OK, "engine", probe.line())
+
+
 def main(config: Config, out: TextIO | None = None) -> int:
     report = Report(out or sys.stdout)
-    _docker(report, config)
+    if pool_configured(config):
+        _engines(report, config)
+    else:
+        _docker(report, config)
     _host(report, config)
     return 3 if report.failed else 0
