@@ -104,7 +104,7 @@ def connect(spec: EngineSpec, timeout_s: float = ENGINE_TIMEOUT_S) -> DockerAPI:
         client.ping()
     except ENGINE_ERRORS as exc:
         where = f"engine {spec.name} ({spec.url})" if spec.url else "the Docker engine"
-        raise SaigeError("DOCKER_UNAVAILABLE", f"cannot reach {where}: {exc}") from None
+        raise SaigeError("DOCKER_UNAVAILABLE", f"cannot reach {where}: {exc}") from exc  # the cause says why
     return client
 
 
