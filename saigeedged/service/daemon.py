@@ -11,7 +11,6 @@ from pathlib import Path
 import structlog
 
 from saigeedged import guards, jobid
-from saigeedged.adapters.docker import Containers
 from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.adapters.notify import Notifier
@@ -28,8 +27,8 @@ from saigeedged.manifest import safe_stem
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.ops import Ops
 from saigeedged.service.outage import DOCKER_TARGETS
+from saigeedged.service.pool import Pool
 from saigeedged.service.recovery import Recovery
-from saigeedged.service.worker import Worker
 
 log = structlog.get_logger()
 CANCEL_POLL_S = 1.0  # how often the loop looks for `saigeedged cancel` requests when nothing else wakes it
@@ -66,13 +65,12 @@ class Daemon:
         self.polling = use_polling(watch["mode"], config.inbox)
         self.wake = threading.Event()
         self.watcher = None if self.polling else Watcher(config.inbox, self.wake)
-        self.containers = Containers(config, on_event=self._container_event,
-                                     on_wait=lambda: log.info("container.lock_wait", state_dir=str(config.state_dir)))
         self._status_lock = threading.Lock()
         self._blind_until = 0.0  # see BLIND_WINDOW_S
         self._next_catch_up = 0.0
         self._hung_up = False  # set by the SIGHUP handler: a plain flag, no lock in signal context
-        self.worker = Worker(config, self.jobs, self.containers, self.places, on_change=self._status)
+        self.worker = Pool(config, self.jobs, self.places, self._container_event,
+                           lambda: log.info("container.lock_wait", state_dir=str(config.state_dir)), self._status, clock)
         self.ops = Ops(config, self.store, lambda: not self.worker.outage.active)
         self.jobs.observers.append(self.ops.observe)
 
@@ -88,9 +86,12 @@ class Daemon:
         self.recovery.temp_files()
         interrupted = self.store.in_state(RUNNING)
         docker_targets = {j.target for j in interrupted if j.target in DOCKER_TARGETS}
+        if self.worker.watch is not None:  # a pool: each engine's leftover steps are killed when it is first seen up
+            self.worker.watch.reap_first({j.engine for j in interrupted if j.target in DOCKER_TARGETS})
+            docker_targets = set()
         for target in docker_targets:
             try:
-                self.containers.container(target).reap()
+                self.worker.containers.container(target).reap()
             except SaigeError as exc:
                 log.warning("container.reap_failed", error_code=exc.code, message=exc.message)
         for job in interrupted:
@@ -225,9 +226,10 @@ class Daemon:
         return self.worker.is_alive() and (self.watcher is None or self.watcher.alive())
 
     def _check_cancel(self) -> None:
-        job = self.worker.current
-        if job is not None and self.store.cancel_requested(job.job_id):
-            self.worker.interrupt("cancel")
+        for worker in self.worker.running():
+            job = worker.current
+            if job is not None and self.store.cancel_requested(job.job_id):
+                worker.interrupt("cancel")
 
     def _catch_up(self, now: float) -> None:
         if now >= self._next_catch_up and self.jobs.behind():
@@ -237,7 +239,7 @@ class Daemon:
     def _status(self) -> None:
         """STATUS= from the main loop and from the worker at each job and step change."""
         with self._status_lock:
-            self.notifier.status(status_text(self.worker.current, self.store.count(QUEUED), self.worker.outage.active))
+            self.notifier.status(self.worker.status(self.store.count(QUEUED)))
 
     def run(self) -> int:
         self.recover()
@@ -289,11 +291,11 @@ class Daemon:
         self.worker.stop()
         self.worker.join(timeout=STOP_GRACE_S)
         self.ops.stop()
-        if not self.worker.is_alive():
+        if self.worker.stopped():
             child.shutdown()  # the fork server and the resource tracker end with us, not by systemd's SIGKILL
         if self.watcher is not None:
             self.watcher.stop()
-        if self.worker.is_alive():  # e.g. blocked on a hung engine: its row stays `running`, requeued at next start
+        if not self.worker.stopped():  # e.g. blocked on a hung engine: its row stays `running`, requeued at next start
             log.error("daemon.stop_timeout", message=f"the running job did not stop within {STOP_GRACE_S:.0f}s; "
                       "it runs again at the next start")
         else:

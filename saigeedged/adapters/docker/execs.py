@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from saigeedged.adapters.docker.api import ENGINE_ERRORS, ContainerRef, DockerAPI, NotFound, reaching_engine
+from saigeedged.adapters.docker.api import ENGINE_ERRORS, ContainerRef, DockerAPI, NotFound
 from saigeedged.adapters.docker.lifecycle import Lifecycle, OnEvent
 from saigeedged.adapters.docker.spec import Spec, exec_user
 from saigeedged.adapters.docker.transfer import WorkSync, owner_ids
@@ -25,7 +25,7 @@ _WRAP = 'echo $$ > "$0"; [ -e "${0%.pid}.stop" ] && exit 143; exec "$@"'
 # the stop file is touched inside the container too: on a remote engine the host's copy is not seen there
 _KILL = 'touch "${0%.pid}.stop" 2>/dev/null; p=$(cat "$0" 2>/dev/null) && [ -n "$p" ] && ' \
         '{ kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p"; }; rm -f "$0"'
-_REAP = 'for f in "$0"/*/' + PIDFILE + '; do [ -f "$f" ] || continue; p=$(cat "$f"); ' \
+_REAP = 'for f in "$0"/*/' + PIDFILE + ' "$0"/*/*/' + PIDFILE + '; do [ -f "$f" ] || continue; p=$(cat "$f"); ' \
         'kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; rm -f "$f"; done; true'
 Sink = Callable[[bytes], None]
 
@@ -58,7 +58,7 @@ class Container(Lifecycle):
     def probe(self, script: str) -> tuple[int, str]:
         """Run a fixed shell snippet (no manifest values) and return (exit code, output)."""
         chunks: list[bytes] = []
-        with reaching_engine("probing the container"):
+        with self._reach("probing the container"):
             code = self._exec(self.ensure(), ["sh", "-c", script], "/", None, chunks.append)
         return (-1 if code is None else code), b"".join(chunks).decode(errors="replace")
 
@@ -78,13 +78,13 @@ class Container(Lifecycle):
         wrapped = ["sh", "-c", _WRAP, pidfile, TIMEOUT_BIN, f"--kill-after={KILL_AFTER}", f"{max(1, int(timeout_s))}s",
                    *argv]
         _raise_if_stopped(workdir, argv)  # a stop that came between steps is not erased by this one
-        with reaching_engine(f"running {shlex.join(argv[:3])}"):
+        with self._reach(f"running {shlex.join(argv[:3])}"):
             self._copy_in(ctr, workdir)
             code = self._exec(ctr, wrapped, str(workdir), env, sink)
         _raise_if_stopped(workdir, argv)
         if code is None or self._lost(ctr, code):
             raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} died during {shlex.join(argv[:3])}")
-        with reaching_engine(f"copying the outputs of {shlex.join(argv[:3])}"):
+        with self._reach(f"copying the outputs of {shlex.join(argv[:3])}"):
             self._copy_out(ctr)
         Path(pidfile).unlink(missing_ok=True)
         return code
@@ -144,7 +144,7 @@ class Container(Lifecycle):
     def reap(self) -> None:
         """Kill leftover steps recorded by their pidfiles: of a daemon SIGKILL'd mid-step, or of steps whose
         engine connection was cut (they may have run on while the engine was unreachable)."""
-        with reaching_engine(f"killing leftover steps in {self.spec.name}"):
+        with self._reach(f"killing leftover steps in {self.spec.name}"):
             try:
                 ctr = self.docker.containers.get(self.spec.name)
             except NotFound:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from docker.types import Mount
@@ -33,6 +34,17 @@ class Lifecycle:
         self.on_event = on_event
         self.image_id: str | None = None
         self._probed: dict[str, list[str]] = {}
+        self.calls = 0  # engine calls under way: a worker blocked on a hung engine shows here
+
+    @contextlib.contextmanager
+    def _reach(self, doing: str) -> Iterator[None]:
+        """An engine call: counted while under way; the engine unreachable is DOCKER_UNAVAILABLE (reaching_engine)."""
+        self.calls += 1
+        try:
+            with reaching_engine(doing):
+                yield
+        finally:
+            self.calls -= 1
 
     def _runtime(self) -> str | None:
         return pick_runtime(self.spec.runtime, self.docker.info() if self.spec.runtime == "auto" else {})
@@ -67,7 +79,7 @@ class Lifecycle:
 
     def ensure(self) -> ContainerRef:
         """The running container; created when missing, started when stopped, recreated when ours is wrong."""
-        with reaching_engine(f"preparing container {self.spec.name}"):
+        with self._reach(f"preparing container {self.spec.name}"):
             return self._ensure()
 
     def _ensure(self) -> ContainerRef:
@@ -135,7 +147,7 @@ class Lifecycle:
     def follow_image(self) -> None:
         """Recreate our container when its image tag names another image now (a new toolchain was loaded): a job
         runs on, and its cache key names, the image the config names. Called with the host lock held."""
-        with reaching_engine(f"checking the image of {self.spec.name}"):
+        with self._reach(f"checking the image of {self.spec.name}"):
             try:
                 current = self.docker.images.get(self.spec.image).id
                 ctr = self.docker.containers.get(self.spec.name)
