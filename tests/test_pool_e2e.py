@@ -112,13 +112,15 @@ def journal(**match: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
 
 
-def journal_event(d: Daemon, name: str, **fields: str) -> dict[str, Any]:
-    """Wait for the daemon's journal entry `name` with these SAIGEEDGE_ fields."""
+def journal_event(d: Daemon, name: str, after: dict[str, Any] | None = None, **fields: str) -> dict[str, Any]:
+    """Wait for the daemon's journal entry `name` with these SAIGEEDGE_ fields (the first one logged after `after`)."""
     assert d.proc is not None
     match = {f"SAIGEEDGE_{k.upper()}": v for k, v in fields.items()}
+    since = int(after["__REALTIME_TIMESTAMP"]) if after else -1
 
     def found() -> dict[str, Any] | None:
-        return next(iter(journal(_PID=str(d.proc.pid), SAIGEEDGE_EVENT=name, **match)), None)  # type: ignore[union-attr]
+        entries = journal(_PID=str(d.proc.pid), SAIGEEDGE_EVENT=name, **match)  # type: ignore[union-attr]
+        return next((e for e in entries if int(e["__REALTIME_TIMESTAMP"]) > since), None)
 
     return wait_for(found, 30, f"journal event {name} {fields}")  # type: ignore[no-any-return]
 
@@ -242,11 +244,11 @@ def test_engine_lost_mid_step_moves_the_job_and_never_publishes_the_lost_attempt
     lose, come_back = FAULTS[fault]
     getattr(engine, lose)()
     try:
-        journal_event(d, "engine.down", engine=engine.name)
+        down = journal_event(d, "engine.down", engine=engine.name)
         journal_event(d, "job.moved", job_id=doc["job_id"])
     finally:
         getattr(engine, come_back)()
-    journal_event(d, "engine.up", engine=engine.name)
+    journal_event(d, "engine.up", after=down, engine=engine.name)
     assert f"sleep {LONG}" not in procs(engine.client(), cubie(d)["container"])  # killed before engine.up
     done = assert_moved_once(d, doc["job_id"], engine.name)
     assert_published_once(d, doc["job_id"], done["bundle"])
