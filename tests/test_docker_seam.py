@@ -136,3 +136,23 @@ def test_remote_container_has_no_mounts_and_copies_the_work_dir(remote: tuple[En
     code = container.run_step(["sh", "-c", "cat det.json calib/0001.jpg > both.txt"], work, 60, out.append)
     assert code == 0
     assert (work / "both.txt").read_text().endswith(" jpeg")
+
+
+@pytest.mark.engines
+@pytest.mark.docker
+def test_remote_copies_inputs_once_and_only_new_outputs_back(remote: tuple[Engine, Any]) -> None:
+    """The calibration images go in with the first step only; a step that writes nothing copies nothing back, and a
+    step's new file comes back without the unchanged inputs."""
+    engine, config = remote
+    container = engine.container("cubie")
+    work = config.work_root / "job-2"
+    work.mkdir(parents=True)
+    (work / "calib.bin").write_bytes(b"\1" * 2_000_000)
+    container.run_step(["true"], work, 60, lambda chunk: None)
+    first = container.moved
+    assert first >= 2_000_000
+    container.run_step(["true"], work, 60, lambda chunk: None)
+    assert container.moved == first
+    container.run_step(["sh", "-c", "echo made > out.txt"], work, 60, lambda chunk: None)
+    assert (work / "out.txt").read_text() == "made\n"
+    assert 0 < container.moved - first < 64_000

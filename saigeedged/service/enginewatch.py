@@ -126,7 +126,10 @@ class EngineWatch:
             was_seen = health.seen
             health.up, health.reason, health.reap, health.seen = True, None, False, True
         self._record(name)
-        log.info("engine.up", engine=name, message=f"engine {name} answers" + (" again" if was_seen else ""))
+        if was_seen:  # it was down: engine.up; an engine found up at start is only ready
+            log.info("engine.up", engine=name, message=f"engine {name} answers again; its leftover steps are killed")
+        else:
+            log.info("engine.ready", engine=name, targets=",".join(t for t, ok in health.images.items() if ok))
         self.on_change()
 
     def _mark_down(self, name: str, reason: str) -> None:
