@@ -158,6 +158,7 @@ def test_burst_spreads_over_three_engines_and_compiles_each_job_once(pool: Any, 
         runs += record
     assert sorted(runs.values()) == [1] * 30
     assert len(bundles(d)) == 30 and len(d.statuses()) == 30
+    assert sorted(e["job_name"] for e in d.events("job.succeeded")) == names
     for engine in REMOTE:
         assert engine_hosts[engine].client().api.inspect_container(container)["Mounts"] == []
     assert docker_client.api.inspect_container(container)["Mounts"]  # only the local engine bind-mounts
