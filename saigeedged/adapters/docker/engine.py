@@ -27,6 +27,7 @@ class Engine:
         self._api: DockerAPI | None = None
         self._probe: DockerAPI | None = None
         self._lock = threading.Lock()
+        self._probe_lock = threading.Lock()  # not the jobs' lock: a connect hung for engine_timeout_s must not delay pings
         self._by_target: dict[str, Container] = {}
 
     def api(self) -> DockerAPI:
@@ -39,7 +40,7 @@ class Engine:
     def up(self) -> bool:
         """Does the engine answer a ping within PING_TIMEOUT_S now? Never raises."""
         try:
-            with self._lock:
+            with self._probe_lock:
                 if self._probe is None:
                     limit = float(self.config.section("limits")["engine_timeout_s"])
                     self._probe = connect(self.spec, min(PING_TIMEOUT_S, limit))
