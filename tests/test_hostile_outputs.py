@@ -12,7 +12,7 @@ from factory import yolox
 from harness import drop, wait_for
 from hostile import canary, final
 
-from saigeedged import guards
+from saigeedged import files, guards
 from saigeedged.adapters import noclobber
 from saigeedged.compile.inputs import sha256_file
 
@@ -109,9 +109,9 @@ def test_output_rule_and_unique_names() -> None:
 
 
 def test_take_never_replaces(tmp_path: Path) -> None:
-    """noclobber.take moves a finished file to a free name and refuses a taken one, leaving both files as they were."""
+    """files.take moves a finished file to a free name and refuses a taken one, leaving both files as they were."""
     (tmp_path / "taken").write_text("first")
     tmp = tmp_path / ".new.tmp"
     tmp.write_text("second")
-    assert not noclobber.take(tmp, tmp_path / "taken") and (tmp_path / "taken").read_text() == "first" and tmp.exists()
-    assert noclobber.take(tmp, tmp_path / "free") and (tmp_path / "free").read_text() == "second" and not tmp.exists()
+    assert not files.take(tmp, tmp_path / "taken") and (tmp_path / "taken").read_text() == "first" and tmp.exists()
+    assert files.take(tmp, tmp_path / "free") and (tmp_path / "free").read_text() == "second" and not tmp.exists()

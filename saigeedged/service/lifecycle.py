@@ -10,7 +10,7 @@ from pathlib import Path
 
 import structlog
 
-from saigeedged import jobid
+from saigeedged import files, jobid
 from saigeedged.adapters.events import event
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
@@ -31,11 +31,11 @@ class Places:
 
     @property
     def claimed(self) -> Path:
-        return self.inbox / ".saigeedged" / "claimed"
+        return self.inbox / files.OWN_DIR / "claimed"
 
     @property
     def failed(self) -> Path:
-        return self.inbox / ".saigeedged" / "failed"
+        return self.inbox / files.OWN_DIR / "failed"
 
     @property
     def logs(self) -> Path:

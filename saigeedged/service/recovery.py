@@ -4,14 +4,13 @@ left behind, and jobs the daemon died under (bounded by limits.max_attempts)."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sqlite3
 from pathlib import Path
 
 import structlog
 
-from saigeedged import jobid
+from saigeedged import files, jobid
 from saigeedged.adapters.events import event
 from saigeedged.errors import SaigeError
 from saigeedged.intake import claims
@@ -20,7 +19,6 @@ from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job
 from saigeedged.service.lifecycle import Jobs
 
 log = structlog.get_logger()
-TEMP_NAME = re.compile(r"^\..+\.\d+\.tmp$")  # publish._place's temp names: .<name>.<pid>.tmp
 
 
 class Recovery:
@@ -121,7 +119,7 @@ class Recovery:
         daemon is the outbox's only writer, SPEC §11)."""
         for folder, _, names in os.walk(self.outbox.root):
             for name in names:
-                if TEMP_NAME.match(name):
+                if files.TEMP_NAME.match(name):
                     (Path(folder) / name).unlink(missing_ok=True)
                     log.info("outbox.temp_removed", path=str(Path(folder) / name))
 
