@@ -50,13 +50,7 @@ class Daemon:
         self.config, self.stop, self.clock = config, stop, clock
         self.notifier = notifier or Notifier()
         self.places = Places(config.inbox, config.state_dir)
-        for folder in (config.inbox, config.outbox, config.state_dir, self.places.claimed, self.places.failed):
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise SaigeError("PUBLISH_FAILED", f"cannot create {folder}: {exc.strerror}",
-                                 hint="check the inbox/outbox shares are mounted and writable by the service user; "
-                                 "`saigeedged check` lists them") from None
+        self.places.make(config.outbox)
         self.store = Store(config.state_dir / "saigeedged.db")
         self.jobs = Jobs(self.store, Outbox(config.outbox), self.places)
         self.recovery = Recovery(self.jobs)

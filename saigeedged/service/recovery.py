@@ -13,7 +13,7 @@ import structlog
 from saigeedged import files, jobid
 from saigeedged.adapters.events import event
 from saigeedged.errors import SaigeError
-from saigeedged.intake import claims
+from saigeedged.intake import claims, ownfolders
 from saigeedged.intake.claims import Orphan
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job
 from saigeedged.service.lifecycle import Jobs
@@ -85,8 +85,7 @@ class Recovery:
     def _fail(self, orphan: Orphan, reason: str) -> None:
         """A claimed folder that cannot become jobs: its files under failed/, a failed job with a status file."""
         dest = self.places.failed / orphan.folder.name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        orphan.folder.rename(dest)
+        ownfolders.move(orphan.folder, dest, self.places.inbox)
         error = SaigeError("INTERNAL", f"{orphan.folder.name}: found under claimed/ without a job: {reason}",
                            hint=f"its files are in {dest}: drop them again (fix the manifest if it names the cause)")
         now = jobid.iso(jobid.utc_now())
