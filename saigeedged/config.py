@@ -91,21 +91,21 @@ class Watch:
 
 
 @dataclass(frozen=True)
-class Cubie:
-    """The cubie target's container, with the SAIGE_CUBIE_<KEY> overrides applied."""
+class Target:
+    """A container target's section: its container's name and image (mobilint's whole section)."""
 
     container: str
     image: str
+
+
+@dataclass(frozen=True)
+class Cubie(Target):
+    """The cubie section, with the SAIGE_CUBIE_<KEY> overrides applied."""
+
     runtime: str
     user: str
     pegasus: str
     viv_sdk: str
-
-
-@dataclass(frozen=True)
-class Mobilint:
-    container: str
-    image: str
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ class Config:
     allowed_roots: tuple[Path, ...]
     watch: Watch
     cubie: Cubie
-    mobilint: Mobilint
+    mobilint: Target
     limits: Limits
     defaults: Defaults
     cache: Cache
@@ -237,7 +237,7 @@ def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> C
         outbox=path(raw["outbox"]),
         state_dir=path(raw["state_dir"]),
         allowed_roots=tuple(path(str(p)) for p in raw["allowed_roots"]),
-        watch=_typed(Watch, raw["watch"]), cubie=_typed(Cubie, raw["cubie"]), mobilint=_typed(Mobilint, raw["mobilint"]),
+        watch=_typed(Watch, raw["watch"]), cubie=_typed(Cubie, raw["cubie"]), mobilint=_typed(Target, raw["mobilint"]),
         limits=_typed(Limits, raw["limits"]), defaults=_typed(Defaults, raw["defaults"]), cache=_typed(Cache, raw["cache"]),
         log=_typed(Log, raw["log"]), metrics=_typed(Metrics, raw["metrics"]), notify=tuple(raw["notify"]),
         retention=_typed(Retention, raw["retention"]), dashboard=raw["dashboard"],
