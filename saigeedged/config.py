@@ -254,7 +254,7 @@ Section = TypeVar("Section")
 def _typed(cls: type[Section], section: Mapping[str, Any]) -> Section:
     """A section's dataclass from its checked mapping; a float key given as an int becomes a float."""
     kinds = {f.name: f.type for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{key: float(value) if kinds[key] == "float" else value for key, value in section.items()})
+    return cls(**{key: float(value) if kinds[key] in ("float", float) else value for key, value in section.items()})
 
 
 def load(path: Path | None) -> Config:
