@@ -34,7 +34,7 @@ class Engine:
         """The client for jobs (limits.engine_timeout_s); DOCKER_UNAVAILABLE when the engine cannot be reached."""
         with self._lock:
             if self._api is None:
-                self._api = connect(self.spec, float(self.config.section("limits")["engine_timeout_s"]))
+                self._api = connect(self.spec, self.config.limits.engine_timeout_s)
             return self._api
 
     def up(self) -> bool:
@@ -42,8 +42,7 @@ class Engine:
         try:
             with self._probe_lock:
                 if self._probe is None:
-                    limit = float(self.config.section("limits")["engine_timeout_s"])
-                    self._probe = connect(self.spec, min(PING_TIMEOUT_S, limit))
+                    self._probe = connect(self.spec, min(PING_TIMEOUT_S, self.config.limits.engine_timeout_s))
                 probe = self._probe
         except SaigeError:
             return False
