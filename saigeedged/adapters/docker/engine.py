@@ -99,6 +99,8 @@ class Containers:
 
     def get(self, target: str) -> Container:
         """The target's container, running, with the host lock held (released by release())."""
+        if self.active is not None and self.active is self.engine.container(target):
+            return self.active  # asked again within the job (its toolchain, then its steps): made ready once per job
         if self.lock is not None:
             self.lock.acquire(self.on_wait, self.interrupted)
         self.active = self.container(target)
