@@ -44,7 +44,7 @@ DEFAULT = EngineSpec(LOCAL, None, None, CONTAINER_TARGETS)
 
 def engine_specs(config: Config) -> list[EngineSpec]:
     """The engines of `config`: its `engines:` list, or the one local engine when the list is empty."""
-    return parse(config.raw.get("engines") or [], config.source.parent if config.source else Path.cwd())
+    return list(config.engines)
 
 
 def parse(items: list[Any], base: Path) -> list[EngineSpec]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TextIO
 
 from saigeedged.adapters import journal
-from saigeedged.adapters.docker import MANAGED_LABEL, DockerAPI, Spec, connect, cubie_section
+from saigeedged.adapters.docker import MANAGED_LABEL, DockerAPI, Spec, connect
 from saigeedged.adapters.docker.api import ImageNotFound, NotFound
 from saigeedged.cli.engineprobe import MOBILINT_PROBE, probe_all, run_probe
 from saigeedged.cli.enginestatus import pool_configured
@@ -60,18 +60,18 @@ def _image(report: Report, api: DockerAPI, spec: Spec, target: str, missing: tup
 
 
 def _cubie(report: Report, api: DockerAPI, config: Config) -> None:
-    section = cubie_section(config)
+    section = config.cubie
     spec = Spec.for_target(config, "cubie")
     if not _image(report, api, spec, "cubie", (FAIL, "docker load -i ubuntu-npu_v2.0.10.1.tar, then check the tag")):
         return
-    entry = section["pegasus"] if section["pegasus"] != "auto" else run_probe(api, spec.image, cubie.PROBE)
+    entry = section.pegasus if section.pegasus != "auto" else run_probe(api, spec.image, cubie.PROBE)
     report(OK if entry else FAIL, "pegasus", entry.splitlines()[0] if entry else "no pegasus on PATH nor pegasus.py in the image")
-    _viv_sdk(report, config, vivsdk.targets(run_probe(api, spec.image, vivsdk.list_script(section["viv_sdk"]))))
+    _viv_sdk(report, config, vivsdk.targets(run_probe(api, spec.image, vivsdk.list_script(section.viv_sdk))))
 
 
 def _viv_sdk(report: Report, config: Config, configs: list[str], where: str = "") -> None:
     """The --optimize targets the image's VIV SDK has, and the platforms or queued overrides it lacks."""
-    report(OK if configs else FAIL, "viv_sdk", f"{cubie_section(config)['viv_sdk']}: --optimize targets "
+    report(OK if configs else FAIL, "viv_sdk", f"{config.cubie.viv_sdk}: --optimize targets "
            f"{', '.join(configs) or 'none (no target .config files)'}{where}")
     for warning in vivsdk.missing(configs, vivsdk.overrides_in_use(config.state_dir)) if configs else []:
         report(WARN, "optimize", warning)
@@ -93,7 +93,7 @@ def _docker(report: Report, config: Config) -> None:
         return
     info = api.info()
     default = info.get("DefaultRuntime", "?")
-    runtime = cubie_section(config)["runtime"]
+    runtime = config.cubie.runtime
     level = WARN if default == "nvidia" and runtime == "auto" else OK
     report(OK, "docker", f"reachable, server {info.get('ServerVersion', '?')}")
     report(level, "runtime", f"default {default}, available {', '.join(info.get('Runtimes', {}))}"

@@ -8,7 +8,7 @@ engine: one engine and a worker's containers on it.
 from saigeedged.adapters.docker.api import ENGINE_ERRORS, DockerAPI, connect, reaching_engine
 from saigeedged.adapters.docker.engine import Containers, Engine
 from saigeedged.adapters.docker.execs import Container
-from saigeedged.adapters.docker.spec import MANAGED_LABEL, Spec, cubie_section, exec_user, pick_runtime
+from saigeedged.adapters.docker.spec import MANAGED_LABEL, Spec, exec_user, pick_runtime
 
 __all__ = ["ENGINE_ERRORS", "MANAGED_LABEL", "Container", "Containers", "DockerAPI", "Engine", "Spec", "connect",
-           "cubie_section", "exec_user", "pick_runtime", "reaching_engine"]
+           "exec_user", "pick_runtime", "reaching_engine"]

@@ -27,22 +27,22 @@ class Engine:
         self._api: DockerAPI | None = None
         self._probe: DockerAPI | None = None
         self._lock = threading.Lock()
+        self._probe_lock = threading.Lock()  # not the jobs' lock: a connect hung for engine_timeout_s must not delay pings
         self._by_target: dict[str, Container] = {}
 
     def api(self) -> DockerAPI:
         """The client for jobs (limits.engine_timeout_s); DOCKER_UNAVAILABLE when the engine cannot be reached."""
         with self._lock:
             if self._api is None:
-                self._api = connect(self.spec, float(self.config.section("limits")["engine_timeout_s"]))
+                self._api = connect(self.spec, self.config.limits.engine_timeout_s)
             return self._api
 
     def up(self) -> bool:
         """Does the engine answer a ping within PING_TIMEOUT_S now? Never raises."""
         try:
-            with self._lock:
+            with self._probe_lock:
                 if self._probe is None:
-                    limit = float(self.config.section("limits")["engine_timeout_s"])
-                    self._probe = connect(self.spec, min(PING_TIMEOUT_S, limit))
+                    self._probe = connect(self.spec, min(PING_TIMEOUT_S, self.config.limits.engine_timeout_s))
                 probe = self._probe
         except SaigeError:
             return False
@@ -99,6 +99,8 @@ class Containers:
 
     def get(self, target: str) -> Container:
         """The target's container, running, with the host lock held (released by release())."""
+        if self.active is not None and self.active is self.engine.container(target):
+            return self.active  # asked again within the job (its toolchain, then its steps): made ready once per job
         if self.lock is not None:
             self.lock.acquire(self.on_wait, self.interrupted)
         self.active = self.container(target)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from saigeedged.config import Config
+from saigeedged.config import Config, Cubie
 
 MANAGED_LABEL = "io.saigeedge.managed"
 OWNER_LABEL = "io.saigeedge.owner"  # host:state_dir of the daemon that made it: another daemon never touches it
@@ -28,20 +28,10 @@ class Spec:
 
     @classmethod
     def for_target(cls, config: Config, target: str, mount: bool = True) -> Spec:
-        section = cubie_section(config) if target == "cubie" else config.section(target)
-        return cls(section["container"], section["image"], config.work_root,
-                   section.get("runtime", "auto"), section.get("user", "auto"),
+        section = config.cubie if target == "cubie" else config.mobilint
+        runtime, user = (section.runtime, section.user) if isinstance(section, Cubie) else ("auto", "auto")
+        return cls(section.container, section.image, config.work_root, runtime, user,
                    f"{socket.gethostname()}:{config.state_dir}", mount)
-
-
-def cubie_section(config: Config) -> dict[str, Any]:
-    """The cubie config with the guide's SAIGE_CUBIE_<KEY> environment overrides applied."""
-    section = dict(config.section("cubie"))
-    for key in section:
-        value = os.environ.get(f"SAIGE_CUBIE_{key.upper()}")
-        if value:
-            section[key] = value
-    return section
 
 
 def pick_runtime(setting: str, info: dict[str, Any]) -> str | None:
