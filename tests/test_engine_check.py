@@ -43,7 +43,8 @@ def check(config: Path, home: Path | None = None) -> subprocess.CompletedProcess
 
 def test_every_engine_is_probed_and_the_one_without_cubie_is_named(tmp_path: Path, engine_hosts: Any) -> None:
     """tls, ssh and a local-socket engine each get a line: reachable, server, runtime, each target's image and
-    compiler; `nocubie` is FAIL naming the cubie image it lacks, so check exits 3."""
+    compiler; `nocubie` is FAIL naming the cubie image it lacks, so check exits 3; the VIV SDK's --optimize targets
+    are listed once for the engines that share them."""
     engines = [engine_hosts["tls"].config_entry("tls"), engine_hosts["ssh"].config_entry("ssh"),
                engine_hosts["nocubie"].config_entry("unix")]
     assert engine_hosts["ssh"].ssh is not None
@@ -58,6 +59,8 @@ def test_every_engine_is_probed_and_the_one_without_cubie_is_named(tmp_path: Pat
     assert lines["nocubie"].startswith("FAIL  engine       nocubie: reachable")
     assert f"lacks cubie image {STANDIN_ACUITY} (docker load -i" in lines["nocubie"]
     assert f"mobilint {STANDIN_MOBILINT} (qbcompiler" in lines["nocubie"]
+    sdk = [line for line in run.stdout.splitlines() if line.split()[1] == "viv_sdk"]
+    assert len(sdk) == 1 and "VIP9000PICO_PID0XEE" in sdk[0] and sdk[0].endswith("(engine tls, ssh)")  # nocubie: none
     assert "state_dir" in run.stdout and "journald" in run.stdout  # the host's own checks still follow
 
 

@@ -119,7 +119,8 @@ def test_engine_states_keep_since_until_up_or_down_changes(tmp_path: Path) -> No
 def status_setup(tmp_path: Path) -> Path:
     """Two engines configured and recorded, one job running on compile2, one queued."""
     path = write_config(tmp_path, engines=[{"name": "local", "url": "unix:///var/run/docker.sock"},
-                                           {"name": "compile2", "url": "ssh://saige@compile2", "targets": ["cubie"]}])
+                                           {"name": "compile2", "url": "ssh://saige@compile2", "targets": ["cubie"]},
+                                           {"name": "compile3", "url": "ssh://saige@compile3", "targets": ["cubie"]}])
     data = yaml.safe_load(path.read_text())
     store = Store(Path(data["state_dir"]) / "saigeedged.db")
     store.set_engine("local", True, None, ["cubie", "mobilint"])
@@ -133,12 +134,14 @@ def status_setup(tmp_path: Path) -> Path:
 
 
 def test_status_lists_engines_and_the_job_in_each_slot(tmp_path: Path, capsys: Any) -> None:
-    """`saigeedged status` with engines configured: each engine up/down (+reason), each slot's job or idle."""
+    """`saigeedged status` with engines configured: each engine up/down (+reason), each slot's job or idle; an
+    engine not recorded yet is listed as such."""
     assert cli.main(["status", "-c", str(status_setup(tmp_path))]) == 0
     out = capsys.readouterr().out
     engines = out[out.index("ENGINE"):].splitlines()
     assert engines[1].split() == ["local", "up", "cubie:", "idle;", "mobilint:", "idle"]
     assert engines[2].split()[:2] == ["compile2", "down"] and "cubie: det quantize 5/11  (timed out, since" in engines[2]
+    assert engines[3].split()[:2] == ["compile3", "?"] and "not seen by the daemon yet" in engines[3]
     assert "det-1" in out and "cls-2" in out  # the job table is still there
 
 

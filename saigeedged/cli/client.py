@@ -22,7 +22,6 @@ from saigeedged.files import sha256_file
 from saigeedged.guards import printable
 from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, check_transition
 from saigeedged.manifest import safe_stem
-from saigeedged.service.statusline import configured
 
 CLAIM_WAIT_S = 60.0  # `submit` gives up (exit 3) when no daemon claims the drop within this (or --timeout)
 WAIT_POLL_S = 0.1  # status files live on a share: reading them is the only cross-host signal
@@ -150,7 +149,7 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
     for job in jobs:
         print(_row(job), file=out)
     if pool_configured(config):
-        print("", *engine_lines(configured(config, store.engines()), store.in_state(RUNNING)), sep="\n", file=out)
+        print("", *engine_lines(config, store.engines(), store.in_state(RUNNING)), sep="\n", file=out)
     return 0
 
 

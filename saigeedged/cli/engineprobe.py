@@ -18,6 +18,7 @@ import requests
 
 from saigeedged.adapters.docker import connect, pick_runtime
 from saigeedged.adapters.docker.api import ImageNotFound
+from saigeedged.compile import vivsdk
 from saigeedged.compile.backends import cubie
 from saigeedged.config import Config
 from saigeedged.engines import EngineSpec, engine_specs
@@ -38,6 +39,7 @@ class Probe:
     found: list[str] = field(default_factory=list)
     lacks: list[str] = field(default_factory=list)
     fatal: bool = False
+    viv: tuple[str, ...] | None = None  # the --optimize targets of the cubie image's VIV SDK, once probed
 
     def lack(self, what: str, fatal: bool = True) -> None:
         self.lacks.append(what)
@@ -105,6 +107,8 @@ def _target(probe: Probe, api: Any, config: Config, target: str) -> None:
         probe.lack(f"{tool} in {target} image {image}")
         return
     probe.found.append(f"{target} {image} ({tool} {entry.splitlines()[-1]})")
+    if target == "cubie":
+        probe.viv = tuple(vivsdk.targets(run_probe(api, image, vivsdk.list_script(config.cubie.viv_sdk))))
 
 
 def probe_engine(config: Config, spec: EngineSpec, timeout_s: float,

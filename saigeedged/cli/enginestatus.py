@@ -6,9 +6,10 @@ from collections.abc import Sequence
 
 from saigeedged.adapters.store import EngineState
 from saigeedged.config import Config
+from saigeedged.engines import engine_specs
 from saigeedged.guards import printable
 from saigeedged.jobs import Job
-from saigeedged.service.statusline import doing, slot_views
+from saigeedged.service.statusline import configured, doing, slot_views
 
 
 def pool_configured(config: Config) -> bool:
@@ -16,14 +17,20 @@ def pool_configured(config: Config) -> bool:
     return bool(config.raw.get("engines"))
 
 
-def engine_lines(engines: Sequence[EngineState], running: Sequence[Job]) -> list[str]:
-    """A header, then one line per engine: name, up/down, each slot `target: job step i/n` or idle, why it is down."""
+def engine_lines(config: Config, recorded: Sequence[EngineState], running: Sequence[Job]) -> list[str]:
+    """A header, then one line per configured engine: name, up/down, each slot `target: job step i/n` or idle, why
+    it is down; an engine the daemon has not recorded yet (not started since it was added) says so."""
+    engines = configured(config, recorded)
     slots = slot_views(engines, running)
     lines = [f"{'ENGINE':<16} {'STATE':<5} SLOTS"]
     for engine in engines:
         busy = [f"{s.target}: {doing(s.job) if s.job else 'idle'}" for s in slots if s.engine == engine.name]
         why = "" if engine.up else f"  ({engine.reason or 'no answer'}, since {engine.since})"
         lines.append(printable(f"{engine.name:<16} {'up' if engine.up else 'down':<5} {'; '.join(busy) or 'no slots'}{why}"))
+    known = {e.name for e in engines}
+    for spec in engine_specs(config):
+        if spec.name not in known:
+            lines.append(printable(f"{spec.name:<16} {'?':<5} not seen by the daemon yet (is it running with this config?)"))
     return lines
 
 

@@ -66,9 +66,13 @@ def _cubie(report: Report, api: DockerAPI, config: Config) -> None:
         return
     entry = section.pegasus if section.pegasus != "auto" else run_probe(api, spec.image, cubie.PROBE)
     report(OK if entry else FAIL, "pegasus", entry.splitlines()[0] if entry else "no pegasus on PATH nor pegasus.py in the image")
-    configs = vivsdk.targets(run_probe(api, spec.image, vivsdk.list_script(section.viv_sdk)))
-    report(OK if configs else FAIL, "viv_sdk", f"{section.viv_sdk}: --optimize targets "
-           f"{', '.join(configs) or 'none (no target .config files)'}")
+    _viv_sdk(report, config, vivsdk.targets(run_probe(api, spec.image, vivsdk.list_script(section.viv_sdk))))
+
+
+def _viv_sdk(report: Report, config: Config, configs: list[str], where: str = "") -> None:
+    """The --optimize targets the image's VIV SDK has, and the platforms or queued overrides it lacks."""
+    report(OK if configs else FAIL, "viv_sdk", f"{config.cubie.viv_sdk}: --optimize targets "
+           f"{', '.join(configs) or 'none (no target .config files)'}{where}")
     for warning in vivsdk.missing(configs, vivsdk.overrides_in_use(config.state_dir)) if configs else []:
         report(WARN, "optimize", warning)
 
@@ -114,8 +118,15 @@ def _host(report: Report, config: Config) -> None:
 
 def _engines(report: Report, config: Config) -> None:
     """An engine pool: one line per engine, what it answered and what it lacks (SPEC §11)."""
-    for probe in probe_all(config):
+    probes = probe_all(config)
+    for probe in probes:
         report(FAIL if probe.fatal else WARN if probe.lacks else OK, "engine", probe.line())
+    sdks: dict[tuple[str, ...], list[str]] = {}  # one viv_sdk line per distinct SDK, naming the engines that have it
+    for probe in probes:
+        if probe.viv is not None:
+            sdks.setdefault(probe.viv, []).append(probe.name)
+    for configs, names in sdks.items():
+        _viv_sdk(report, config, list(configs), f" (engine {', '.join(names)})")
 
 
 def main(config: Config, out: TextIO | None = None) -> int:
