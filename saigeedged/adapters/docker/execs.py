@@ -10,7 +10,7 @@ from pathlib import Path
 from saigeedged.adapters.docker.api import ENGINE_ERRORS, ContainerRef, DockerAPI, NotFound
 from saigeedged.adapters.docker.lifecycle import Lifecycle, OnEvent
 from saigeedged.adapters.docker.spec import Spec, exec_user
-from saigeedged.adapters.docker.transfer import WorkSync, owner_ids
+from saigeedged.adapters.docker.transfer import Trailer, WorkSync, owner_ids
 from saigeedged.errors import SaigeError
 
 KILL_AFTER = "30s"
@@ -22,11 +22,18 @@ TIMEOUT_BIN = "/usr/bin/timeout"
 # writes the step's pid (GNU timeout, the head of its process group), then runs it unless a stop came first:
 # interrupt() writes the stop file before it reads the pidfile, so either this sees the stop or the kill sees the pid
 _WRAP = 'echo $$ > "$0"; [ -e "${0%.pid}.stop" ] && exit 143; exec "$@"'
+# on a remote engine the wrapper also lists the work dir when the step ends, on stderr (the step's own output goes to
+# stdout): the host learns what to copy back, and the exit code, without another exec. The step runs in an inner sh
+# that adds its pid (timeout's) to the pidfile, after the wrapper's own (the head of the exec's process group): the
+# kill reaches both groups, whichever timeout (GNU's own group or not) the image has. END <code> ends a whole listing.
+_WRAP_LIST = 'echo $$ > "$0"; sh -c \'echo $$ >> "$0"; [ -e "${0%.pid}.stop" ] && exit 143; exec "$@"\' "$0" "$@" ' \
+             '2>&1 </dev/null & wait $!; c=$?; find "${0%/*}" -type f -exec stat -c "%s %Y %n" {} + >&2 2>/dev/null; ' \
+             'echo "END $c" >&2; exit $c'
 # the stop file is touched inside the container too: on a remote engine the host's copy is not seen there
-_KILL = 'touch "${0%.pid}.stop" 2>/dev/null; p=$(cat "$0" 2>/dev/null) && [ -n "$p" ] && ' \
-        '{ kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p"; }; rm -f "$0"'
-_REAP = 'for f in "$0"/*/' + PIDFILE + ' "$0"/*/*/' + PIDFILE + '; do [ -f "$f" ] || continue; p=$(cat "$f"); ' \
-        'kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; rm -f "$f"; done; true'
+_KILL = 'touch "${0%.pid}.stop" 2>/dev/null; for p in $(cat "$0" 2>/dev/null); do ' \
+        'kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; done; rm -f "$0"'
+_REAP = 'for f in "$0"/*/' + PIDFILE + ' "$0"/*/*/' + PIDFILE + '; do [ -f "$f" ] || continue; for p in $(cat "$f"); ' \
+        'do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done; rm -f "$f"; done; true'
 Sink = Callable[[bytes], None]
 
 
@@ -39,7 +46,8 @@ class Container(Lifecycle):
         self.moved = 0  # bytes copied in and out (remote engines), for the job log
 
     def _exec(self, ctr: ContainerRef, argv: Sequence[str], workdir: str, env: dict[str, str] | None,
-              sink: Sink) -> int | None:
+              sink: Sink, trailer: Trailer | None = None) -> int | None:
+        """Run argv, its output to `sink` (stderr to `trailer` when given); its exit code, None if it was cut off."""
         api = self.docker.api
         exec_id = str(api.exec_create(ctr.id, list(argv), user=exec_user(self.spec.user), workdir=workdir,
                                       environment=env)["Id"])
@@ -47,7 +55,9 @@ class Container(Lifecycle):
             if out:
                 sink(out)
             if err:
-                sink(err)
+                (sink if trailer is None else trailer.feed)(err)
+        if trailer is not None and trailer.code is not None:
+            return trailer.code  # the wrapper ran to its end: no exec_inspect round trip
         while True:  # the stream ends on a broken connection too: only exec_inspect decides
             info = api.exec_inspect(exec_id)
             if not info["Running"]:
@@ -75,17 +85,19 @@ class Container(Lifecycle):
         """One compiler step under `timeout --kill-after`, output streamed to `sink`; returns its exit code."""
         ctr = self.ensure()
         pidfile = str(workdir / PIDFILE)
-        wrapped = ["sh", "-c", _WRAP, pidfile, TIMEOUT_BIN, f"--kill-after={KILL_AFTER}", f"{max(1, int(timeout_s))}s",
+        trailer = None if self.spec.mount else Trailer()
+        wrap = _WRAP if trailer is None else _WRAP_LIST
+        wrapped = ["sh", "-c", wrap, pidfile, TIMEOUT_BIN, f"--kill-after={KILL_AFTER}", f"{max(1, int(timeout_s))}s",
                    *argv]
         _raise_if_stopped(workdir, argv)  # a stop that came between steps is not erased by this one
         with self._reach(f"running {shlex.join(argv[:3])}"):
             self._copy_in(ctr, workdir)
-            code = self._exec(ctr, wrapped, str(workdir), env, sink)
+            code = self._exec(ctr, wrapped, str(workdir), env, sink, trailer)
         _raise_if_stopped(workdir, argv)
         if code is None or self._lost(ctr, code):
             raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} died during {shlex.join(argv[:3])}")
         with self._reach(f"copying the outputs of {shlex.join(argv[:3])}"):
-            self._copy_out(ctr)
+            self._copy_out(ctr, None if trailer is None else trailer.listing)
         Path(pidfile).unlink(missing_ok=True)
         return code
 
@@ -96,9 +108,9 @@ class Container(Lifecycle):
             self._sync, self.moved = WorkSync(workdir, owner_ids(exec_user(self.spec.user))), 0
         self.moved += self._sync.push(self.docker, ctr, lambda argv: self._fixed(ctr, argv))
 
-    def _copy_out(self, ctr: ContainerRef) -> None:
+    def _copy_out(self, ctr: ContainerRef, listing: bytes | None) -> None:
         if self._sync is not None and not self.spec.mount:
-            self.moved += self._sync.pull(self.docker, ctr, lambda argv: self._fixed(ctr, argv))
+            self.moved += self._sync.pull(self.docker, ctr, lambda argv: self._fixed(ctr, argv), listing)
 
     def _fixed(self, ctr: ContainerRef, argv: list[str]) -> bytes:
         """Run a fixed helper command (no manifest values); its output, or CONTAINER_LOST when it fails."""

@@ -62,9 +62,13 @@ class WorkSync:
                     tar.addfile(info, fh)
         return buf.getvalue()
 
-    def pull(self, api: DockerAPI, ctr: ContainerRef, run: Run) -> int:
-        """Copy back what the container has new or changed since the last copy; returns bytes received."""
-        listing = run(["find", str(self.work), "-type", "f", "-exec", "stat", "-c", "%s %Y %n", "{}", "+"])
+    def pull(self, api: DockerAPI, ctr: ContainerRef, run: Run, listing: bytes | None = None) -> int:
+        """Copy back what the container has new or changed since the last copy; returns bytes received.
+
+        `listing` is the work dir as the step's wrapper listed it when the step ended; without it, it is listed here.
+        """
+        if listing is None:
+            listing = run(["find", str(self.work), "-type", "f", "-exec", "stat", "-c", "%s %Y %n", "{}", "+"])
         changed: dict[str, tuple[int, int]] = {}
         for line in listing.decode(errors="replace").splitlines():
             size, mtime, name = line.split(" ", 2)
@@ -115,3 +119,36 @@ def owner_ids(user: str) -> tuple[int, int]:
     """The uid:gid the files are given in the container (the exec user's, so steps may write beside them)."""
     uid, _, gid = user.partition(":")
     return (int(uid), int(gid or uid)) if uid.isdigit() and (not gid or gid.isdigit()) else (0, 0)
+
+
+class Trailer:
+    """What a remote step's wrapper writes on stderr when the step ends: the work dir's files, then `END <code>`."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self._data.extend(chunk)
+
+    def _lines(self) -> list[str]:
+        return self._data.decode(errors="replace").splitlines()
+
+    @property
+    def code(self) -> int | None:
+        """The step's exit code; None when the stream was cut before the wrapper's end."""
+        lines = self._lines()
+        last = lines[-1].split(" ") if lines else []
+        return int(last[1]) if len(last) == 2 and last[0] == "END" and last[1].isdigit() else None
+
+    @property
+    def listing(self) -> bytes | None:
+        """The `size mtime path` lines of the work dir; None when the wrapper did not get to its end."""
+        if self.code is None:
+            return None
+        return "".join(f"{line}\n" for line in self._lines()[:-1] if _listed(line)).encode()
+
+
+def _listed(line: str) -> bool:
+    size, _, rest = line.partition(" ")
+    mtime, _, name = rest.partition(" ")
+    return size.isdigit() and mtime.isdigit() and name.startswith("/")
