@@ -16,7 +16,7 @@ from typing import Any
 import paramiko
 import requests
 
-from saigeedged.adapters.docker import connect, cubie_section, pick_runtime
+from saigeedged.adapters.docker import connect, pick_runtime
 from saigeedged.adapters.docker.api import ImageNotFound
 from saigeedged.compile import vivsdk
 from saigeedged.compile.backends import cubie
@@ -86,7 +86,7 @@ def run_probe(api: Any, image: str, script: str) -> str:
 
 def _runtime(probe: Probe, config: Config, info: dict[str, Any]) -> None:
     runtimes = info.get("Runtimes", {})
-    chosen = pick_runtime(cubie_section(config)["runtime"], info) or info.get("DefaultRuntime", "?")
+    chosen = pick_runtime(config.cubie.runtime, info) or info.get("DefaultRuntime", "?")
     probe.reached = f"server {info.get('ServerVersion', '?')}, runtime {chosen}"
     if runtimes and chosen not in runtimes:
         probe.lack(f"runtime {chosen} (it has {', '.join(runtimes)})")
@@ -94,21 +94,21 @@ def _runtime(probe: Probe, config: Config, info: dict[str, Any]) -> None:
 
 def _target(probe: Probe, api: Any, config: Config, target: str) -> None:
     """The target's image on this engine and its compiler inside (probed in a throwaway container)."""
-    image = (cubie_section(config) if target == "cubie" else config.section(target))["image"]
+    image = (config.cubie if target == "cubie" else config.mobilint).image
     tool, script = TOOLS[target]
     try:
         api.images.get(image)
     except ImageNotFound:
         probe.lack(f"{target} image {image} ({LOAD_HINT[target]})", fatal=target == "cubie")
         return
-    configured = cubie_section(config)["pegasus"] if target == "cubie" else "auto"
+    configured = config.cubie.pegasus if target == "cubie" else "auto"
     entry = configured if configured != "auto" else run_probe(api, image, script)
     if not entry:
         probe.lack(f"{tool} in {target} image {image}")
         return
     probe.found.append(f"{target} {image} ({tool} {entry.splitlines()[-1]})")
     if target == "cubie":
-        probe.viv = tuple(vivsdk.targets(run_probe(api, image, vivsdk.list_script(cubie_section(config)["viv_sdk"]))))
+        probe.viv = tuple(vivsdk.targets(run_probe(api, image, vivsdk.list_script(config.cubie.viv_sdk))))
 
 
 def probe_engine(config: Config, spec: EngineSpec, timeout_s: float,
@@ -136,6 +136,6 @@ def probe_engine(config: Config, spec: EngineSpec, timeout_s: float,
 def probe_all(config: Config) -> list[Probe]:
     """Every configured engine, probed side by side (a hung one costs one timeout, not one per engine)."""
     specs = engine_specs(config)
-    timeout_s = min(float(config.section("limits")["engine_timeout_s"]), CHECK_TIMEOUT_S)
+    timeout_s = min(config.limits.engine_timeout_s, CHECK_TIMEOUT_S)
     with ThreadPoolExecutor(max_workers=min(8, len(specs))) as pool:
         return list(pool.map(lambda spec: probe_engine(config, spec, timeout_s), specs))

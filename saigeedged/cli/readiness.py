@@ -71,7 +71,7 @@ def _cubie(report: Report, api: DockerAPI, config: Config) -> None:
 
 def _viv_sdk(report: Report, config: Config, configs: list[str], where: str = "") -> None:
     """The --optimize targets the image's VIV SDK has, and the platforms or queued overrides it lacks."""
-    report(OK if configs else FAIL, "viv_sdk", f"{cubie_section(config)['viv_sdk']}: --optimize targets "
+    report(OK if configs else FAIL, "viv_sdk", f"{config.cubie.viv_sdk}: --optimize targets "
            f"{', '.join(configs) or 'none (no target .config files)'}{where}")
     for warning in vivsdk.missing(configs, vivsdk.overrides_in_use(config.state_dir)) if configs else []:
         report(WARN, "optimize", warning)

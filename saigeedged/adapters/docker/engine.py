@@ -33,7 +33,7 @@ class Engine:
         """The client for jobs (limits.engine_timeout_s); DOCKER_UNAVAILABLE when the engine cannot be reached."""
         with self._lock:
             if self._api is None:
-                self._api = connect(self.spec, float(self.config.section("limits")["engine_timeout_s"]))
+                self._api = connect(self.spec, self.config.limits.engine_timeout_s)
             return self._api
 
     def up(self) -> bool:
@@ -41,7 +41,7 @@ class Engine:
         try:
             with self._lock:
                 if self._probe is None:
-                    limit = float(self.config.section("limits")["engine_timeout_s"])
+                    limit = self.config.limits.engine_timeout_s
                     self._probe = connect(self.spec, min(PING_TIMEOUT_S, limit))
                 probe = self._probe
         except SaigeError:
