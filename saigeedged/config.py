@@ -47,6 +47,7 @@ DEFAULTS: dict[str, Any] = {
         "child_memory_bytes": 25769803776,
         "publish_patience_s": 3600.0,
         "engine_timeout_s": 120.0,
+        "prepare_ahead": True,
     },
     "defaults": {
         "target": "cubie",

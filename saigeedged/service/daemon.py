@@ -25,6 +25,7 @@ from saigeedged.intake.inbox import Drop, Rejected, Scanner
 from saigeedged.intake.watch import Watcher, use_polling
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job, entry_to_doc, status_text
 from saigeedged.manifest import safe_stem
+from saigeedged.service import ahead
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.ops import Ops
 from saigeedged.service.outage import DOCKER_TARGETS
@@ -40,6 +41,7 @@ BLIND_WINDOW_S = 0.6
 CATCH_UP_S = 5.0  # how often status files and logs the outbox refused are tried again
 BLIND_SCAN_S = 0.05
 STOP_GRACE_S = 25.0  # how long a stop waits for the worker to requeue its job (systemd's TimeoutStopSec is 30 s)
+AHEAD_STOP_S = 2.0  # the preparer's child is killed within child.POLL_S of a stop; longer means it is stuck (a share)
 
 
 class Daemon:
@@ -72,7 +74,10 @@ class Daemon:
         self._blind_until = 0.0  # see BLIND_WINDOW_S
         self._next_catch_up = 0.0
         self._hung_up = False  # set by the SIGHUP handler: a plain flag, no lock in signal context
-        self.worker = Worker(config, self.jobs, self.containers, self.places, on_change=self._status)
+        self.worker = Worker(config, self.jobs, self.containers, self.places, on_change=self._changed)
+        self.ahead = ahead.Preparer(config, self.store, config.inbox, self._compiling) \
+            if config.section("limits")["prepare_ahead"] else None
+        self.worker.ahead = self.ahead
         self.ops = Ops(config, self.store, lambda: not self.worker.outage.active)
         self.jobs.observers.append(self.ops.observe)
 
@@ -234,6 +239,17 @@ class Daemon:
             self._next_catch_up = now + CATCH_UP_S
             self.jobs.catch_up()
 
+    def _compiling(self) -> tuple[int, str]:
+        """Busy container slots, and the job in one, for the preparer."""
+        job = self.worker.current
+        return (1, job.job_id) if job is not None and ahead.compiling(job) else (0, "")
+
+    def _changed(self) -> None:
+        """The worker's job or step changed: STATUS= follows, and the preparer looks whether a compile started."""
+        self._status()
+        if self.ahead is not None:
+            self.ahead.wake.set()
+
     def _status(self) -> None:
         """STATUS= from the main loop and from the worker at each job and step change."""
         with self._status_lock:
@@ -248,6 +264,8 @@ class Daemon:
                 log.warning("watch.unavailable", message=str(exc), mode="poll")
                 self.watcher, self.polling = None, True
         self.worker.start()
+        if self.ahead is not None:
+            self.ahead.start()
         self.ops.start()
         watch = self.config.section("watch")
         period = watch["poll_interval_s"] if self.polling else watch["rescan_interval_s"]
@@ -287,9 +305,13 @@ class Daemon:
         self.notifier.stopping()
         log.info("daemon.stopping", running=self.worker.current.job_id if self.worker.current else None)
         self.worker.stop()
+        if self.ahead is not None:
+            self.ahead.stop()
         self.worker.join(timeout=STOP_GRACE_S)
         self.ops.stop()
-        if not self.worker.is_alive():
+        if self.ahead is not None:
+            self.ahead.join(AHEAD_STOP_S)
+        if not self.worker.is_alive() and not (self.ahead is not None and self.ahead.is_alive()):
             child.shutdown()  # the fork server and the resource tracker end with us, not by systemd's SIGKILL
         if self.watcher is not None:
             self.watcher.stop()

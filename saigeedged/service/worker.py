@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -15,7 +15,7 @@ from saigeedged import jobid
 from saigeedged.adapters.container import Container, Containers
 from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
-from saigeedged.compile import pipeline
+from saigeedged.compile import ahead, pipeline
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
@@ -23,6 +23,9 @@ from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, 
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.outage import DOCKER_TARGETS, Outage
 from saigeedged.service.publishing import publish_patiently
+
+if TYPE_CHECKING:
+    from saigeedged.service.ahead import Preparer
 
 log = structlog.get_logger()
 
@@ -42,6 +45,7 @@ class Worker(threading.Thread):
         self.outage = Outage()
         self._reason: str | None = None
         self._lock = threading.Lock()
+        self.ahead: Preparer | None = None  # set by the daemon: host steps of queued jobs done while one compiles
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -96,11 +100,13 @@ class Worker(threading.Thread):
         if not self._start(job):
             return
         work = self.config.work_root / job.job_id
-        shutil.rmtree(work, ignore_errors=True)
+        prepared = self.ahead.take(job, lambda: self._reason) if self.ahead else None
+        if prepared is None:
+            shutil.rmtree(work, ignore_errors=True)
         joblog = JobLog(self.places.local_log(job.job_id))
         joblog.line(f"### {job.job_id} attempt {job.attempt} on saigeedged")
         try:
-            self._run(job, work, joblog)
+            self._run(job, work, joblog, ahead.Ready(prepared, joblog) if prepared else None)
             joblog.close()
             self.jobs.end(job, SUCCEEDED)
         except SaigeError as exc:
@@ -115,7 +121,7 @@ class Worker(threading.Thread):
             if not self.config.keep_work and not self.outage.active:  # in an outage its pidfile is kept for reap()
                 shutil.rmtree(work, ignore_errors=True)
 
-    def _run(self, job: Job, work: Path, joblog: JobLog) -> None:
+    def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Ready | None = None) -> None:
         entry = entry_from_doc(job.entry)
         rel = Path(job.subdir) / entry.output_name
         policy = PathPolicy((Path(job.claim_dir), self.places.inbox, *self.config.allowed_roots))
@@ -146,7 +152,7 @@ class Worker(threading.Thread):
 
         run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, on_step, on_progress, on_inputs,
                            container=self.containers.get, deadline=time.monotonic() + limits["job_timeout_s"],
-                           interrupted=lambda: self._reason)
+                           interrupted=lambda: self._reason, host=host)
         result = pipeline.run(run, publish, job.created_at)
         job.onnx_sha256, job.calib_samples, job.report = result.onnx_sha256, result.calib_samples, result.report
         if result.report and result.report.get("flagged"):
