@@ -1,5 +1,6 @@
 """Benchmark of the daemon (not a test): claim latency, per-job overhead vs bare docker execs, burst claims,
-idle CPU and resident memory. Prints a table and writes bench/results.json.
+idle CPU and resident memory, whole-job overhead with prep-ahead off and on (bench/overhead.py). Prints a table
+and writes bench/results.json.
 
     .venv/bin/python bench/bench.py [--idle-seconds 60] [--out bench/results.json]
 
@@ -244,6 +245,9 @@ def main() -> int:
     results["burst"] = burst(100)
     results["idle"] = idle(args.idle_seconds)
     results["cache_hit"] = cache_hit(args.runs)
+    import overhead as whole_job  # bench/overhead.py: it imports this module's helpers
+
+    results["whole_job"] = whole = whole_job.measure(10, args.runs)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     rows = [("claim latency, events, settle", results["claim_events_settle_s"]["median"], f"<= settle_s + 0.2 = {SETTLE + 0.2}"),
             ("claim latency, events, sha256", results["claim_events_sha256_s"]["median"], "<= 0.1"),
@@ -252,6 +256,11 @@ def main() -> int:
             ("5 pegasus steps via daemon (s)", results["overhead"]["daemon_steps_s"], ""),
             ("same 5 execs bare (s)", results["overhead"]["bare_execs_s"], ""),
             ("overhead ratio", results["overhead"]["ratio"], "<= 1.5"),
+            ("whole job, prep-ahead off (s/job)", whole["ahead_off"]["per_job_s"], ""),
+            ("whole job, prep-ahead on (s/job)", whole["ahead_on"]["per_job_s"], ""),
+            ("same 5 execs bare, whole-job run (s)", whole["ahead_on"]["bare_execs_s"], ""),
+            ("whole-job ratio, prep-ahead off", whole["ahead_off"]["ratio"], ""),
+            ("whole-job ratio, prep-ahead on", whole["ahead_on"]["ratio"], "<= 1.5"),
             ("100 drops all claimed (s)", results["burst"]["all_claimed_s"], "<= 5"),
             (f"idle CPU over {args.idle_seconds:.0f} s (%)", results["idle"]["cpu_percent"], "< 1"),
             ("RSS idle (MB)", results["idle"]["rss_mb"], "< 120"),

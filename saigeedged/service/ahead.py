@@ -30,12 +30,19 @@ from saigeedged.service.outage import DOCKER_TARGETS
 log = structlog.get_logger()
 IDLE_S = 1.0  # a look at the queue this often when nothing wakes the preparer
 TAKE_POLL_S = 0.2  # a worker waiting for a prep in progress looks at its own stop/cancel this often
-HOST_STEPS = (None, "validate", "surgery", "calibration", "bundle", "publish")
+CHILD_STEPS = ("validate", "surgery", "calibration")  # a job's own steps in a bounded child (host jobs: all but two)
+YIELD = "yield"
 
 
 def compiling(job: Job | None) -> bool:
-    """Is this running job in its container steps (the time prep-ahead fills)?"""
-    return job is not None and job.target in DOCKER_TARGETS and job.step not in HOST_STEPS
+    """Is this running job past its host steps, in a container (the time prep-ahead fills) or finishing?"""
+    return job is not None and job.target in DOCKER_TARGETS and job.step not in (None, *CHILD_STEPS)
+
+
+def hosting(job: Job | None) -> bool:
+    """Does this running job run its own work in a bounded child now (a prep for another job then yields to it,
+    so that one child at a time holds limits.child_memory_bytes)?"""
+    return job is not None and job.step is not None and not compiling(job) and job.step not in ("bundle", "publish")
 
 
 class Preparer(threading.Thread):
@@ -43,9 +50,10 @@ class Preparer(threading.Thread):
     first `slots` queued jobs; the worker takes a job's prep with take()."""
 
     def __init__(self, config: Config, store: Store, inbox: Path, busy: Callable[[], tuple[int, str]],
-                 slots: int = 1) -> None:
+                 contended: Callable[[], bool] = lambda: False, slots: int = 1) -> None:
         super().__init__(name="saigeedged-ahead", daemon=True)
         self.config, self.store, self.inbox, self.busy, self.slots = config, store, inbox, busy, slots
+        self.contended = contended  # a worker runs its own host steps in a child: a prep not taken yields
         self.wake = threading.Event()
         self.stop_event = threading.Event()
         self._preps: dict[str, Prep] = {}
@@ -100,7 +108,7 @@ class Preparer(threading.Thread):
                                (int(limits["child_memory_bytes"]), "ONNX_INVALID"))
             images = ahead.fingerprint([s.image for s in result.chosen])
         except Exception as exc:  # any failure: the job runs the steps itself and reports what they find
-            self._failed(prep, f"{type(exc).__name__}: {exc}")
+            self._failed(prep, f"{type(exc).__name__}: {exc}", getattr(exc, "fields", {}).get("reason") == YIELD)
             return
         with self._cond:
             prep.result, prep.images = result, images
@@ -108,10 +116,12 @@ class Preparer(threading.Thread):
             self._cond.notify_all()
         event("job.prepared", job, error_code=None, seconds=round(prep.seconds, 3), beside=prep.beside or None)
 
-    def _failed(self, prep: Prep, message: str) -> None:
+    def _failed(self, prep: Prep, message: str, again: bool = False) -> None:
         with self._cond:  # kept without a result, so that it is not tried again while its job waits
             shutil.rmtree(prep.work_dir, ignore_errors=True)
             prep.running = False
+            if again and prep.taken is None:  # it only yielded: prepared again when a slot compiles
+                del self._preps[prep.job_id]
             self._cond.notify_all()
         log.debug("job.prep_discarded", job_id=prep.job_id, reason=message)
 
@@ -122,6 +132,8 @@ class Preparer(threading.Thread):
             return "stop"
         if prep.taken is not None:
             return prep.taken()
+        if self.contended():
+            return YIELD
         ids = {j.job_id for j in self.store.head(QUEUED, self.slots)}
         return None if prep.job_id in ids else "cancel"
 

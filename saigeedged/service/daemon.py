@@ -75,7 +75,8 @@ class Daemon:
         self._next_catch_up = 0.0
         self._hung_up = False  # set by the SIGHUP handler: a plain flag, no lock in signal context
         self.worker = Worker(config, self.jobs, self.containers, self.places, on_change=self._changed)
-        self.ahead = ahead.Preparer(config, self.store, config.inbox, self._compiling) \
+        self.ahead = ahead.Preparer(config, self.store, config.inbox, self._compiling,
+                                    lambda: ahead.hosting(self.worker.current)) \
             if config.section("limits")["prepare_ahead"] else None
         self.worker.ahead = self.ahead
         self.ops = Ops(config, self.store, lambda: not self.worker.outage.active)
