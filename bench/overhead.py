@@ -10,6 +10,7 @@ bench/bench.py runs it too and puts the figures in its table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,35 +85,54 @@ def _bare(container: str, work: Path, argvs: list[list[str]], runs: int) -> floa
     return statistics.median(times)
 
 
-def whole_job(jobs: int, runs: int, prepare_ahead: bool) -> dict[str, float]:
-    """Median seconds per job over `runs` queues of `jobs` drops, the bare floor, and their ratio."""
+@contextlib.contextmanager
+def _daemon(root: Path, prepare_ahead: bool) -> Iterator[tuple[Daemon, str, Path, dict[str, Any]]]:
+    """A daemon on its own folders and container, warmed by one job (container made, pegasus probed)."""
     import docker
 
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        onnx, manifest = inputs(root)
-        manifest = {**manifest, "sha256": sha256_file(onnx), "cache": False}  # every job compiles
-        name = f"saige-bench-whole-{os.getpid()}"
-        cfg = config(root, cubie={"image": STANDIN, "container": name}, keep_work=True, defaults={"target": "cubie"},
-                     limits={"prepare_ahead": prepare_ahead})
-        d = Daemon(cfg).start()
-        try:
-            _per_job(d, _queue(d, onnx, manifest, 1, "warm"))  # creates the container, probes pegasus
-            per_job = [_per_job(d, _queue(d, onnx, manifest, jobs, f"r{run}x")) for run in range(runs)]
-            last = json.loads(sorted((d.outbox / "status").glob("r*.json"))[-1].read_text())
-            log = (d.outbox / last["log"]).read_text()
-            argvs = [line[2:].split() for line in log.splitlines() if line.startswith("$ ")]
-            bare = _bare(name, root / "state" / "work" / last["job_id"], argvs, runs * 3)
-        finally:
-            d.stop()
-            d.close()
-            docker.from_env().containers.get(name).remove(force=True)
-    job_s = statistics.median(per_job)
-    return {"jobs": jobs, "execs_per_job": len(argvs), "per_job_s": job_s, "bare_execs_s": bare, "ratio": job_s / bare}
+    root.mkdir()
+    onnx, manifest = inputs(root)
+    manifest = {**manifest, "sha256": sha256_file(onnx), "cache": False}  # every job compiles
+    name = f"saige-bench-whole-{os.getpid()}-{int(prepare_ahead)}"
+    cfg = config(root, cubie={"image": STANDIN, "container": name}, keep_work=True, defaults={"target": "cubie"},
+                 limits={"prepare_ahead": prepare_ahead})
+    d = Daemon(cfg).start()
+    try:
+        _per_job(d, _queue(d, onnx, manifest, 1, "warm"))
+        yield d, name, onnx, manifest
+    finally:
+        d.stop()
+        d.close()
+        docker.from_env().containers.get(name).remove(force=True)
+
+
+def _floor(d: Daemon, name: str, runs: int) -> tuple[int, float]:
+    """(exec calls per job, their bare seconds) from the last job's log."""
+    last = json.loads(sorted((d.outbox / "status").glob("r*.json"))[-1].read_text())
+    log = (d.outbox / last["log"]).read_text()
+    argvs = [line[2:].split() for line in log.splitlines() if line.startswith("$ ")]
+    return len(argvs), _bare(name, d.state_dir / "work" / last["job_id"], argvs, runs)
 
 
 def measure(jobs: int, runs: int) -> dict[str, dict[str, float]]:
-    return {"ahead_off": whole_job(jobs, runs, False), "ahead_on": whole_job(jobs, runs, True)}
+    """Per-job seconds with prep-ahead off and on (two daemons, their queues run in turn so that the load of the
+    machine hits both alike), the bare floor measured the same way, and the ratios."""
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        daemons = {mode: stack.enter_context(_daemon(Path(tmp) / mode, mode == "ahead_on"))
+                   for mode in ("ahead_off", "ahead_on")}
+        per_job: dict[str, list[float]] = {mode: [] for mode in daemons}
+        bare: dict[str, list[float]] = {mode: [] for mode in daemons}
+        for run in range(runs):
+            for mode, (d, name, onnx, manifest) in daemons.items():
+                per_job[mode].append(_per_job(d, _queue(d, onnx, manifest, jobs, f"r{run}x")))
+                execs, seconds = _floor(d, name, 3)
+                bare[mode].append(seconds)
+    out = {}
+    for mode in daemons:
+        job_s, bare_s = statistics.median(per_job[mode]), statistics.median(bare[mode])
+        out[mode] = {"jobs": jobs, "execs_per_job": execs, "per_job_s": job_s, "bare_execs_s": bare_s,
+                     "ratio": job_s / bare_s}
+    return out
 
 
 def main() -> int:
