@@ -29,7 +29,7 @@ from saigeedged.service.outage import DOCKER_TARGETS
 
 log = structlog.get_logger()
 IDLE_S = 1.0  # a look at the queue this often when nothing wakes the preparer
-TAKE_POLL_S = 0.2  # a worker waiting for a prep in progress looks at its own stop/cancel this often
+TAKE_POLL_S = 0.2  # a worker waiting for a prep in progress wakes this often (the preparer also notifies it)
 CHILD_STEPS = ("validate", "surgery", "calibration")  # a job's own steps in a bounded child (host jobs: all but two)
 YIELD = "yield"
 
