@@ -98,6 +98,25 @@ def claim_latency(mode: str, with_sha: bool, runs: int) -> list[float]:
         return out
 
 
+def bare_execs(container: str, work: Path, argvs: list[list[str]], runs: int) -> list[float]:
+    """Seconds for `argvs` issued as bare execs (create, stream, inspect) in the container, once per run."""
+    import docker
+
+    client = docker.from_env()
+    ctr = client.containers.get(container)
+    times = []
+    for _ in range(runs):
+        t0 = time.monotonic()
+        for argv in argvs:
+            exec_id = client.api.exec_create(ctr.id, argv, workdir=str(work))["Id"]
+            for _chunk in client.api.exec_start(exec_id, stream=True):
+                pass
+            while client.api.exec_inspect(exec_id)["Running"]:
+                time.sleep(0.005)
+        times.append(time.monotonic() - t0)
+    return times
+
+
 def overhead(runs: int) -> dict[str, float]:
     """Daemon time of a cubie job's five pegasus steps vs the same argv as bare execs in the same container."""
     import docker
@@ -123,17 +142,7 @@ def overhead(runs: int) -> dict[str, float]:
                                           ("import", "inputmeta", "postprocess", "quantize", "export")))
             work = root / "state" / "work" / doc["job_id"]
             argvs = [line[2:].split() for line in log.splitlines() if line.startswith("$ ")]
-            ctr = client.containers.get(name)
-            bare = []
-            for _ in range(runs):
-                t0 = time.monotonic()
-                for argv in argvs:
-                    exec_id = client.api.exec_create(ctr.id, argv, workdir=str(work))["Id"]
-                    for _chunk in client.api.exec_start(exec_id, stream=True):
-                        pass
-                    while client.api.exec_inspect(exec_id)["Running"]:
-                        time.sleep(0.005)
-                bare.append(time.monotonic() - t0)
+            bare = bare_execs(name, work, argvs, runs)
         finally:
             d.stop()
             d.close()

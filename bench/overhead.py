@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import Daemon, read_status  # noqa: E402
 
-from bench import STANDIN, config, inputs  # noqa: E402
+from bench import STANDIN, bare_execs, config, inputs  # noqa: E402
 from saigeedged.compile.inputs import sha256_file  # noqa: E402
 
 
@@ -66,25 +66,6 @@ def _per_job(d: Daemon, ids: list[str]) -> float:
     return (time.monotonic() - first) / len(ids)
 
 
-def _bare(container: str, work: Path, argvs: list[list[str]], runs: int) -> float:
-    """Seconds for the job's exec calls issued bare (create, stream, inspect) in the same container."""
-    import docker
-
-    client = docker.from_env()
-    ctr = client.containers.get(container)
-    times = []
-    for _ in range(runs):
-        t0 = time.monotonic()
-        for argv in argvs:
-            exec_id = client.api.exec_create(ctr.id, argv, workdir=str(work))["Id"]
-            for _chunk in client.api.exec_start(exec_id, stream=True):
-                pass
-            while client.api.exec_inspect(exec_id)["Running"]:
-                time.sleep(0.005)
-        times.append(time.monotonic() - t0)
-    return statistics.median(times)
-
-
 @contextlib.contextmanager
 def _daemon(root: Path, prepare_ahead: bool) -> Iterator[tuple[Daemon, str, Path, dict[str, Any]]]:
     """A daemon on its own folders and container, warmed by one job (container made, pegasus probed)."""
@@ -111,7 +92,7 @@ def _floor(d: Daemon, name: str, runs: int) -> tuple[int, float]:
     last = json.loads(sorted((d.outbox / "status").glob("r*.json"))[-1].read_text())
     log = (d.outbox / last["log"]).read_text()
     argvs = [line[2:].split() for line in log.splitlines() if line.startswith("$ ")]
-    return len(argvs), _bare(name, d.state_dir / "work" / last["job_id"], argvs, runs)
+    return len(argvs), statistics.median(bare_execs(name, d.state_dir / "work" / last["job_id"], argvs, runs))
 
 
 def measure(jobs: int, runs: int) -> dict[str, dict[str, float]]:
