@@ -12,14 +12,65 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from conftest import write_config
 from factory import yolox
 from harness import drop, wait_for
 from PIL import Image
 
+from saigeedged import config as configmod
+from saigeedged.adapters.store import Store
 from saigeedged.cli import main as cli
 from saigeedged.files import sha256_file
+from saigeedged.jobs import Job, entry_to_doc
+from saigeedged.manifest import load as load_manifest
+from saigeedged.service.ahead import Preparer
 
-pytestmark = pytest.mark.docker
+docker = pytest.mark.docker
+
+
+
+def queued(config: Any, store: Any, name: str, onnx: Path, manifest: dict[str, Any], priority: int = 0) -> Job:
+    """A job row as a claim makes it, its inputs in its own claimed folder."""
+    folder = config.inbox / ".saigeedged" / "claimed" / name
+    folder.mkdir(parents=True)
+    (folder / f"{name}.onnx").write_bytes(onnx.read_bytes())
+    (folder / f"{name}.yml").write_text(yaml.safe_dump(manifest))
+    entry = load_manifest(folder / f"{name}.yml", config.section("defaults"), drop=True)[0]
+    job = Job(job_id=name, name=name, target="cubie", task=entry.task, entry=entry_to_doc(entry), subdir="",
+              claim_dir=str(folder), manifest=f"{name}.yml", priority=priority)
+    store.add(job)
+    return job
+
+
+def test_preparer_keeps_the_window_and_hands_over_unchanged_preps(tmp_path: Path, det_inputs: dict[str, Any]) -> None:
+    """In queue order, one job ahead per busy slot: a job pushed back by a higher priority loses its prep, the new
+    head is prepared, and take() hands a prep over only for the attempt it was made for."""
+    config = configmod.load(write_config(tmp_path, allowed_roots=[str(tmp_path / "data")]))
+    store = Store(config.state_dir / "saigeedged.db")
+    preparer = Preparer(config, store, config.inbox, lambda: (1, "compiling-job"))
+    preparer.start()
+    try:
+        first = queued(config, store, "first", det_inputs["onnx"], det_inputs["manifest"])
+        preparer.wake.set()
+        wait_for(lambda: (config.work_root / "first" / "dataset.txt").is_file(), 60, "first prepared")
+        urgent = queued(config, store, "urgent", det_inputs["onnx"], det_inputs["manifest"], priority=5)
+        preparer.wake.set()
+        wait_for(lambda: (config.work_root / "urgent" / "dataset.txt").is_file(), 60, "urgent prepared")
+        wait_for(lambda: not (config.work_root / "first").exists(), 10, "first's prep thrown away")
+        assert preparer.take(first, lambda: None) is None
+        urgent.attempt = 2  # e.g. requeued meanwhile: made for attempt 1, not used
+        assert preparer.take(urgent, lambda: None) is None and not (config.work_root / "urgent").exists()
+        store.save(Job.from_doc({**urgent.to_doc(), "attempt": 1, "state": "cancelled"}))
+        preparer.wake.set()
+        wait_for(lambda: (config.work_root / "first" / "dataset.txt").is_file(), 60, "first prepared again")
+        prep = preparer.take(first, lambda: None)
+        assert prep is not None and prep.result is not None and prep.beside == "compiling-job"
+        assert prep.result.onnx_sha256 == sha256_file(det_inputs["onnx"]) and len(prep.result.chosen) == 4
+        assert prep.result.model.name == "first_surgery.onnx" and prep.result.model.is_file()
+    finally:
+        preparer.stop()
+        preparer.join(10)
+        store.close()
 
 
 @pytest.fixture
@@ -62,6 +113,7 @@ def cancel(d: Any, job_id: str) -> None:
     assert cli.main(["cancel", job_id, "-c", str(d.config)]) == 0
 
 
+@docker
 def test_next_job_is_prepared_while_one_compiles(cubie_daemon: Any, tmp_path: Path, det_inputs: dict[str, Any]) -> None:
     """The queued job's validate, surgery and calibration run while another job is in its quantize step; it stays
     queued meanwhile, and when it runs it goes straight to its container steps with the prepared inputs."""
@@ -85,6 +137,7 @@ def test_next_job_is_prepared_while_one_compiles(cubie_daemon: Any, tmp_path: Pa
     assert "4 calibration images" in host and "cut at /head/Concat_output_0" in host
 
 
+@docker
 def test_cancelled_prepared_job_loses_its_prep(cubie_daemon: Any, tmp_path: Path, det_inputs: dict[str, Any]) -> None:
     """A prepared job cancelled while queued ends cancelled without starting; its prepared work folder goes, and the
     preparer moves on to the next queued job."""
@@ -107,6 +160,7 @@ def test_cancelled_prepared_job_loses_its_prep(cubie_daemon: Any, tmp_path: Path
     assert d.status(gone["job_id"])["state"] == "cancelled"
 
 
+@docker
 def test_failing_prep_is_reported_once_when_the_job_runs(cubie_daemon: Any, tmp_path: Path,
                                                           det_inputs: dict[str, Any]) -> None:
     """A prep that fails (an image that does not decode) changes nothing while the job waits; the job then fails
@@ -136,6 +190,7 @@ def test_failing_prep_is_reported_once_when_the_job_runs(cubie_daemon: Any, tmp_
     assert "prepared ahead" not in (d.outbox / done["log"]).read_text()
 
 
+@docker
 def test_changed_input_is_prepared_again(cubie_daemon: Any, tmp_path: Path, det_inputs: dict[str, Any]) -> None:
     """A calibration file rewritten after the prep: the prep is thrown away and the job runs its host steps itself."""
     d = cubie_daemon()
@@ -168,6 +223,7 @@ def slow_calibration(folder: Path, count: int) -> Path:
     return path
 
 
+@docker
 def test_stop_during_prep(cubie_daemon: Any, tmp_path: Path, det_inputs: dict[str, Any]) -> None:
     """SIGTERM while a queued job is being prepared: the prep is cut short, the daemon exits 0, the job stays queued
     at its attempt with no prepared folder left, and the next start runs it from the beginning."""
