@@ -118,7 +118,8 @@ def bare_execs(container: str, work: Path, argvs: list[list[str]], runs: int) ->
 
 
 def overhead(runs: int) -> dict[str, float]:
-    """Daemon time of a cubie job's five pegasus steps vs the same argv as bare execs in the same container."""
+    """Daemon time of a cubie job's five pegasus steps vs the same argv as bare execs in the same container (`cache:
+    false`: every drop compiles)."""
     import docker
 
     client = docker.from_env()
@@ -132,7 +133,7 @@ def overhead(runs: int) -> dict[str, float]:
         step_times = []
         try:
             for i in range(runs + 1):
-                drop_now(d.inbox, f"ovh{i}", onnx, {**manifest, "sha256": sha256_file(onnx)})
+                drop_now(d.inbox, f"ovh{i}", onnx, {**manifest, "sha256": sha256_file(onnx), "cache": False})
                 _, doc = wait_status(d, f"ovh{i}", ("succeeded", "failed"))
                 assert doc["state"] == "succeeded", doc
                 log = (d.outbox / doc["log"]).read_text()
