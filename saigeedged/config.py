@@ -1,12 +1,17 @@
-"""Daemon configuration (SPEC §2): defaults, loading, validation of every key."""
+"""Daemon configuration (SPEC §2): defaults, loading, validation of every key, typed sections built once at load.
+
+The SAIGE_CUBIE_<KEY> environment overrides of the guide are applied here, at load, and nowhere else.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -60,7 +65,7 @@ DEFAULTS: dict[str, Any] = {
     "log": {"format": "auto", "level": "info"},
     # ops surfaces (SPEC §13): each is off by default
     "metrics": {"listen": "", "textfile": ""},
-    "notify": [],
+    "notify": [],  # a list key, like the engine pool's `engines:` (SPEC §11) will be
     "retention": {"max_age_days": 0.0, "keep_last_per_name": 0},
     "dashboard": False,
 }
@@ -74,25 +79,112 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+ENV_PREFIX = "SAIGE_CUBIE_"  # the guide's overrides: SAIGE_CUBIE_<KEY> for each cubie key, SAIGE_CUBIE_KEEP_WORK=1
+
+
+@dataclass(frozen=True)
+class Watch:
+    mode: str
+    poll_interval_s: float
+    rescan_interval_s: float
+    settle_s: float
+    orphan_timeout_s: float
+
+
+@dataclass(frozen=True)
+class Target:
+    """A container target's section: its container's name and image (mobilint's whole section)."""
+
+    container: str
+    image: str
+
+
+@dataclass(frozen=True)
+class Cubie(Target):
+    """The cubie section, with the SAIGE_CUBIE_<KEY> overrides applied."""
+
+    runtime: str
+    user: str
+    pegasus: str
+    viv_sdk: str
+
+
+@dataclass(frozen=True)
+class Limits:
+    step_timeout_s: int
+    job_timeout_s: int
+    max_attempts: int
+    max_onnx_bytes: int
+    child_memory_bytes: int
+    publish_patience_s: float
+    engine_timeout_s: float
+    prepare_ahead: bool
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a manifest entry leaves out."""
+
+    target: str
+    calibration_method: str
+    n_samples: int
+    seed: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Cache:
+    max_bytes: int
+
+
+@dataclass(frozen=True)
+class Log:
+    format: str
+    level: str
+
+
+@dataclass(frozen=True)
+class Metrics:
+    listen: str
+    textfile: str
+
+
+@dataclass(frozen=True)
+class Retention:
+    max_age_days: float
+    keep_last_per_name: int
+
+
 @dataclass(frozen=True)
 class Config:
-    """The resolved daemon configuration; `raw` keeps every section as loaded."""
+    """The resolved daemon configuration: typed sections; `raw` keeps every section as loaded (overrides applied)."""
 
     inbox: Path
     outbox: Path
     state_dir: Path
     allowed_roots: tuple[Path, ...]
+    watch: Watch
+    cubie: Cubie
+    mobilint: Target
+    limits: Limits
+    defaults: Defaults
+    cache: Cache
+    log: Log
+    metrics: Metrics
+    notify: tuple[Any, ...]  # webhooks.channels validates each
+    retention: Retention
+    dashboard: bool
+    keep_work: bool
     raw: dict[str, Any] = field(repr=False)
     source: Path | None = None
     named_dirs: bool = False
 
     def section(self, name: str) -> dict[str, Any]:
+        """Deprecated: read the typed sections (`config.limits.max_attempts`); kept until the last callers move."""
         value: dict[str, Any] = self.raw[name]
         return value
-
-    @property
-    def keep_work(self) -> bool:
-        return bool(self.raw["keep_work"]) or os.environ.get("SAIGE_CUBIE_KEEP_WORK") == "1"
 
     @property
     def work_root(self) -> Path:
@@ -134,6 +226,7 @@ def _check_type(name: str, value: Any, default: Any) -> Any:
 def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> Config:
     """Validate `user` against DEFAULTS; relative paths are resolved against `base`."""
     raw = _merge(user, DEFAULTS, "")
+    raw["cubie"] = {key: os.environ.get(f"{ENV_PREFIX}{key.upper()}") or value for key, value in raw["cubie"].items()}
 
     def path(value: str) -> Path:
         if "\0" in value:  # YAML's "\0" escape: the OS takes no such path
@@ -146,10 +239,24 @@ def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> C
         outbox=path(raw["outbox"]),
         state_dir=path(raw["state_dir"]),
         allowed_roots=tuple(path(str(p)) for p in raw["allowed_roots"]),
+        watch=_typed(Watch, raw["watch"]), cubie=_typed(Cubie, raw["cubie"]), mobilint=_typed(Target, raw["mobilint"]),
+        limits=_typed(Limits, raw["limits"]), defaults=_typed(Defaults, raw["defaults"]), cache=_typed(Cache, raw["cache"]),
+        log=_typed(Log, raw["log"]), metrics=_typed(Metrics, raw["metrics"]), notify=tuple(raw["notify"]),
+        retention=_typed(Retention, raw["retention"]), dashboard=raw["dashboard"],
+        keep_work=raw["keep_work"] or os.environ.get(f"{ENV_PREFIX}KEEP_WORK") == "1",
         raw=raw,
         source=source,
         named_dirs="inbox" in user and "outbox" in user,
     )
+
+
+Section = TypeVar("Section")
+
+
+def _typed(cls: type[Section], section: Mapping[str, Any]) -> Section:
+    """A section's dataclass from its checked mapping; a float key given as an int becomes a float."""
+    kinds = {f.name: f.type for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{key: float(value) if kinds[key] in ("float", float) else value for key, value in section.items()})
 
 
 def load(path: Path | None) -> Config:

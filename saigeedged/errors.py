@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, TypedDict, get_args
 
-HINTS: dict[str, str] = {
+# The stable error codes (SPEC §10, §11): mypy --strict rejects a code spelt any other way.
+Code = Literal[
+    "MANIFEST_INVALID", "PATH_NOT_ALLOWED", "INPUT_NOT_FOUND", "INPUT_INCOMPLETE", "ONNX_INVALID", "SYMBOLIC_DIM",
+    "INPUT_SIZE_MISMATCH", "SURGERY_OUTPUTS_NOT_FOUND", "CALIB_INVALID",
+    "DOCKER_UNAVAILABLE", "IMAGE_NOT_FOUND", "CONTAINER_FAILED", "CONTAINER_LOST", "ENGINE_LOST",
+    "STEP_FAILED", "QUANTIZE_NO_OUTPUT", "EXPORT_FAILED", "NBG_INVALID", "TIMEOUT", "PUBLISH_FAILED", "CANCELLED",
+    "INTERNAL",
+]
+CODES: tuple[Code, ...] = get_args(Code)
+
+
+class ErrorDoc(TypedDict):
+    """The `error` object of a status file."""
+
+    code: Code
+    message: str
+    hint: str
+    step: str | None
+
+
+HINTS: dict[Code, str] = {
     "MANIFEST_INVALID": "fix the named field in the manifest; `saigeedged validate MANIFEST` checks it without compiling",
     "PATH_NOT_ALLOWED": "put the file inside the inbox or add its folder to `allowed_roots` in the daemon config",
     "INPUT_NOT_FOUND": "check the path; relative paths are resolved against the manifest's folder, and a share "
@@ -44,15 +64,15 @@ FATAL_HINTS: dict[int, str] = {
     32512: "simulator libraries not found: check cubie.viv_sdk and the image",
 }
 
-RETRYABLE = frozenset({"CONTAINER_LOST", "ENGINE_LOST", "PUBLISH_FAILED"})
+RETRYABLE: frozenset[Code] = frozenset({"CONTAINER_LOST", "ENGINE_LOST", "PUBLISH_FAILED"})
 MAX_MESSAGE = 4000  # characters: a message quoting a hostile input must not copy it into every status file and log
 
 
 class SaigeError(Exception):
     """A failure with a stable `code`, a message naming the field or file, and a one-line hint."""
 
-    def __init__(self, code: str, message: str, *, hint: str | None = None, **fields: Any) -> None:
-        if code not in HINTS:
+    def __init__(self, code: Code, message: str, *, hint: str | None = None, **fields: Any) -> None:
+        if code not in CODES:  # a code read back from a file or a child process is checked here too
             raise ValueError(f"unknown error code {code}")
         # a file name that is not UTF-8 arrives as lone surrogates, which no log, journal or JSON reader takes
         message = message.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
@@ -72,7 +92,7 @@ class SaigeError(Exception):
     def retryable(self) -> bool:
         return self.code in RETRYABLE
 
-    def as_dict(self, step: str | None = None) -> dict[str, Any]:
+    def as_dict(self, step: str | None = None) -> ErrorDoc:
         """The `error` object of a status file (never a traceback)."""
         return {"code": self.code, "message": self.message, "hint": self.hint, "step": step}
 
@@ -80,12 +100,13 @@ class SaigeError(Exception):
         return f"{self.code}: {self.message}"
 
 
-def _rebuild(code: str, message: str, hint: str, fields: dict[str, Any]) -> SaigeError:
+def _rebuild(code: Code, message: str, hint: str, fields: dict[str, Any]) -> SaigeError:
     return SaigeError(code, message, hint=hint, **fields)
 
 
 # Bad input (exit 2): found before any compiler runs.
-INPUT_CODES = frozenset({"MANIFEST_INVALID", "PATH_NOT_ALLOWED", "INPUT_NOT_FOUND", "INPUT_INCOMPLETE", "ONNX_INVALID",
-                         "SYMBOLIC_DIM", "INPUT_SIZE_MISMATCH", "SURGERY_OUTPUTS_NOT_FOUND", "CALIB_INVALID"})
+INPUT_CODES: frozenset[Code] = frozenset({
+    "MANIFEST_INVALID", "PATH_NOT_ALLOWED", "INPUT_NOT_FOUND", "INPUT_INCOMPLETE", "ONNX_INVALID", "SYMBOLIC_DIM",
+    "INPUT_SIZE_MISMATCH", "SURGERY_OUTPUTS_NOT_FOUND", "CALIB_INVALID"})
 # The host is not ready (exit 3).
-ENVIRONMENT_CODES = frozenset({"DOCKER_UNAVAILABLE", "IMAGE_NOT_FOUND", "CONTAINER_FAILED"})
+ENVIRONMENT_CODES: frozenset[Code] = frozenset({"DOCKER_UNAVAILABLE", "IMAGE_NOT_FOUND", "CONTAINER_FAILED"})

@@ -1,10 +1,24 @@
-"""File helpers light enough for the short-lived commands (`submit` imports neither onnx nor docker): digest, fsync."""
+"""File helpers light enough for the short-lived commands (`submit` imports neither onnx nor docker).
+
+The one atomic write of saigeedged (temp name beside the file, fsync, rename, fsync the folder; optionally never
+replacing an existing file), the daemon's own folder name, digests.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
+import re
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
+
+OWN_DIR = ".saigeedged"  # the daemon's own folder in the inbox: <inbox>/.saigeedged/claimed, .../failed
+TEMP_NAME = re.compile(r"^\..+\.\d+\.tmp$")  # temp_name's names: .<name>.<pid>.tmp
+NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK})  # shares without hard links
 
 
 def sha256_file(path: Path) -> str:
@@ -19,3 +33,67 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def temp_name(dest: Path) -> Path:
+    """`.<name>.<pid>.tmp` beside `dest`: hidden from the inbox scan; a long name is cut so it fits NAME_MAX too."""
+    return dest.with_name(f".{dest.name[:200]}.{os.getpid()}.tmp")
+
+
+def atomic_write(dest: Path, fill: Callable[[BinaryIO], object], *, exclusive: bool = False,
+                 tmp: Path | None = None) -> bool:
+    """`fill` writes a temp file beside `dest` (or `tmp`), fsync, rename onto `dest`, fsync the folder.
+
+    `exclusive`: never replace an existing `dest` (False then, the temp file removed). Any error removes the temp
+    file and propagates.
+    """
+    tmp = tmp or temp_name(dest)
+    try:
+        with tmp.open("wb") as out:
+            fill(out)
+            out.flush()
+            os.fsync(out.fileno())
+        if not exclusive:
+            os.replace(tmp, dest)
+        elif not take(tmp, dest):
+            tmp.unlink()
+            return False
+        fsync_path(dest.parent)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a read-only share refuses the cleanup too: the first error is the one
+            tmp.unlink(missing_ok=True)
+        raise
+    return True
+
+
+def write_bytes(dest: Path, data: bytes, *, exclusive: bool = False, tmp: Path | None = None) -> bool:
+    """`data` to `dest` atomically (see atomic_write)."""
+    return atomic_write(dest, lambda out: out.write(data), exclusive=exclusive, tmp=tmp)
+
+
+def copy_file(src: Path, dest: Path, *, exclusive: bool = False, tmp: Path | None = None) -> bool:
+    """A copy of `src` to `dest` atomically (see atomic_write)."""
+    def fill(out: BinaryIO) -> None:
+        with src.open("rb") as fh:
+            shutil.copyfileobj(fh, out, 1 << 20)
+    return atomic_write(dest, fill, exclusive=exclusive, tmp=tmp)
+
+
+def take(tmp: Path, dest: Path) -> bool:
+    """Move the finished `tmp` to `dest` unless `dest` exists (False then, `tmp` left for the caller).
+
+    A name is taken by a hard link, which fails if it exists.
+    """
+    try:
+        os.link(tmp, dest)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in NO_LINKS:
+            raise
+        if os.path.lexists(dest):  # without links the check and the rename are two calls: the best a share allows
+            return False
+        os.replace(tmp, dest)
+        return True
+    os.unlink(tmp)
+    return True

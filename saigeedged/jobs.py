@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from saigeedged.errors import ErrorDoc
 from saigeedged.manifest import Entry
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded", "failed", "cancelled"
@@ -52,7 +53,7 @@ class Job:
     started_at: str | None = None
     finished_at: str | None = None
     updated_at: str = ""
-    error: dict[str, Any] | None = None
+    error: ErrorDoc | None = None
     bundle: dict[str, Any] | None = None
     onnx_sha256: str | None = None
     calib_samples: int | None = None

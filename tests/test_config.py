@@ -59,13 +59,12 @@ def test_integer_accepted_for_float_key(tmp_path: Path) -> None:
 
 
 def test_keep_work_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SAIGE_CUBIE_KEEP_WORK=1 turns keep_work on."""
+    """SAIGE_CUBIE_KEEP_WORK=1 turns keep_work on (read at load)."""
     path = tmp_path / "c.yml"
     path.write_text("{}\n")
-    cfg = configmod.load(path)
-    assert not cfg.keep_work
+    assert not configmod.load(path).keep_work
     monkeypatch.setenv("SAIGE_CUBIE_KEEP_WORK", "1")
-    assert cfg.keep_work
+    assert configmod.load(path).keep_work
 
 
 def test_example_config_is_valid() -> None:

@@ -29,9 +29,9 @@ def test_saige_cubie_environment_overrides(tmp_path: Path, monkeypatch: pytest.M
     """SAIGE_CUBIE_IMAGE / SAIGE_CUBIE_CONTAINER override the cubie config, as in the guide's script."""
     path = tmp_path / "c.yml"
     path.write_text("cubie: {image: 'ubuntu-npu:v2.0.10.1'}\n")
-    cfg = configmod.load(path)
     monkeypatch.setenv("SAIGE_CUBIE_IMAGE", "ubuntu-npu:v1.8.11")
     monkeypatch.setenv("SAIGE_CUBIE_CONTAINER", "npu-t527")
+    cfg = configmod.load(path)  # the overrides are read at load
     spec = Spec.for_target(cfg, "cubie")
     assert (spec.image, spec.name, spec.work_root) == ("ubuntu-npu:v1.8.11", "npu-t527", cfg.state_dir / "work")
     assert Spec.for_target(cfg, "mobilint").image == "mobilint/qbcompiler:1.3-cpu-ubuntu22.04"

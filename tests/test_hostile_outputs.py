@@ -12,7 +12,7 @@ from factory import yolox
 from harness import drop, wait_for
 from hostile import canary, final
 
-from saigeedged import guards
+from saigeedged import files, guards
 from saigeedged.adapters import noclobber
 from saigeedged.compile.inputs import sha256_file
 
@@ -98,6 +98,24 @@ def test_own_folders_replaced_by_symlinks_are_never_followed(daemon: Any, det_in
         assert os.stat(folder).st_mode & 0o022 == 0, f"{folder} is writable by others"
 
 
+def test_recovery_never_follows_a_failed_folder_symlink(daemon: Any, tmp_path: Path) -> None:
+    """A claimed folder settled at start goes under the service's own failed/, not where a symlinked failed/ points."""
+    d = daemon()
+    assert d.stop() == 0
+    own = d.inbox / ".saigeedged"
+    stray = own / "claimed" / "stray-20261130T000000Z-abcdef"
+    stray.mkdir()
+    (stray / "stray.yml").write_text("task: detection\n")
+    elsewhere = tmp_path / "elsewhere-failed"
+    elsewhere.mkdir()
+    (own / "failed").rmdir()
+    (own / "failed").symlink_to(elsewhere)
+    d.start()
+    assert d.wait_state(stray.name, ("failed",), timeout=10)["error"]["code"] == "INTERNAL"
+    assert not list(elsewhere.iterdir())
+    assert not (own / "failed").is_symlink() and (own / "failed" / stray.name / "stray.yml").is_file()
+
+
 def test_output_rule_and_unique_names() -> None:
     """Only a visible `<name>.saigeedge` without folders is a drop's output; a taken name gets the job's time and tag."""
     assert guards.output_problem("det.cubie.saigeedge") is None
@@ -109,9 +127,9 @@ def test_output_rule_and_unique_names() -> None:
 
 
 def test_take_never_replaces(tmp_path: Path) -> None:
-    """noclobber.take moves a finished file to a free name and refuses a taken one, leaving both files as they were."""
+    """files.take moves a finished file to a free name and refuses a taken one, leaving both files as they were."""
     (tmp_path / "taken").write_text("first")
     tmp = tmp_path / ".new.tmp"
     tmp.write_text("second")
-    assert not noclobber.take(tmp, tmp_path / "taken") and (tmp_path / "taken").read_text() == "first" and tmp.exists()
-    assert noclobber.take(tmp, tmp_path / "free") and (tmp_path / "free").read_text() == "second" and not tmp.exists()
+    assert not files.take(tmp, tmp_path / "taken") and (tmp_path / "taken").read_text() == "first" and tmp.exists()
+    assert files.take(tmp, tmp_path / "free") and (tmp_path / "free").read_text() == "second" and not tmp.exists()

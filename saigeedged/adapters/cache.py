@@ -205,7 +205,7 @@ class Cache:
 
 
 def for_config(config: Config) -> Cache:
-    return Cache(config.state_dir / "cache", int(config.section("cache")["max_bytes"]))
+    return Cache(config.state_dir / "cache", config.cache.max_bytes)
 
 
 def command(config: Config, action: str, out: TextIO) -> int:

@@ -136,7 +136,7 @@ def _error(job: Job) -> str:
     if not job.error:
         return '<td data-label="error"></td><td data-label="hint"></td>'
     message = str(job.error.get("message") or "").splitlines()[:1]
-    hint = job.error.get("hint") or HINTS.get(str(job.error.get("code")), "")
+    hint = job.error.get("hint") or HINTS.get(job.error["code"], "")
     return (f'<td data-label="error"><b>{_e(job.error.get("code"))}</b><br>'
             f'<span class="muted">{_e(message[0] if message else "")}</span></td><td data-label="hint">{_e(hint)}</td>')
 

@@ -13,5 +13,5 @@ log = structlog.get_logger()
 
 def event(name: str, job: Job, level: str = "info", **fields: Any) -> None:
     """One journal entry for a job event, with the SPEC §9 fields."""
-    fields.setdefault("error_code", (job.error or {}).get("code"))
+    fields.setdefault("error_code", job.error["code"] if job.error else None)
     getattr(log, level)(name, job_id=job.job_id, job_name=job.name, state=job.state, step=job.step, **fields)

@@ -95,7 +95,7 @@ class Metrics:
 
     def _count(self, job: Job) -> None:
         target = job.target if job.target in TARGETS else "unknown"
-        self.jobs_total.labels(target, job.state, (job.error or {}).get("code") or "").inc()
+        self.jobs_total.labels(target, job.state, job.error["code"] if job.error else "").inc()
         if job.started_at and job.finished_at and job.step:  # it ran (a job cancelled while queued did not)
             self.job_duration.labels(target).observe(max(0.0, seconds(job.finished_at) - seconds(job.started_at)))
         if job.state == SUCCEEDED and job.finished_at:

@@ -1,19 +1,15 @@
-"""The only writer under the outbox: status files, bundles and job logs, each by temp name + fsync + rename."""
+"""The only writer under the outbox: status files, bundles and job logs, each by files.atomic_write."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
 import socket
 from pathlib import Path
 from typing import Any
 
-from saigeedged import __version__
+from saigeedged import __version__, files
 from saigeedged.adapters import noclobber
 from saigeedged.errors import SaigeError
-from saigeedged.files import fsync_path as _fsync_dir
 from saigeedged.guards import printable
 from saigeedged.jobs import Job
 
@@ -21,32 +17,17 @@ STATUS_SCHEMA = 1
 
 
 def _place(src: Path | None, data: bytes | None, dest: Path, exclusive: bool = False) -> bool:
-    """Copy `src` (or write `data`) to a temp name beside `dest`, fsync, rename, fsync the folder.
+    """Copy `src` (or write `data`) to `dest` by files.atomic_write; an OSError is PUBLISH_FAILED (retryable).
 
     `exclusive`: never replace an existing `dest` (False when it exists, the temp file removed).
     """
-    tmp = dest.with_name(f".{dest.name[:200]}.{os.getpid()}.tmp")  # a long name's temp name must fit NAME_MAX too
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)  # inside the try: a sub-folder that cannot be made is retryable
-        with tmp.open("wb") as out:
-            if src is not None:
-                with src.open("rb") as fh:
-                    shutil.copyfileobj(fh, out, 1 << 20)
-            else:
-                out.write(data or b"")
-            out.flush()
-            os.fsync(out.fileno())
-        if not exclusive:
-            os.replace(tmp, dest)
-        elif not noclobber.take(tmp, dest):
-            tmp.unlink()
-            return False
-        _fsync_dir(dest.parent)
+        if src is not None:
+            return files.copy_file(src, dest, exclusive=exclusive)
+        return files.write_bytes(dest, data or b"", exclusive=exclusive)
     except OSError as exc:
-        with contextlib.suppress(OSError):  # a read-only share refuses the cleanup too: the first error is the one
-            tmp.unlink(missing_ok=True)
         raise SaigeError("PUBLISH_FAILED", f"cannot write {dest}: {exc.strerror or exc}") from None
-    return True
 
 
 def place_file(src: Path, dest: Path) -> None:

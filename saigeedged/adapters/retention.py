@@ -12,10 +12,11 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import structlog
 
+from saigeedged import config
 from saigeedged.adapters.metrics import seconds
 from saigeedged.adapters.store import Store
 from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job, entry_from_doc
@@ -32,8 +33,8 @@ class Policy:
     keep_last_per_name: int = 0
 
     @classmethod
-    def from_section(cls, section: dict[str, Any]) -> Policy:
-        return cls(float(section["max_age_days"]), int(section["keep_last_per_name"]))
+    def from_config(cls, section: config.Retention) -> Policy:
+        return cls(section.max_age_days, section.keep_last_per_name)
 
     @property
     def enabled(self) -> bool:

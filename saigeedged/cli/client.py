@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 import time
 import uuid
@@ -14,6 +12,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from saigeedged import files
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.config import Config
@@ -36,12 +35,11 @@ def _store(config: Config) -> Store:
 
 def _place(src: Path, dest: Path, data: bytes | None = None) -> None:
     """Write under a temporary (ignored) name, then rename into the inbox."""
-    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")  # pids of two hosts may meet on a share
     if data is None:
-        shutil.copyfile(src, tmp)
+        files.copy_file(src, dest, tmp=tmp)
     else:
-        tmp.write_bytes(data)
-    os.replace(tmp, dest)
+        files.write_bytes(dest, data, tmp=tmp)
 
 
 def _submitted_manifest(manifest: Path, model: Path, request_id: str) -> tuple[str, bytes]:
@@ -207,7 +205,7 @@ def prune(config: Config, dry_run: bool, out: TextIO) -> int:
     from saigeedged.service.lifecycle import Places
 
     outputs = retention.Outputs(config.outbox, Places(config.inbox, config.state_dir).failed)
-    return retention.main(_store(config), outputs, retention.Policy.from_section(config.section("retention")), dry_run, out)
+    return retention.main(_store(config), outputs, retention.Policy.from_config(config.retention), dry_run, out)
 
 
 def main(args: argparse.Namespace, config: Config) -> int:

@@ -22,7 +22,7 @@ from saigeedged.manifest import Entry
 
 def select(config: Config, path: Path, only: Sequence[str]) -> list[Entry]:
     """The manifest's entries, filtered by `--only` (a task or an entry's name)."""
-    entries = manifest.load(path, config.section("defaults"))
+    entries = manifest.load(path, config.defaults.as_dict())
     if only:
         entries = [e for e in entries if e.task in only or e.stem in only or e.stem.split(".")[-1] in only]
         if not entries:
@@ -38,7 +38,7 @@ def output_path(entry: Entry) -> Path:
 def describe(config: Config, entry: Entry, out: TextIO) -> None:
     """Check the entry like a compile would (no compiler) and print the resolved profile and paths."""
     with tempfile.TemporaryDirectory(prefix="saige-validate-") as tmp:
-        prep = inputs.validate(entry, Path(tmp), inputs.PathPolicy(), config.section("limits")["max_onnx_bytes"])
+        prep = inputs.validate(entry, Path(tmp), inputs.PathPolicy(), config.limits.max_onnx_bytes)
         if inputs.needs_surgery(entry):
             inputs.surgery(prep)
         chosen = calibration.choose(prep.calib, entry.n_samples, entry.seed, entry.profile.sampler)
@@ -57,7 +57,7 @@ def describe(config: Config, entry: Entry, out: TextIO) -> None:
 
 def validate(config: Config, path: Path, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    for entry in manifest.load(path, config.section("defaults")):
+    for entry in manifest.load(path, config.defaults.as_dict()):
         describe(config, entry, out)
     print(f"{path.name}: valid", file=out)
     return 0
@@ -83,7 +83,7 @@ def _compile_one(config: Config, entry: Entry, containers: Containers, out: Text
                   file=out, flush=True)
 
     job = pipeline.Job(job_id, entry, work, log, config, on_step=on_step, on_inputs=on_inputs, container=containers.get,
-                       deadline=time.monotonic() + config.section("limits")["job_timeout_s"])
+                       deadline=time.monotonic() + config.limits.job_timeout_s)
     try:
         pipeline.run(job, publish, jobid.iso(now))
     except SaigeError as exc:

@@ -16,7 +16,7 @@ def run(config: Config) -> int:
     from saigeedged.adapters import journal
     from saigeedged.service import daemon
 
-    journal.configure(config.section("log")["format"], config.section("log")["level"])
+    journal.configure(config.log.format, config.log.level)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

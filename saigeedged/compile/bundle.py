@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import copy
-import os
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import pyzipper
 import yaml
 
-from saigeedged import __version__
+from saigeedged import __version__, files
 from saigeedged.profiles import mean_scale
 
 if TYPE_CHECKING:
@@ -72,11 +71,15 @@ def checkpoint(prep: Prepared, art: Artifact, job_id: str, created_at: str,
 
 def write(dest: Path, data: dict[str, Any], members: Mapping[str, Path], password: str | None,
           texts: Mapping[str, str] | None = None) -> None:
-    """Write the zip under a temp name in dest's folder, fsync, rename into place; `texts` stay unencrypted."""
+    """Write the zip by files.atomic_write (temp name, fsync, rename); `texts` stay unencrypted."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     text = yaml.safe_dump(data, sort_keys=False)
-    with pyzipper.AESZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+    files.atomic_write(dest, lambda out: _zip(out, text, members, password, texts))
+
+
+def _zip(out: BinaryIO, text: str, members: Mapping[str, Path], password: str | None,
+         texts: Mapping[str, str] | None) -> None:
+    with pyzipper.AESZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("checkpoint.yaml", text)  # stays readable: `unzip -p b.saigeedge checkpoint.yaml`
         for arcname, content in (texts or {}).items():
             zf.writestr(arcname, content)
@@ -85,6 +88,3 @@ def write(dest: Path, data: dict[str, Any], members: Mapping[str, Path], passwor
             zf.setencryption(pyzipper.WZ_AES, nbits=256)
         for arcname, path in members.items():
             zf.write(path, arcname)
-    with tmp.open("rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, dest)

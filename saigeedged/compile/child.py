@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
-from saigeedged.errors import SaigeError
+from saigeedged.errors import Code, SaigeError
 
 POLL_S = 0.2  # how often the parent looks at stop/cancel requests while the child works
 PRELOAD = ["saigeedged.compile.backends.host", "onnxruntime.quantization"]
@@ -39,7 +39,7 @@ def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any], memory_
 
 
 def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: float,
-        interrupted: Callable[[], str | None], memory: tuple[int, str] | None = None) -> Any:
+        interrupted: Callable[[], str | None], memory: tuple[int, Code] | None = None) -> Any:
     """fn(*args) in a child forked from a server with onnxruntime loaded; its result or its exception.
 
     `memory` = (bytes, code): the child may map that much more; work that needs more fails with `code` (a bad
@@ -77,13 +77,13 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
     return value
 
 
-def _over(label: str, memory: tuple[int, str]) -> SaigeError:
+def _over(label: str, memory: tuple[int, Code]) -> SaigeError:
     return SaigeError(memory[1], f"{label} needs more than limits.child_memory_bytes ({memory[0]} bytes) of memory",
                       hint="the input is too large for this host's bound: make it smaller, or raise "
                       "limits.child_memory_bytes (the service's MemoryMax= too) if the host has the memory")
 
 
-def _died(label: str, exitcode: int | None, memory: tuple[int, str] | None) -> SaigeError:
+def _died(label: str, exitcode: int | None, memory: tuple[int, Code] | None) -> SaigeError:
     """A child killed by a signal under a memory bound ran out of it (C++ allocators abort, the OOM killer kills)."""
     if memory is not None and exitcode is not None and -exitcode in OUT_OF_MEMORY:
         return _over(label, memory)

@@ -87,7 +87,7 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
     bounded = job.host or prepare.Bounded(job.config, job.interrupted, ctx.step_timeout)
     try:
         step("validate")
-        prep = bounded.validate(entry, job.work_dir, job.policy, job.config.section("limits")["max_onnx_bytes"],
+        prep = bounded.validate(entry, job.work_dir, job.policy, job.config.limits.max_onnx_bytes,
                                 lambda digest: job.on_inputs({"onnx_sha256": digest}))
         if inputs.needs_surgery(entry):
             step("surgery")

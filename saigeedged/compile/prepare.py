@@ -45,7 +45,7 @@ class Bounded:
     """Runs the three steps of one job in children with the config's memory bound and the step timeout."""
 
     def __init__(self, config: Config, interrupted: Interrupted, timeout_s: Callable[[], float]) -> None:
-        self.memory = int(config.section("limits")["child_memory_bytes"])
+        self.memory = config.limits.child_memory_bytes
         self.interrupted, self.timeout_s = interrupted, timeout_s
 
     def validate(self, entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: int | None,

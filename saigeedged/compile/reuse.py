@@ -78,8 +78,7 @@ def host_side(target: str, config: Config) -> dict[str, Any]:
     for cubie, the daemon's choice of pegasus entry point and VIV SDK folder inside the image (both in its argv)."""
     found: dict[str, Any] = {name: importlib.metadata.version(name) for name in HOST_LIBRARIES}
     if target == "cubie":
-        section = config.section("cubie")
-        found.update(pegasus=section["pegasus"], viv_sdk=section["viv_sdk"])
+        found.update(pegasus=config.cubie.pegasus, viv_sdk=config.cubie.viv_sdk)
     return found
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from saigeedged.files import write_bytes
 from saigeedged.jobs import Job
 
 RECORD = ".saigeedged-claim.json"  # hidden: the scanner never looks at it and bundles never include it
@@ -23,9 +24,7 @@ def write_record(claim_dir: Path, base: Path, files: list[Path], jobs: list[Job]
     claim_dir.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"base": str(base), "files": [str(p) for p in files],
                            "jobs": [j.to_doc() for j in jobs] if jobs is not None else None}
-    tmp = claim_dir / f"{RECORD}.tmp"
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, claim_dir / RECORD)
+    write_bytes(claim_dir / RECORD, json.dumps(doc).encode(), tmp=claim_dir / f"{RECORD}.tmp")
 
 
 def read_record(claim_dir: Path) -> dict[str, Any] | None:

@@ -16,7 +16,6 @@ from saigeedged.files import sha256_file
 from saigeedged.guards import printable
 from saigeedged.manifest import Entry
 
-OWN_DIR = ".saigeedged"
 IGNORED_SUFFIXES = (".tmp", ".part", ".partial", ".crdownload", ".swp", "~")
 MANIFEST_SUFFIXES = (".yml", ".yaml")
 MAX_DEPTH = 32  # inbox sub-folder levels scanned; deeper drops are never seen (and a deep tree costs nothing)

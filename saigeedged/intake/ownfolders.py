@@ -46,3 +46,9 @@ def ensure(folder: Path, top: Path) -> Path:
         if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o022:
             os.chmod(current, MODE)
     return folder
+
+
+def move(folder: Path, dest: Path, top: Path) -> None:
+    """Move a claimed folder to `dest` (e.g. under failed/), its parent checked by ensure first."""
+    ensure(dest.parent, top)
+    folder.rename(dest)

@@ -100,12 +100,12 @@ class Preparer(threading.Thread):
         try:
             entry = entry_from_doc(job.entry)
             policy = PathPolicy((Path(job.claim_dir), self.inbox, *self.config.allowed_roots))
-            limits = self.config.section("limits")
+            limits = self.config.limits
             prep.inputs = ahead.fingerprint([entry.onnx, entry.calib])
             shutil.rmtree(work, ignore_errors=True)
-            result = child.run(ahead.host_steps, (entry, work, policy, limits["max_onnx_bytes"]), "prepare",
-                               float(limits["step_timeout_s"]), lambda: self._interrupted(prep),
-                               (int(limits["child_memory_bytes"]), "ONNX_INVALID"))
+            result = child.run(ahead.host_steps, (entry, work, policy, limits.max_onnx_bytes), "prepare",
+                               float(limits.step_timeout_s), lambda: self._interrupted(prep),
+                               (limits.child_memory_bytes, "ONNX_INVALID"))
             images = ahead.fingerprint([s.image for s in result.chosen])
         except Exception as exc:  # any failure: the job runs the steps itself and reports what they find
             self._failed(prep, f"{type(exc).__name__}: {exc}", getattr(exc, "fields", {}).get("reason") == YIELD)

@@ -52,20 +52,14 @@ class Daemon:
         self.config, self.stop, self.clock = config, stop, clock
         self.notifier = notifier or Notifier()
         self.places = Places(config.inbox, config.state_dir)
-        for folder in (config.inbox, config.outbox, config.state_dir, self.places.claimed, self.places.failed):
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise SaigeError("PUBLISH_FAILED", f"cannot create {folder}: {exc.strerror}",
-                                 hint="check the inbox/outbox shares are mounted and writable by the service user; "
-                                 "`saigeedged check` lists them") from None
+        self.places.make(config.outbox)
         self.store = Store(config.state_dir / "saigeedged.db")
         self.jobs = Jobs(self.store, Outbox(config.outbox), self.places)
         self.recovery = Recovery(self.jobs)
-        watch = config.section("watch")
-        self.scanner = Scanner(config.inbox, watch["settle_s"], watch["orphan_timeout_s"], config.section("defaults"),
-                               max_digest_bytes=config.section("limits")["max_onnx_bytes"])
-        self.polling = use_polling(watch["mode"], config.inbox)
+        watch = config.watch
+        self.scanner = Scanner(config.inbox, watch.settle_s, watch.orphan_timeout_s, config.defaults.as_dict(),
+                               max_digest_bytes=config.limits.max_onnx_bytes)
+        self.polling = use_polling(watch.mode, config.inbox)
         self.wake = threading.Event()
         self.watcher = None if self.polling else Watcher(config.inbox, self.wake)
         self.containers = Containers(config, on_event=self._container_event,
@@ -77,7 +71,7 @@ class Daemon:
         self.worker = Worker(config, self.jobs, self.containers, self.places, on_change=self._changed)
         self.ahead = ahead.Preparer(config, self.store, config.inbox, self._compiling,
                                     lambda: ahead.hosting(self.worker.current)) \
-            if config.section("limits")["prepare_ahead"] else None
+            if config.limits.prepare_ahead else None
         self.worker.ahead = self.ahead
         self.ops = Ops(config, self.store, lambda: not self.worker.outage.active)
         self.jobs.observers.append(self.ops.observe)
@@ -100,7 +94,7 @@ class Daemon:
             except SaigeError as exc:
                 log.warning("container.reap_failed", error_code=exc.code, message=exc.message)
         for job in interrupted:
-            self.recovery.interrupted(job, int(self.config.section("limits")["max_attempts"]))
+            self.recovery.interrupted(job, self.config.limits.max_attempts)
         self.recovery.claims()
         if not self.config.keep_work:
             self.recovery.work_dirs(self.config.work_root)
@@ -225,7 +219,7 @@ class Daemon:
         if self.watcher is not None and not self.watcher.alive():
             log.warning("watch.failed", mode="poll", message="the inotify observer stopped: polling the inbox instead")
             self.watcher, self.polling = None, True
-        return float(self.config.section("watch")["poll_interval_s"]) if self.polling else period
+        return self.config.watch.poll_interval_s if self.polling else period
 
     def healthy(self) -> bool:
         return self.worker.is_alive() and (self.watcher is None or self.watcher.alive())
@@ -268,8 +262,8 @@ class Daemon:
         if self.ahead is not None:
             self.ahead.start()
         self.ops.start()
-        watch = self.config.section("watch")
-        period = watch["poll_interval_s"] if self.polling else watch["rescan_interval_s"]
+        watch = self.config.watch
+        period = watch.poll_interval_s if self.polling else watch.rescan_interval_s
         next_scan = self.clock()
         log.info("daemon.ready", inbox=str(self.config.inbox), outbox=str(self.config.outbox),
                  mode="poll" if self.polling else "events", queued=self.store.count(QUEUED))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import structlog
 
-from saigeedged import jobid
+from saigeedged import files, jobid
 from saigeedged.adapters.events import event
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
@@ -29,13 +29,23 @@ class Places:
     inbox: Path
     state_dir: Path
 
+    def make(self, outbox: Path) -> None:
+        """Create the inbox, the outbox, the state dir and the daemon's own folders, or say which cannot be made."""
+        for folder in (self.inbox, outbox, self.state_dir, self.claimed, self.failed):
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise SaigeError("PUBLISH_FAILED", f"cannot create {folder}: {exc.strerror}",
+                                 hint="check the inbox/outbox shares are mounted and writable by the service user; "
+                                 "`saigeedged check` lists them") from None
+
     @property
     def claimed(self) -> Path:
-        return self.inbox / ".saigeedged" / "claimed"
+        return self.inbox / files.OWN_DIR / "claimed"
 
     @property
     def failed(self) -> Path:
-        return self.inbox / ".saigeedged" / "failed"
+        return self.inbox / files.OWN_DIR / "failed"
 
     @property
     def logs(self) -> Path:
@@ -148,8 +158,7 @@ class Jobs:
         """Move the jobs' claimed folder (they share one) to `dest` and point their rows at it."""
         claim = Path(jobs[0].claim_dir)
         if claim.exists() and claim != dest:
-            ownfolders.ensure(dest.parent, self.places.inbox)
-            claim.rename(dest)
+            ownfolders.move(claim, dest, self.places.inbox)
         for job in jobs:
             job.entry["onnx"] = job.entry["onnx"].replace(str(claim), str(dest), 1)
             job.claim_dir = str(dest)

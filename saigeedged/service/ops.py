@@ -23,6 +23,7 @@ from saigeedged.adapters.webhooks import Sender, channels
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job
+from saigeedged.service.lifecycle import Places
 
 log = structlog.get_logger()
 PAGE_MIN_S = 1.0  # the dashboard is rewritten at most this often
@@ -40,20 +41,19 @@ class Ops(threading.Thread):
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(name="saigeedged-ops", daemon=True)
         self.config, self.store, self.engine_up, self.clock = config, store, engine_up, clock
-        section = config.section("metrics")
-        self.listen, self.textfile = section["listen"], section["textfile"]
+        self.listen, self.textfile = config.metrics.listen, config.metrics.textfile
         if self.listen:
             parse_listen(self.listen)  # a bad address stops the start-up, as any bad key does
         wanted = bool(self.listen or self.textfile)
         self.metrics = Metrics(store, lambda: {"local": self.engine_up()}, clock) if wanted else None
-        chans = channels(config.raw["notify"])
+        chans = channels(list(config.notify))
         self.sender = Sender(chans) if chans else None
         self.ends = Ends(store)
         if self.sender is not None:
             self.ends.fresh()  # what ended before this start was notified then, or never will be
-        self.policy = retention.Policy.from_section(config.section("retention"))
-        self.outputs = retention.Outputs(config.outbox, config.inbox / ".saigeedged" / "failed")
-        self.dashboard = bool(config.raw["dashboard"])
+        self.policy = retention.Policy.from_config(config.retention)
+        self.outputs = retention.Outputs(config.outbox, Places(config.inbox, config.state_dir).failed)
+        self.dashboard = config.dashboard
         self.stop_event, self.changed = threading.Event(), threading.Event()
         self._page_stale = False
         self._last = dict.fromkeys(("page", "textfile", "retention"), float("-inf"))

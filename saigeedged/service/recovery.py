@@ -4,23 +4,21 @@ left behind, and jobs the daemon died under (bounded by limits.max_attempts)."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sqlite3
 from pathlib import Path
 
 import structlog
 
-from saigeedged import jobid
+from saigeedged import files, jobid
 from saigeedged.adapters.events import event
 from saigeedged.errors import SaigeError
-from saigeedged.intake import claims
+from saigeedged.intake import claims, ownfolders
 from saigeedged.intake.claims import Orphan
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job
 from saigeedged.service.lifecycle import Jobs
 
 log = structlog.get_logger()
-TEMP_NAME = re.compile(r"^\..+\.\d+\.tmp$")  # publish._place's temp names: .<name>.<pid>.tmp
 
 
 class Recovery:
@@ -87,8 +85,7 @@ class Recovery:
     def _fail(self, orphan: Orphan, reason: str) -> None:
         """A claimed folder that cannot become jobs: its files under failed/, a failed job with a status file."""
         dest = self.places.failed / orphan.folder.name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        orphan.folder.rename(dest)
+        ownfolders.move(orphan.folder, dest, self.places.inbox)
         error = SaigeError("INTERNAL", f"{orphan.folder.name}: found under claimed/ without a job: {reason}",
                            hint=f"its files are in {dest}: drop them again (fix the manifest if it names the cause)")
         now = jobid.iso(jobid.utc_now())
@@ -121,7 +118,7 @@ class Recovery:
         daemon is the outbox's only writer, SPEC §11)."""
         for folder, _, names in os.walk(self.outbox.root):
             for name in names:
-                if TEMP_NAME.match(name):
+                if files.TEMP_NAME.match(name):
                     (Path(folder) / name).unlink(missing_ok=True)
                     log.info("outbox.temp_removed", path=str(Path(folder) / name))
 

@@ -144,14 +144,14 @@ class Worker(threading.Thread):
         def refused(exc: SaigeError, wait_s: float) -> None:
             event("publish.retrying", job, "warning", error_code=exc.code, message=exc.message, retry_in_s=wait_s)
 
-        limits = self.config.section("limits")
+        limits = self.config.limits
 
         def publish(bundle: Path) -> None:
             job.bundle = publish_patiently(lambda: self.jobs.outbox.publish_bundle(bundle, rel, job.job_id),
-                                           limits["publish_patience_s"], lambda: self._reason, refused)
+                                           limits.publish_patience_s, lambda: self._reason, refused)
 
         run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, on_step, on_progress, on_inputs,
-                           container=self.containers.get, deadline=time.monotonic() + limits["job_timeout_s"],
+                           container=self.containers.get, deadline=time.monotonic() + limits.job_timeout_s,
                            interrupted=lambda: self._reason, host=host)
         result = pipeline.run(run, publish, job.created_at)
         job.onnx_sha256, job.calib_samples, job.report = result.onnx_sha256, result.calib_samples, result.report
@@ -160,7 +160,7 @@ class Worker(threading.Thread):
 
     def _settle(self, job: Job, exc: SaigeError) -> None:
         """Requeue an interrupted or retryable job, else end it failed or cancelled."""
-        max_attempts = int(self.config.section("limits")["max_attempts"])
+        max_attempts = self.config.limits.max_attempts
         if exc.code == "CANCELLED" and exc.fields.get("reason") == "stop":  # the operator's, not the job's fault:
             self.jobs.requeue(job, "stop", spend_attempt=job.attempt < max_attempts)  # never past max_attempts
         elif exc.code == "CANCELLED":

@@ -45,7 +45,7 @@ class Context:
 
     def step_timeout(self) -> int:
         """Seconds one step may take: limits.step_timeout_s, or less when the job's deadline is nearer."""
-        limit = int(self.config.section("limits")["step_timeout_s"])
+        limit = self.config.limits.step_timeout_s
         if self.deadline is None:
             return limit
         remaining = int(self.deadline - time.monotonic())

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from saigeedged.compile import child, images
 from saigeedged.compile.backends import Artifact, Context
+from saigeedged.errors import Code
 from saigeedged.profiles import mean_scale
 
 if TYPE_CHECKING:
@@ -165,7 +166,8 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     mean, scale = mean_scale(entry.profile)
     ctx.step("wrap")
     wrapped = prep.work_dir / f"{prep.name}.uint8.onnx"
-    memory = (int(ctx.config.section("limits")["child_memory_bytes"]), "ONNX_INVALID")  # a model too big for this host
+    # a model too big for this host
+    memory: tuple[int, Code] = (ctx.config.limits.child_memory_bytes, "ONNX_INVALID")
     child.run(wrap_job, (prep.model, wrapped, prep.info.input_name, prep.input_size, mean, scale, entry.channels == "bgr"),
               "wrap", ctx.step_timeout(), ctx.interrupted, memory)
     ctx.log.line(f"wrapped {prep.model.name}: input {prep.info.input_name} uint8 [1, {prep.input_size[0]}, "

@@ -1,0 +1,50 @@
+"""The error codes are one typed set: SPEC's list, each with a hint, and mypy rejects any other spelling."""
+
+from __future__ import annotations
+
+from mypy import api
+
+from saigeedged.errors import CODES, ENVIRONMENT_CODES, HINTS, INPUT_CODES, RETRYABLE, SaigeError
+
+# SPEC §10's list, plus ENGINE_LOST of §11 (SPEC lives outside the repository, so CI cannot read it).
+SPEC_CODES = {
+    "MANIFEST_INVALID", "PATH_NOT_ALLOWED", "INPUT_NOT_FOUND", "INPUT_INCOMPLETE", "ONNX_INVALID", "SYMBOLIC_DIM",
+    "INPUT_SIZE_MISMATCH", "SURGERY_OUTPUTS_NOT_FOUND", "CALIB_INVALID", "DOCKER_UNAVAILABLE", "IMAGE_NOT_FOUND",
+    "CONTAINER_FAILED", "CONTAINER_LOST", "STEP_FAILED", "QUANTIZE_NO_OUTPUT", "EXPORT_FAILED", "NBG_INVALID",
+    "TIMEOUT", "PUBLISH_FAILED", "CANCELLED", "INTERNAL",
+    "ENGINE_LOST",  # §11
+}
+MYPY = ["--config-file", "", "--strict", "--no-incremental"]  # not pyproject's: it names the package to check
+
+
+def test_codes_are_specs_list_each_with_a_hint() -> None:
+    """The typed set is SPEC's list, once each; every code has a hint and every hint a code."""
+    assert len(CODES) == len(set(CODES))
+    assert set(CODES) == SPEC_CODES
+    assert set(HINTS) == SPEC_CODES
+    assert all(HINTS[code].strip() for code in CODES)
+    assert RETRYABLE == {"CONTAINER_LOST", "ENGINE_LOST", "PUBLISH_FAILED"}
+    assert INPUT_CODES | ENVIRONMENT_CODES < SPEC_CODES
+
+
+def test_unknown_code_read_back_is_refused() -> None:
+    """A code that only arrives at run time (a child's pickle, a file) is checked against the set too."""
+    try:
+        SaigeError("NOPE", "x")  # type: ignore[arg-type]
+    except ValueError as exc:
+        assert "NOPE" in str(exc)
+    else:
+        raise AssertionError("SaigeError took an unknown code")
+
+
+def test_mypy_rejects_a_misspelt_code() -> None:
+    """mypy --strict fails on a code outside the set, in SaigeError and in a comparison with .code."""
+    good = "from saigeedged.errors import SaigeError\nSaigeError('CANCELLED', 'x')\n"
+    out, _, status = api.run([*MYPY, "-c", good])
+    assert status == 0, out
+    bad = ("from saigeedged.errors import SaigeError\nSaigeError('CANCELED', 'x')\n"
+           "def f(e: SaigeError) -> bool:\n    return e.code == 'CANCELED'\n")
+    out, _, status = api.run([*MYPY, "-c", bad])
+    assert status == 1
+    assert 'Argument 1 to "SaigeError" has incompatible type' in out, out
+    assert "Non-overlapping equality check" in out, out
