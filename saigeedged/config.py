@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from saigeedged.engines import EngineSpec
+from saigeedged.engines import parse as parse_engines
 from saigeedged.errors import SaigeError
 
 DEFAULT_PATH = Path("/etc/saigeedged/saigeedged.yml")
@@ -65,9 +67,10 @@ DEFAULTS: dict[str, Any] = {
     "log": {"format": "auto", "level": "info"},
     # ops surfaces (SPEC §13): each is off by default
     "metrics": {"listen": "", "textfile": ""},
-    "notify": [],  # a list key, like the engine pool's `engines:` (SPEC §11) will be
+    "notify": [],  # a list key, like the engine pool's `engines:` (SPEC §11)
     "retention": {"max_age_days": 0.0, "keep_last_per_name": 0},
     "dashboard": False,
+    "engines": [],  # Docker engines (SPEC §11); empty: the one local engine (saigeedged/engines.py validates items)
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -177,6 +180,7 @@ class Config:
     retention: Retention
     dashboard: bool
     keep_work: bool
+    engines: tuple[EngineSpec, ...]  # at least one: without `engines:` the local engine (SPEC §11)
     raw: dict[str, Any] = field(repr=False)
     source: Path | None = None
     named_dirs: bool = False
@@ -244,6 +248,7 @@ def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> C
         log=_typed(Log, raw["log"]), metrics=_typed(Metrics, raw["metrics"]), notify=tuple(raw["notify"]),
         retention=_typed(Retention, raw["retention"]), dashboard=raw["dashboard"],
         keep_work=raw["keep_work"] or os.environ.get(f"{ENV_PREFIX}KEEP_WORK") == "1",
+        engines=tuple(parse_engines(raw["engines"], base)),  # a bad engine fails at load, like every other key
         raw=raw,
         source=source,
         named_dirs="inbox" in user and "outbox" in user,

@@ -60,6 +60,8 @@ class Job:
     report: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None
     cache: dict[str, Any] | None = None  # {hit, key, source_job_id} once the compile key is known (SPEC §12)
+    engine: str | None = None  # the engine of the current/last attempt (SPEC §11); None for host jobs
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # {engine, started_at, finished_at, error}
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_doc(self) -> dict[str, Any]:
@@ -90,6 +92,25 @@ def entry_from_doc(doc: dict[str, Any]) -> Entry:
         if values.get(key) is not None:
             values[key] = tuple(values[key])
     return Entry(**values)
+
+
+HOST_ENGINE = "host"  # host jobs' attempts are recorded on this engine name; their `engine` stays None
+
+
+def begin_attempt(job: Job, engine: str, now_iso: str) -> None:
+    """A slot of `engine` starts running `job`: a new open attempt, and `job.engine` names it (None on the host).
+
+    An attempt still open is one the daemon died under (nothing ended it): it is closed now, as INTERNAL.
+    """
+    end_attempt(job, now_iso, "INTERNAL")
+    job.engine = None if engine == HOST_ENGINE else engine
+    job.attempts.append({"engine": engine, "started_at": now_iso, "finished_at": None, "error": None})
+
+
+def end_attempt(job: Job, now_iso: str, code: str | None) -> None:
+    """The open attempt ends (any way: success None, else the error code); no open attempt: nothing to close."""
+    if job.attempts and job.attempts[-1]["finished_at"] is None:
+        job.attempts[-1].update(finished_at=now_iso, error=code)
 
 
 def status_text(running: Job | None, queued: int, engine_down: bool = False) -> str:

@@ -12,9 +12,6 @@ import saigeedged
 from saigeedged import config as configmod
 from saigeedged.compile.reuse import host_side
 
-# These three still read `section(...)`: the engine-pool work converts them (then this list goes).
-NOT_YET = {"adapters/container.py", "compile/backends/cubie.py", "cli/readiness.py"}
-
 
 def test_sections_are_typed_and_frozen(tmp_path: Path) -> None:
     """Each section is a frozen dataclass of the loaded values; a float key written as an int is a float."""
@@ -42,8 +39,8 @@ def test_cubie_overrides_apply_at_load_everywhere(tmp_path: Path, monkeypatch: p
 
 
 def test_no_section_lookups_outside_config() -> None:
-    """Only config.py reads the untyped sections (`section(...)`, `.raw[...]`), besides the files in NOT_YET."""
+    """Only config.py reads the untyped sections (`section(...)`, `.raw[...]`): every other module uses the typed fields."""
     root = Path(saigeedged.__file__).parent
     found = [str(p.relative_to(root)) for p in root.rglob("*.py")
              if re.search(r"\.section\(|\.raw\[", p.read_text()) and p.name != "config.py"]
-    assert set(found) <= NOT_YET, found
+    assert found == [], found

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from saigeedged import config as configmod
-from saigeedged.adapters.container import Containers
+from saigeedged.adapters.docker import Containers
 
 pytestmark = pytest.mark.docker
 

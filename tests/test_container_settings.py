@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from saigeedged import config as configmod
-from saigeedged.adapters.container import Spec, exec_user, pick_runtime
+from saigeedged.adapters.docker import Spec, exec_user, pick_runtime
 from saigeedged.compile.backends.cubie import pegasus_prefix
 
 

@@ -195,7 +195,7 @@ def test_compile_waits_for_the_container_lock(tmp_path: Path, docker_config: Pat
     import subprocess
     import sys
 
-    from saigeedged.adapters.container import HostLock
+    from saigeedged.adapters.hostlock import HostLock
 
     lock = HostLock(tmp_path / "state")
     lock.acquire()

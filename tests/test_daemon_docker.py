@@ -174,7 +174,7 @@ def test_mobilint_and_cubie_share_the_queue(cubie_daemon: Any, tmp_path: Path, d
 
 def test_waiting_for_the_container_lock_ends_on_sigterm(cubie_daemon: Any, det_inputs: dict[str, Any]) -> None:
     """While a one-shot compile holds the container lock the job waits; SIGTERM still stops the daemon and requeues it."""
-    from saigeedged.adapters.container import HostLock
+    from saigeedged.adapters.hostlock import HostLock
 
     d = cubie_daemon()
     lock = HostLock(d.state_dir)

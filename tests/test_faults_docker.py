@@ -14,7 +14,7 @@ from harness import drop, wait_for
 from test_daemon_docker import cubie_daemon, in_quantize, procs  # noqa: F401 (cubie_daemon is a fixture)
 
 from saigeedged import config as configmod
-from saigeedged.adapters.container import Containers
+from saigeedged.adapters.docker import Containers
 from saigeedged.cli import main as cli
 from saigeedged.errors import SaigeError
 

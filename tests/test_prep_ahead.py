@@ -138,6 +138,28 @@ def test_next_job_is_prepared_while_one_compiles(cubie_daemon: Any, tmp_path: Pa
 
 
 @docker
+def test_pool_slot_gets_the_prep_in_its_attempt_folder(cubie_daemon: Any, tmp_path: Path,
+                                                       det_inputs: dict[str, Any]) -> None:
+    """With engines: (a pool, one engine down), the queued job is prepared in work/<job>/attempt<N>, the folder its
+    slot's worker uses for that attempt, and the slot then compiles it with the prepared inputs."""
+    local = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    d = cubie_daemon(engines=[{"name": "local", "url": local, "targets": ["cubie"]},
+                              {"name": "gone", "url": f"unix://{tmp_path / 'none.sock'}", "targets": ["cubie"]}])
+    first = compiling(d, tmp_path, det_inputs["manifest"])
+    drop(d.inbox, "second", det_inputs["onnx"], det_inputs["manifest"])
+    second = d.wait_job("second", ("queued",))
+    note = prepared(d, second["job_id"])
+    assert note["beside"] == first["job_id"]
+    work = d.state_dir / "work" / second["job_id"]
+    assert (work / "attempt1" / "dataset.txt").is_file() and not (work / "dataset.txt").exists()
+    cancel(d, first["job_id"])
+    done = d.wait_job("second")
+    assert done["state"] == "succeeded" and done["engine"] == "local"
+    log = (d.outbox / done["log"]).read_text()
+    assert log.count(f"prepared ahead while {first['job_id']} compiled") == 3
+
+
+@docker
 def test_cancelled_prepared_job_loses_its_prep(cubie_daemon: Any, tmp_path: Path, det_inputs: dict[str, Any]) -> None:
     """A prepared job cancelled while queued ends cancelled without starting; its prepared work folder goes, and the
     preparer moves on to the next queued job."""

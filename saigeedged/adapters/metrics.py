@@ -72,6 +72,8 @@ class Metrics:
                                        ["target", "step"], buckets=STEP_BUCKETS, registry=r)
         self.engine_up = Gauge("saigeedged_engine_up", "1 when the Docker engine answered when last used", ["engine"],
                                registry=r)
+        self.engine_attempts = Counter("saigeedged_engine_attempts", "Attempts of ended jobs, by engine and how they ended",
+                                       ["engine", "error_code"], registry=r)
         self.cache_hits = Counter("saigeedged_cache_hits", "Jobs whose compile came from the cache", registry=r)
         self.last_success = Gauge("saigeedged_last_success_timestamp_seconds", "When a job of the target last succeeded",
                                   ["target"], registry=r)
@@ -104,6 +106,8 @@ class Metrics:
             self.last_success.labels(target).set(self._last[target])
         if (job.cache or {}).get("hit"):
             self.cache_hits.inc()
+        for attempt in job.attempts:  # engine names come from the config (or "host"): a bounded label set
+            self.engine_attempts.labels(attempt["engine"], attempt.get("error") or "").inc()
 
     def observe(self, job: Job) -> None:
         """Every saved job change: times the steps of the running job."""

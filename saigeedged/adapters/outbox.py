@@ -52,6 +52,7 @@ def status_doc(job: Job) -> dict[str, Any]:
         "quantization_report": job.report, "cache": job.cache,
         "created_at": job.created_at, "started_at": job.started_at, "finished_at": job.finished_at,
         "updated_at": job.updated_at, "error": job.error, "host": socket.gethostname(), "version": __version__,
+        "engine": job.engine, "attempts": job.attempts,
     }
 
 

@@ -8,9 +8,11 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from saigeedged.jobs import QUEUED, TERMINAL, Job, TransitionError, check_transition
+from saigeedged.jobid import iso, utc_now
+from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job, TransitionError, check_transition
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -27,7 +29,27 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_queue ON jobs (state, priority DESC, seq);
 CREATE INDEX IF NOT EXISTS jobs_claim ON jobs (claim_dir);
 CREATE TABLE IF NOT EXISTS behind (job_id TEXT NOT NULL, kind TEXT NOT NULL, PRIMARY KEY (job_id, kind));
+CREATE TABLE IF NOT EXISTS engines (
+    name TEXT PRIMARY KEY,
+    up INTEGER NOT NULL,
+    reason TEXT,
+    since TEXT NOT NULL,
+    slots TEXT NOT NULL
+);
 """
+# columns added after the first release: (table, column, declaration, backfill from the row's doc or None)
+MIGRATIONS = (("jobs", "engine", "TEXT", "json_extract(doc, '$.engine')"),)
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """An engine as the daemon last saw it: up or down (and why), since when, the targets of its slots."""
+
+    name: str
+    up: bool
+    reason: str | None
+    since: str
+    slots: tuple[str, ...]
 
 
 class CorruptDatabase(Exception):
@@ -40,6 +62,7 @@ def _connect(path: Path) -> sqlite3.Connection:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(SCHEMA)
+        _migrate(db)
         check = db.execute("PRAGMA quick_check").fetchone()
         if check is None or check[0] != "ok":
             raise sqlite3.DatabaseError(str(check[0] if check else "no answer to quick_check"))
@@ -48,6 +71,15 @@ def _connect(path: Path) -> sqlite3.Connection:
         raise CorruptDatabase(f"job database {path} is corrupt ({exc}); move it aside (mv {path} {path}.corrupt) "
                               "and start again: the queue is rebuilt from claimed/ and the status files") from None
     return db
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Add the columns an older database lacks, filled from each row's doc (idempotent)."""
+    for table, column, declaration, backfill in MIGRATIONS:
+        if column not in {str(row[1]) for row in db.execute(f"PRAGMA table_info({table})")}:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+            if backfill:
+                db.execute(f"UPDATE {table} SET {column} = {backfill}")
 
 
 def _private(path: Path) -> None:
@@ -115,9 +147,9 @@ class Store:
 
     def add(self, job: Job) -> None:
         with self._tx() as db:
-            db.execute("INSERT INTO jobs (job_id, name, state, priority, created_at, claim_dir, doc) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?)", (job.job_id, job.name, job.state, job.priority, job.created_at,
-                                                        job.claim_dir, json.dumps(job.to_doc())))
+            db.execute("INSERT INTO jobs (job_id, name, state, priority, created_at, claim_dir, doc, engine) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (job.job_id, job.name, job.state, job.priority, job.created_at,
+                                                           job.claim_dir, json.dumps(job.to_doc()), job.engine))
 
     def get(self, job_id: str) -> Job | None:
         jobs = self._jobs("SELECT doc FROM jobs WHERE job_id = ?", (job_id,))
@@ -135,9 +167,9 @@ class Store:
             if stored != job.state:
                 check_transition(stored, job.state)
             cancel = 0 if job.state != stored else None  # a new state clears a pending cancel request
-            db.execute("UPDATE jobs SET state = ?, priority = ?, claim_dir = ?, doc = ?, cancel = COALESCE(?, cancel) "
-                       "WHERE job_id = ?", (job.state, job.priority, job.claim_dir, json.dumps(job.to_doc()), cancel,
-                                            job.job_id))
+            db.execute("UPDATE jobs SET state = ?, priority = ?, claim_dir = ?, doc = ?, cancel = COALESCE(?, cancel), "
+                       "engine = ? WHERE job_id = ?", (job.state, job.priority, job.claim_dir, json.dumps(job.to_doc()),
+                                                       cancel, job.engine, job.job_id))
 
     def next_queued(self, skip_targets: tuple[str, ...] = ()) -> Job | None:
         """The job to run next: highest priority, then first in (jobs for `skip_targets` wait)."""
@@ -201,3 +233,22 @@ class Store:
         """Final jobs whose `finished_at` is `stamp` or later (UTC ISO strings sort by time; "" = every final job)."""
         return self._jobs("SELECT doc FROM jobs WHERE state IN (?, ?, ?) AND "
                           "COALESCE(json_extract(doc, '$.finished_at'), '') >= ? ORDER BY seq", (*sorted(TERMINAL), stamp))
+
+    def running_on(self, engine: str) -> list[Job]:
+        """The running jobs whose current attempt is on `engine`."""
+        return self._jobs("SELECT doc FROM jobs WHERE state = ? AND engine = ? ORDER BY seq", (RUNNING, engine))
+
+    def set_engine(self, name: str, up: bool, reason: str | None, slots: list[str], now_iso: str | None = None) -> None:
+        """Record an engine's state; `since` moves only when it goes up or down (or is first seen)."""
+        now = now_iso or iso(utc_now())
+        with self._tx() as db:
+            db.execute("INSERT INTO engines (name, up, reason, since, slots) VALUES (?, ?, ?, ?, ?) "
+                       "ON CONFLICT (name) DO UPDATE SET since = CASE WHEN up = excluded.up THEN since ELSE excluded.since END, "
+                       "up = excluded.up, reason = excluded.reason, slots = excluded.slots",
+                       (name, int(up), None if up else reason, now, json.dumps(list(slots))))
+
+    def engines(self) -> list[EngineState]:
+        """Every engine recorded, in the order they were first recorded (the config's, at the daemon's first start)."""
+        rows = self._rows("SELECT name, up, reason, since, slots FROM engines ORDER BY rowid")
+        return [EngineState(str(name), bool(up), None if reason is None else str(reason), str(since),
+                            tuple(json.loads(str(slots)))) for name, up, reason, since, slots in rows]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from saigeedged import jobid, manifest
-from saigeedged.adapters.container import Containers
+from saigeedged.adapters.docker import Containers
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.adapters.outbox import place_file
 from saigeedged.compile import calibration, inputs, pipeline

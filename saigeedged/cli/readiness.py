@@ -5,17 +5,20 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from saigeedged.adapters import journal
-from saigeedged.adapters.container import MANAGED_LABEL, Spec, client, cubie_section
+from saigeedged.adapters.docker import MANAGED_LABEL, DockerAPI, Spec, connect
+from saigeedged.adapters.docker.api import ImageNotFound, NotFound
+from saigeedged.cli.engineprobe import MOBILINT_PROBE, probe_all, run_probe
+from saigeedged.cli.enginestatus import pool_configured
 from saigeedged.compile import vivsdk
 from saigeedged.compile.backends import cubie
 from saigeedged.config import Config
+from saigeedged.engines import DEFAULT
 from saigeedged.errors import SaigeError
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
-MOBILINT_PROBE = "command -v qbcompiler || { python3 -m qbcompiler --help >/dev/null 2>&1 && echo 'python3 -m qbcompiler'; }"
 
 
 class Report:
@@ -30,15 +33,7 @@ class Report:
         print(f"{level:<5} {what:<12} {text}", file=self.out)
 
 
-def _probe_image(api: Any, image: str, script: str) -> str:
-    """Run a fixed snippet in a throwaway container of `image` (never the long-lived one)."""
-    out = api.containers.run(image, ["sh", "-c", script], remove=True, stdout=True, stderr=True)
-    return bytes(out).decode(errors="replace").strip()
-
-
-def _container(report: Report, api: Any, spec: Spec) -> None:
-    from docker.errors import NotFound
-
+def _container(report: Report, api: DockerAPI, spec: Spec) -> None:
     try:
         ctr = api.containers.get(spec.name)
     except NotFound:
@@ -51,10 +46,8 @@ def _container(report: Report, api: Any, spec: Spec) -> None:
            f"{'managed by saigeedged' if managed else 'not created by saigeedged'}")
 
 
-def _image(report: Report, api: Any, spec: Spec, target: str, missing: tuple[str, str]) -> bool:
+def _image(report: Report, api: DockerAPI, spec: Spec, target: str, missing: tuple[str, str]) -> bool:
     """Report the target's image and, when it is loaded, its container; False when the image is missing."""
-    from docker.errors import ImageNotFound
-
     try:
         api.images.get(spec.image)
     except ImageNotFound:
@@ -66,37 +59,41 @@ def _image(report: Report, api: Any, spec: Spec, target: str, missing: tuple[str
     return True
 
 
-def _cubie(report: Report, api: Any, config: Config) -> None:
-    section = cubie_section(config)
+def _cubie(report: Report, api: DockerAPI, config: Config) -> None:
+    section = config.cubie
     spec = Spec.for_target(config, "cubie")
     if not _image(report, api, spec, "cubie", (FAIL, "docker load -i ubuntu-npu_v2.0.10.1.tar, then check the tag")):
         return
-    entry = section["pegasus"] if section["pegasus"] != "auto" else _probe_image(api, spec.image, cubie.PROBE)
+    entry = section.pegasus if section.pegasus != "auto" else run_probe(api, spec.image, cubie.PROBE)
     report(OK if entry else FAIL, "pegasus", entry.splitlines()[0] if entry else "no pegasus on PATH nor pegasus.py in the image")
-    configs = vivsdk.targets(_probe_image(api, spec.image, vivsdk.list_script(section["viv_sdk"])))
-    report(OK if configs else FAIL, "viv_sdk", f"{section['viv_sdk']}: --optimize targets "
-           f"{', '.join(configs) or 'none (no target .config files)'}")
+    _viv_sdk(report, config, vivsdk.targets(run_probe(api, spec.image, vivsdk.list_script(section.viv_sdk))))
+
+
+def _viv_sdk(report: Report, config: Config, configs: list[str], where: str = "") -> None:
+    """The --optimize targets the image's VIV SDK has, and the platforms or queued overrides it lacks."""
+    report(OK if configs else FAIL, "viv_sdk", f"{config.cubie.viv_sdk}: --optimize targets "
+           f"{', '.join(configs) or 'none (no target .config files)'}{where}")
     for warning in vivsdk.missing(configs, vivsdk.overrides_in_use(config.state_dir)) if configs else []:
         report(WARN, "optimize", warning)
 
 
-def _mobilint(report: Report, api: Any, config: Config) -> None:
+def _mobilint(report: Report, api: DockerAPI, config: Config) -> None:
     spec = Spec.for_target(config, "mobilint")
     if not _image(report, api, spec, "mobilint", (WARN, "only needed for target mobilint")):
         return
-    entry = _probe_image(api, spec.image, MOBILINT_PROBE)
+    entry = run_probe(api, spec.image, MOBILINT_PROBE)
     report(OK if entry else FAIL, "qbcompiler", entry.splitlines()[-1] if entry else "no qbcompiler in the image")
 
 
 def _docker(report: Report, config: Config) -> None:
     try:
-        api = client()
+        api = connect(DEFAULT)
     except SaigeError as exc:
         report(FAIL, "docker", f"{exc.message} ({exc.hint})")
         return
     info = api.info()
     default = info.get("DefaultRuntime", "?")
-    runtime = cubie_section(config)["runtime"]
+    runtime = config.cubie.runtime
     level = WARN if default == "nvidia" and runtime == "auto" else OK
     report(OK, "docker", f"reachable, server {info.get('ServerVersion', '?')}")
     report(level, "runtime", f"default {default}, available {', '.join(info.get('Runtimes', {}))}"
@@ -119,8 +116,24 @@ def _host(report: Report, config: Config) -> None:
     report(OK, "inotify", f"max_user_watches {watches.read_text().strip()}" if watches.exists() else "unavailable: poll mode")
 
 
+def _engines(report: Report, config: Config) -> None:
+    """An engine pool: one line per engine, what it answered and what it lacks (SPEC §11)."""
+    probes = probe_all(config)
+    for probe in probes:
+        report(FAIL if probe.fatal else WARN if probe.lacks else OK, "engine", probe.line())
+    sdks: dict[tuple[str, ...], list[str]] = {}  # one viv_sdk line per distinct SDK, naming the engines that have it
+    for probe in probes:
+        if probe.viv is not None:
+            sdks.setdefault(probe.viv, []).append(probe.name)
+    for configs, names in sdks.items():
+        _viv_sdk(report, config, list(configs), f" (engine {', '.join(names)})")
+
+
 def main(config: Config, out: TextIO | None = None) -> int:
     report = Report(out or sys.stdout)
-    _docker(report, config)
+    if pool_configured(config):
+        _engines(report, config)
+    else:
+        _docker(report, config)
     _host(report, config)
     return 3 if report.failed else 0

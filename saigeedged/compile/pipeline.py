@@ -16,7 +16,7 @@ from saigeedged.errors import SaigeError
 from saigeedged.manifest import Entry
 
 if TYPE_CHECKING:
-    from saigeedged.adapters.container import Container
+    from saigeedged.adapters.docker import Container
     from saigeedged.compile.ahead import HostSteps
     from saigeedged.config import Config
 

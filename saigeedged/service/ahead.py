@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -24,8 +25,11 @@ from saigeedged.compile import ahead, child
 from saigeedged.compile.ahead import Prep
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
-from saigeedged.jobs import QUEUED, RUNNING, Job, entry_from_doc
+from saigeedged.jobs import HOST_ENGINE, QUEUED, RUNNING, Job, entry_from_doc
 from saigeedged.service.outage import DOCKER_TARGETS
+
+if TYPE_CHECKING:
+    from saigeedged.service.pool import Pool
 
 log = structlog.get_logger()
 IDLE_S = 1.0  # a look at the queue this often when nothing wakes the preparer
@@ -45,14 +49,35 @@ def hosting(job: Job | None) -> bool:
     return job is not None and job.step is not None and not compiling(job) and job.step not in ("bundle", "publish")
 
 
+def attach(config: Config, store: Store, pool: Pool) -> Preparer | None:
+    """The preparer of a pool's workers, each given it (None when limits.prepare_ahead is off): it prepares while
+    any container slot compiles, yields while any worker runs its own host steps, and keeps one prep per slot."""
+    if not config.limits.prepare_ahead:
+        return None
+    workers = pool.workers
+
+    def busy() -> tuple[int, str]:
+        jobs = [job for job in (w.current for w in workers) if job is not None and compiling(job)]
+        return len(jobs), jobs[0].job_id if jobs else ""
+
+    slots = [w for w in workers if w.slot.engine != HOST_ENGINE]
+    preparer = Preparer(config, store, config.inbox, busy, lambda: any(hosting(w.current) for w in workers),
+                        len(slots), lambda job: workers[0].slot.work_dir(config.work_root, job))
+    for worker in workers:
+        worker.ahead = preparer
+    return preparer
+
+
 class Preparer(threading.Thread):
     """Prepares the first queued jobs, at most `busy()` at a time (busy container slots) and keeps the preps of the
     first `slots` queued jobs; the worker takes a job's prep with take()."""
 
     def __init__(self, config: Config, store: Store, inbox: Path, busy: Callable[[], tuple[int, str]],
-                 contended: Callable[[], bool] = lambda: False, slots: int = 1) -> None:
+                 contended: Callable[[], bool] = lambda: False, slots: int = 1,
+                 work_dir: Callable[[Job], Path] | None = None) -> None:
         super().__init__(name="saigeedged-ahead", daemon=True)
         self.config, self.store, self.inbox, self.busy, self.slots = config, store, inbox, busy, slots
+        self.work_dir = work_dir or (lambda job: config.work_root / job.job_id)  # the one its worker will use
         self.contended = contended  # a worker runs its own host steps in a child: a prep not taken yields
         self.wake = threading.Event()
         self.stop_event = threading.Event()
@@ -92,7 +117,7 @@ class Preparer(threading.Thread):
 
     # -- preparing -----------------------------------------------------------------------------
     def _prepare(self, job: Job) -> None:
-        work = self.config.work_root / job.job_id
+        work = self.work_dir(job)
         prep = Prep(job.job_id, job.attempt, ahead.doc_digest(job.entry), work, beside=self.busy()[1])
         with self._cond:
             self._preps[job.job_id] = prep

@@ -11,7 +11,6 @@ from pathlib import Path
 import structlog
 
 from saigeedged import guards, jobid
-from saigeedged.adapters.container import Containers
 from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.adapters.notify import Notifier
@@ -29,8 +28,8 @@ from saigeedged.service import ahead
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.ops import Ops
 from saigeedged.service.outage import DOCKER_TARGETS
+from saigeedged.service.pool import Pool
 from saigeedged.service.recovery import Recovery
-from saigeedged.service.worker import Worker
 
 log = structlog.get_logger()
 CANCEL_POLL_S = 1.0  # how often the loop looks for `saigeedged cancel` requests when nothing else wakes it
@@ -62,17 +61,13 @@ class Daemon:
         self.polling = use_polling(watch.mode, config.inbox)
         self.wake = threading.Event()
         self.watcher = None if self.polling else Watcher(config.inbox, self.wake)
-        self.containers = Containers(config, on_event=self._container_event,
-                                     on_wait=lambda: log.info("container.lock_wait", state_dir=str(config.state_dir)))
         self._status_lock = threading.Lock()
         self._blind_until = 0.0  # see BLIND_WINDOW_S
         self._next_catch_up = 0.0
         self._hung_up = False  # set by the SIGHUP handler: a plain flag, no lock in signal context
-        self.worker = Worker(config, self.jobs, self.containers, self.places, on_change=self._changed)
-        self.ahead = ahead.Preparer(config, self.store, config.inbox, self._compiling,
-                                    lambda: ahead.hosting(self.worker.current)) \
-            if config.limits.prepare_ahead else None
-        self.worker.ahead = self.ahead
+        self.worker = Pool(config, self.jobs, self.places, self._container_event,
+                           lambda: log.info("container.lock_wait", state_dir=str(config.state_dir)), self._changed, clock)
+        self.ahead = ahead.attach(config, self.store, self.worker)
         self.ops = Ops(config, self.store, lambda: not self.worker.outage.active)
         self.jobs.observers.append(self.ops.observe)
 
@@ -88,9 +83,12 @@ class Daemon:
         self.recovery.temp_files()
         interrupted = self.store.in_state(RUNNING)
         docker_targets = {j.target for j in interrupted if j.target in DOCKER_TARGETS}
+        if self.worker.watch is not None:  # a pool: each engine's leftover steps are killed when it is first seen up
+            self.worker.watch.reap_first({j.engine for j in interrupted if j.target in DOCKER_TARGETS})
+            docker_targets = set()
         for target in docker_targets:
             try:
-                self.containers.container(target).reap()
+                self.worker.containers.container(target).reap()
             except SaigeError as exc:
                 log.warning("container.reap_failed", error_code=exc.code, message=exc.message)
         for job in interrupted:
@@ -225,19 +223,15 @@ class Daemon:
         return self.worker.is_alive() and (self.watcher is None or self.watcher.alive())
 
     def _check_cancel(self) -> None:
-        job = self.worker.current
-        if job is not None and self.store.cancel_requested(job.job_id):
-            self.worker.interrupt("cancel")
+        for worker in self.worker.running():
+            job = worker.current
+            if job is not None and self.store.cancel_requested(job.job_id):
+                worker.interrupt("cancel")
 
     def _catch_up(self, now: float) -> None:
         if now >= self._next_catch_up and self.jobs.behind():
             self._next_catch_up = now + CATCH_UP_S
             self.jobs.catch_up()
-
-    def _compiling(self) -> tuple[int, str]:
-        """Busy container slots, and the job in one, for the preparer."""
-        job = self.worker.current
-        return (1, job.job_id) if job is not None and ahead.compiling(job) else (0, "")
 
     def _changed(self) -> None:
         """The worker's job or step changed: STATUS= follows, and the preparer looks whether a compile started."""
@@ -248,7 +242,7 @@ class Daemon:
     def _status(self) -> None:
         """STATUS= from the main loop and from the worker at each job and step change."""
         with self._status_lock:
-            self.notifier.status(status_text(self.worker.current, self.store.count(QUEUED), self.worker.outage.active))
+            self.notifier.status(self.worker.status(self.store.count(QUEUED)))
 
     def run(self) -> int:
         self.recover()
@@ -306,11 +300,11 @@ class Daemon:
         self.ops.stop()
         if self.ahead is not None:
             self.ahead.join(AHEAD_STOP_S)
-        if not self.worker.is_alive() and not (self.ahead is not None and self.ahead.is_alive()):
+        if self.worker.stopped() and not (self.ahead is not None and self.ahead.is_alive()):
             child.shutdown()  # the fork server and the resource tracker end with us, not by systemd's SIGKILL
         if self.watcher is not None:
             self.watcher.stop()
-        if self.worker.is_alive():  # e.g. blocked on a hung engine: its row stays `running`, requeued at next start
+        if not self.worker.stopped():  # e.g. blocked on a hung engine: its row stays `running`, requeued at next start
             log.error("daemon.stop_timeout", message=f"the running job did not stop within {STOP_GRACE_S:.0f}s; "
                       "it runs again at the next start")
         else:

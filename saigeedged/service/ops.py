@@ -24,6 +24,7 @@ from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job
 from saigeedged.service.lifecycle import Places
+from saigeedged.service.statusline import configured, slot_views
 
 log = structlog.get_logger()
 PAGE_MIN_S = 1.0  # the dashboard is rewritten at most this often
@@ -45,7 +46,7 @@ class Ops(threading.Thread):
         if self.listen:
             parse_listen(self.listen)  # a bad address stops the start-up, as any bad key does
         wanted = bool(self.listen or self.textfile)
-        self.metrics = Metrics(store, lambda: {"local": self.engine_up()}, clock) if wanted else None
+        self.metrics = Metrics(store, self.engines_up, clock) if wanted else None
         chans = channels(list(config.notify))
         self.sender = Sender(chans) if chans else None
         self.ends = Ends(store)
@@ -118,13 +119,25 @@ class Ops(threading.Thread):
             self._last["retention"] = now
             retention.prune(self.store, self.outputs, self.policy, time.time())
 
+    def engines_up(self) -> dict[str, bool]:
+        """Each configured engine's last recorded state (SPEC §11); without `engines:`, the local engine's."""
+        pool = configured(self.config, self.store.engines())
+        return {e.name: e.up for e in pool} if pool else {"local": self.engine_up()}
+
     def view(self) -> View:
         running, up = self.store.in_state(RUNNING), self.engine_up()  # the rows, not the worker: one truth per page
 
         def busy(target: str) -> Job | None:
             return next((job for job in running if job.target == target), None)
 
-        slots = [Slot("local", t, up, busy(t)) for t in CONTAINER_TARGETS] + [Slot("this host", "host", True, busy("host"))]
+        pool = configured(self.config, self.store.engines())
+        if pool:
+            ups = {e.name: e.up for e in pool}
+            slots = [Slot(s.engine, s.target, ups[s.engine], s.job) for s in slot_views(pool, running)
+                     if s.engine in ups]
+        else:
+            slots = [Slot("local", t, up, busy(t)) for t in CONTAINER_TARGETS]
+        slots.append(Slot("this host", "host", True, busy("host")))
         return View(jobid.iso(jobid.utc_now()), slots, running, self.store.head(QUEUED, dashboard.QUEUE_SHOWN),
                     self.store.recent(dashboard.RECENT), self.store.count(QUEUED))
 

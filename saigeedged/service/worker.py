@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import threading
 import time
@@ -12,17 +13,29 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from saigeedged import jobid
-from saigeedged.adapters.container import Container, Containers
+from saigeedged.adapters.docker import Container, Containers
 from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.compile import ahead, pipeline
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
-from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, TransitionError, entry_from_doc
+from saigeedged.jobs import (
+    CANCELLED,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    Job,
+    TransitionError,
+    begin_attempt,
+    end_attempt,
+    entry_from_doc,
+)
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.outage import DOCKER_TARGETS, Outage
 from saigeedged.service.publishing import publish_patiently
+from saigeedged.service.slot import Slot
 
 if TYPE_CHECKING:
     from saigeedged.service.ahead import Preparer
@@ -34,14 +47,22 @@ class Worker(threading.Thread):
     """Takes the next queued job (priority, then FIFO) and runs it; one at a time."""
 
     def __init__(self, config: Config, jobs: Jobs, containers: Containers, places: Places,
-                 on_change: Callable[[], None] = lambda: None) -> None:
-        super().__init__(name="saigeedged-worker", daemon=True)
+                 on_change: Callable[[], None] = lambda: None, slot: Slot | None = None,
+                 wake: threading.Event | None = None) -> None:
+        self.slot = slot or Slot()
+        super().__init__(name=f"saigeedged-worker-{self.slot.engine}-{'-'.join(self.slot.targets)}"
+                         if self.slot.pooled else "saigeedged-worker", daemon=True)
         self.config, self.jobs, self.containers, self.places = config, jobs, containers, places
         self.on_change = on_change  # the daemon's STATUS= line follows the running job
         containers.interrupted = lambda: self._reason
-        self.wake = threading.Event()
+        self.wake = wake or threading.Event()  # shared by the workers of a pool: a claim wakes them all
         self.stop_event = threading.Event()
         self.current: Job | None = None
+        self.work: Path | None = None  # the current job's work dir
+        # the fence of an attempt that was requeued under this worker (its engine stopped answering mid-call): every
+        # row write, status file and publication of the job is made holding `lease` and only while not `abandoned`
+        self.lease = threading.Lock()
+        self.abandoned = False
         self.outage = Outage()
         self._reason: str | None = None
         self._lock = threading.Lock()
@@ -51,7 +72,8 @@ class Worker(threading.Thread):
         while not self.stop_event.is_set():
             if self.outage.due():
                 self._ping_engine()
-            job = self.jobs.store.next_queued(DOCKER_TARGETS if self.outage.active else ())
+            skip = self.slot.skip() + (DOCKER_TARGETS if self.outage.active else ())
+            job = self.jobs.store.next_queued(skip)
             if job is None:
                 self.wake.wait(self.outage.wait_s(1.0))
                 self.wake.clear()
@@ -74,9 +96,9 @@ class Worker(threading.Thread):
             if self._reason == reason:
                 return  # already asked (the main loop sees a cancel request until the job ends)
             job, self._reason = self.current, reason
-        container = self.containers.active
-        if job is not None and container is not None:
-            threading.Thread(target=container.interrupt, args=(self.config.work_root / job.job_id, reason),
+        container, work = self.containers.active, self.work
+        if job is not None and container is not None and work is not None:
+            threading.Thread(target=container.interrupt, args=(work, reason),
                              name="saigeedged-interrupt", daemon=True).start()
 
     def stop(self) -> None:
@@ -85,41 +107,64 @@ class Worker(threading.Thread):
         self.interrupt("stop")
 
     def _start(self, job: Job) -> bool:
-        job.state, job.started_at, job.step, job.error, job.progress = RUNNING, jobid.iso(jobid.utc_now()), None, None, None
+        """Take `job` if it is still queued: one conditional write (BEGIN IMMEDIATE, state must be queued), so of
+        the workers that saw it only one runs it."""
+        now = jobid.iso(jobid.utc_now())
+        before = job.attempts[-1]["engine"] if job.attempts else None
+        job.state, job.started_at, job.step, job.error, job.progress = RUNNING, now, None, None, None
+        begin_attempt(job, self.slot.engine_of(job.target), now)
         try:
             self.jobs.save(job, expect=QUEUED)
         except TransitionError:
-            return False  # cancelled by `saigeedged cancel` meanwhile
+            return False  # cancelled by `saigeedged cancel` meanwhile, or taken by another slot
         with self._lock:
-            self.current, self._reason = job, None
-        event("job.started", job, attempt=job.attempt)
+            self.current, self._reason, self.abandoned = job, None, False
+        event("job.started", job, attempt=job.attempt, engine=job.engine)
+        after = job.attempts[-1]["engine"]
+        if before is not None and before != after:
+            event("job.moved", job, "warning", from_engine=before, to_engine=after)
         self.on_change()
         return True
 
     def execute(self, job: Job) -> None:
         if not self._start(job):
             return
-        work = self.config.work_root / job.job_id
-        prepared = self.ahead.take(job, lambda: self._reason) if self.ahead else None
+        work = self.slot.work_dir(self.config.work_root, job)
+        self.work = work
+        prepared = self.ahead.take(job, lambda: self._reason) if self.ahead else None  # made in this same `work`
         if prepared is None:
             shutil.rmtree(work, ignore_errors=True)
         joblog = JobLog(self.places.local_log(job.job_id))
-        joblog.line(f"### {job.job_id} attempt {job.attempt} on saigeedged")
+        joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'saigeedged'}")
         try:
             self._run(job, work, joblog, ahead.Ready(prepared, joblog) if prepared else None)
             joblog.close()
-            self.jobs.end(job, SUCCEEDED)
+            self._fenced(lambda: self._succeed(job))
         except SaigeError as exc:
             joblog.line(f"### {exc.code}: {exc.message}")
             joblog.close()
-            self._settle(job, exc)
+            self._fenced(functools.partial(self._settle, job, exc), quiet=True)
         finally:
             self.containers.release()
             with self._lock:
-                self.current = None
+                self.current, self.work = None, None
             self.on_change()
-            if not self.config.keep_work and not self.outage.active:  # in an outage its pidfile is kept for reap()
-                shutil.rmtree(work, ignore_errors=True)
+            if not self.config.keep_work and not self.outage.active and not self.abandoned:
+                shutil.rmtree(work, ignore_errors=True)  # in an outage its pidfile is kept for reap()
+
+    def _fenced(self, write: Callable[[], None], quiet: bool = False) -> None:
+        """Write the job's row, status file or bundle unless its attempt was requeued under this worker (the engine
+        stopped answering mid-call): that attempt's results are never published nor recorded."""
+        with self.lease:
+            if not self.abandoned:
+                write()
+                return
+        if not quiet:
+            raise SaigeError("ENGINE_LOST", "this attempt was requeued when its engine stopped answering", superseded=True)
+
+    def _succeed(self, job: Job) -> None:
+        end_attempt(job, jobid.iso(jobid.utc_now()), None)
+        self.jobs.end(job, SUCCEEDED)
 
     def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Ready | None = None) -> None:
         entry = entry_from_doc(job.entry)
@@ -128,7 +173,7 @@ class Worker(threading.Thread):
 
         def on_step(name: str, index: int, count: int) -> None:
             job.step, job.step_index, job.step_count = name, index, count  # progress names its own step
-            self.jobs.save(job)
+            self._fenced(lambda: self.jobs.save(job))
             event("job.step", job, index=index, count=count)
             self.on_change()
 
@@ -139,7 +184,7 @@ class Worker(threading.Thread):
 
         def on_progress(progress: dict[str, Any]) -> None:
             job.progress = progress
-            self.jobs.save(job)
+            self._fenced(lambda: self.jobs.save(job))
 
         def refused(exc: SaigeError, wait_s: float) -> None:
             event("publish.retrying", job, "warning", error_code=exc.code, message=exc.message, retry_in_s=wait_s)
@@ -147,8 +192,10 @@ class Worker(threading.Thread):
         limits = self.config.limits
 
         def publish(bundle: Path) -> None:
-            job.bundle = publish_patiently(lambda: self.jobs.outbox.publish_bundle(bundle, rel, job.job_id),
-                                           limits.publish_patience_s, lambda: self._reason, refused)
+            def place() -> None:
+                job.bundle = publish_patiently(lambda: self.jobs.outbox.publish_bundle(bundle, rel, job.job_id),
+                                               limits.publish_patience_s, lambda: self._reason, refused)
+            self._fenced(place)
 
         run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, on_step, on_progress, on_inputs,
                            container=self.containers.get, deadline=time.monotonic() + limits.job_timeout_s,
@@ -161,6 +208,11 @@ class Worker(threading.Thread):
     def _settle(self, job: Job, exc: SaigeError) -> None:
         """Requeue an interrupted or retryable job, else end it failed or cancelled."""
         max_attempts = self.config.limits.max_attempts
+        if exc.code == "DOCKER_UNAVAILABLE" and self.slot.pooled:  # another engine may run it: not worth waiting for
+            self.slot.on_lost(exc.message)
+            exc = SaigeError("ENGINE_LOST", f"engine {job.engine} stopped answering: {exc.message}",
+                             step=exc.fields.get("step"))
+        end_attempt(job, jobid.iso(jobid.utc_now()), exc.code)
         if exc.code == "CANCELLED" and exc.fields.get("reason") == "stop":  # the operator's, not the job's fault:
             self.jobs.requeue(job, "stop", spend_attempt=job.attempt < max_attempts)  # never past max_attempts
         elif exc.code == "CANCELLED":
@@ -174,10 +226,26 @@ class Worker(threading.Thread):
         else:
             self.jobs.end(job, FAILED, exc)
 
+    def lose(self, reason: str) -> bool:
+        """The engine stopped answering while this worker waits on it: requeue its job (ENGINE_LOST) now, from the
+        watching thread, and fence off whatever this attempt does later. False when no job was waiting on it."""
+        if not self.lease.acquire(blocking=False):
+            return False  # writing its row or publishing: not waiting on the engine
+        try:
+            job, active = self.current, self.containers.active
+            if job is None or self.abandoned or active is None or not active.calls:
+                return False
+            self.abandoned = True
+            self._settle(job, SaigeError("ENGINE_LOST", f"engine {job.engine} stopped answering: {reason}", step=job.step))
+            return True
+        finally:
+            self.lease.release()
+
     def _hold(self, job: Job, exc: SaigeError) -> None:
         """The engine is unreachable: not the job's fault, so it waits in the queue with its attempt unspent."""
         if self.outage.begin(job.target):
             log.warning("docker.unavailable", error_code=exc.code, message=exc.message, hint=exc.hint)
+            self.slot.on_lost(exc.message)
         self.jobs.requeue(job, "docker_unavailable", exc, spend_attempt=False)
 
     def _ping_engine(self) -> None:
@@ -193,6 +261,7 @@ class Worker(threading.Thread):
             self.outage.still_down()
             return
         log.info("docker.available", down_s=round(self.outage.end(), 1))
+        self.slot.on_back()
         self.on_change()
 
     def _abandon(self, job: Job, exc: Exception) -> None:

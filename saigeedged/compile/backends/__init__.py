@@ -12,7 +12,7 @@ from saigeedged.adapters.joblog import JobLog
 from saigeedged.errors import SaigeError
 
 if TYPE_CHECKING:
-    from saigeedged.adapters.container import Container
+    from saigeedged.adapters.docker import Container
     from saigeedged.compile.inputs import Prepared
     from saigeedged.config import Config
     from saigeedged.manifest import Entry

@@ -9,14 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from saigeedged.adapters.container import cubie_section
 from saigeedged.compile.backends import Artifact, Context
 from saigeedged.compile.backends.steps import StepRunner
 from saigeedged.errors import FATAL_HINTS, SaigeError
 from saigeedged.profiles import PLATFORMS, mean_scale
 
 if TYPE_CHECKING:
-    from saigeedged.adapters.container import Container
+    from saigeedged.adapters.docker import Container
     from saigeedged.compile.inputs import Prepared
     from saigeedged.manifest import Entry
 
@@ -148,7 +147,7 @@ class Runner(StepRunner):
     """pegasus calls: the entry point probed once per container start; fatal export lines mapped."""
 
     def __init__(self, ctx: Context, ctr: Container, work: Path) -> None:
-        setting = cubie_section(ctx.config)["pegasus"]
+        setting = ctx.config.cubie.pegasus
         if setting == "auto":
             found = ctr.entry_point("pegasus", PROBE)
             if not found:
@@ -210,7 +209,7 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
         quantize_file.write_text(add_hybrid_layers(quantize_file.read_text(), hybrid, entry.hybrid_dtype))
         _quantize(run, prep, len(prep.chosen), hybrid=True)
     ctx.step("export")
-    run(export_args(name, entry, cubie_section(ctx.config)["viv_sdk"]))
+    run(export_args(name, entry, ctx.config.cubie.viv_sdk))
     nbg = locate_nbg(work, quantized_name(name, entry))
     with nbg.open("rb") as fh:
         check_nbg(fh.read(12), entry.platform)

@@ -15,7 +15,7 @@ from saigeedged.compile.backends.steps import Lines, StepRunner
 from saigeedged.errors import SaigeError
 
 if TYPE_CHECKING:
-    from saigeedged.adapters.container import Container
+    from saigeedged.adapters.docker import Container
     from saigeedged.compile.inputs import Prepared
     from saigeedged.manifest import Entry
 

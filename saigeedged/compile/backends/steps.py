@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from saigeedged.errors import SaigeError
 
 if TYPE_CHECKING:
-    from saigeedged.adapters.container import Container
+    from saigeedged.adapters.docker import Container
     from saigeedged.compile.backends import Context
 
 TIMED_OUT = (124, 137)  # coreutils timeout: timed out / killed after --kill-after

@@ -5,6 +5,7 @@
 #   failimport  import exits 1          hang   quantize never returns      slow  quantize takes 3 s
 #   fatal65280  export: Fatal model generation error: 65280 (so does a promoted @output tensor)
 #   bignbg      export writes a 150 MB NBG
+#   sleepN      quantize takes N s (e.g. det_sleep2; the engine pool's benchmark and fault tests)
 # A quantizer/qtype mismatch "succeeds" with exit 0 and writes no .quantize (silent failure).
 set -u
 # every call is recorded (cwd, then argv) so a test can count what really ran in this container
@@ -119,6 +120,8 @@ YML
   [ "$want" -le "$count" ] || fail "the dataset lists $count samples, batch-size x iterations needs $want"
   [ "$mode" = hang ] && exec sleep 100000
   [ "$mode" = slow ] && sleep 3
+  sleep_s=$(printf '%s' "$NAME" | sed -n 's/.*sleep\([0-9][0-9]*\).*/\1/p')
+  [ -n "$sleep_s" ] && sleep "$sleep_s"
   if [ -n "$(get hybrid)" ]; then
     need "$qfile"
     layers=$(sed -n '/^customized_quantize_layers:/,$p' "$qfile" | grep '^  ' | sed 's/^ *//' | tr '\n' ';')

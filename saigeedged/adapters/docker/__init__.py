@@ -1,0 +1,14 @@
+"""The only package that talks to Docker: engines, their long-lived compiler containers, the steps exec'd in them.
+
+api: typed Protocols of the docker-py calls and `connect`; spec: what a container must look like; lifecycle:
+find, create, start, recreate; execs: steps, kills, reaping; transfer: a work dir to and from a remote engine;
+engine: one engine and a worker's containers on it.
+"""
+
+from saigeedged.adapters.docker.api import ENGINE_ERRORS, DockerAPI, connect, reaching_engine
+from saigeedged.adapters.docker.engine import Containers, Engine
+from saigeedged.adapters.docker.execs import Container
+from saigeedged.adapters.docker.spec import MANAGED_LABEL, Spec, exec_user, pick_runtime
+
+__all__ = ["ENGINE_ERRORS", "MANAGED_LABEL", "Container", "Containers", "DockerAPI", "Engine", "Spec", "connect",
+           "exec_user", "pick_runtime", "reaching_engine"]

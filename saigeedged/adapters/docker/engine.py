@@ -1,0 +1,114 @@
+"""One Docker engine (local, ssh or tcp+TLS) and the containers a process uses on it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from saigeedged.adapters.docker.api import ENGINE_ERRORS, DockerAPI, NotFound, answers, connect
+from saigeedged.adapters.docker.execs import Container
+from saigeedged.adapters.docker.spec import Spec
+from saigeedged.adapters.hostlock import HostLock
+from saigeedged.config import Config
+from saigeedged.engines import DEFAULT, EngineSpec
+from saigeedged.errors import SaigeError
+
+PING_TIMEOUT_S = 5.0  # a health ping: an engine that takes longer is not fit to take work
+
+
+class Engine:
+    """An engine of the config: its client (made on first use), its health, its containers by target."""
+
+    def __init__(self, spec: EngineSpec, config: Config,
+                 on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+        self.spec, self.name, self.config = spec, spec.name, config
+        self.on_event = on_event or (lambda event, fields: None)
+        self._api: DockerAPI | None = None
+        self._probe: DockerAPI | None = None
+        self._lock = threading.Lock()
+        self._probe_lock = threading.Lock()  # not the jobs' lock: a connect hung for engine_timeout_s must not delay pings
+        self._by_target: dict[str, Container] = {}
+
+    def api(self) -> DockerAPI:
+        """The client for jobs (limits.engine_timeout_s); DOCKER_UNAVAILABLE when the engine cannot be reached."""
+        with self._lock:
+            if self._api is None:
+                self._api = connect(self.spec, self.config.limits.engine_timeout_s)
+            return self._api
+
+    def up(self) -> bool:
+        """Does the engine answer a ping within PING_TIMEOUT_S now? Never raises."""
+        try:
+            with self._probe_lock:
+                if self._probe is None:
+                    self._probe = connect(self.spec, min(PING_TIMEOUT_S, self.config.limits.engine_timeout_s))
+                probe = self._probe
+        except SaigeError:
+            return False
+        return answers(probe)
+
+    def has_image(self, target: str) -> bool:
+        """Is the target's image loaded in this engine? (False when the engine does not answer.)"""
+        try:
+            self.api().images.get(Spec.for_target(self.config, target).image)
+            return True
+        except NotFound:
+            return False
+        except (SaigeError, *ENGINE_ERRORS):
+            return False
+
+    def container(self, target: str) -> Container:
+        if target not in self._by_target:
+            self._by_target[target] = Container(self.api(), Spec.for_target(self.config, target, mount=self.spec.local),
+                                                self.on_event)
+        return self._by_target[target]
+
+    def close(self) -> None:
+        for client in (self._api, self._probe):
+            if client is not None:
+                client.close()
+
+
+class Containers:
+    """The containers one worker uses on one engine, made on first use; on the local engine the host lock is held
+    while a job uses one (one job at a time there, across processes: `saigeedged compile` beside the daemon)."""
+
+    def __init__(self, config: Config, on_event: Callable[[str, dict[str, Any]], None] | None = None,
+                 on_wait: Callable[[], None] | None = None, engine: Engine | None = None) -> None:
+        self.config = config
+        self.on_event = on_event or (lambda event, fields: None)
+        self.on_wait = on_wait
+        self.engine = engine or Engine(DEFAULT, config, self.on_event)
+        self.lock = HostLock(config.state_dir) if self.engine.spec.local else None
+        self.active: Container | None = None
+        self.interrupted: Callable[[], str | None] = lambda: None  # set by the worker: ends a wait for the lock
+
+    def api(self) -> DockerAPI:
+        return self.engine.api()
+
+    def engine_up(self) -> bool:
+        """Does the engine answer a ping now?"""
+        try:
+            return answers(self.api())
+        except SaigeError:
+            return False
+
+    def container(self, target: str) -> Container:
+        return self.engine.container(target)
+
+    def get(self, target: str) -> Container:
+        """The target's container, running, with the host lock held (released by release())."""
+        if self.active is not None and self.active is self.engine.container(target):
+            return self.active  # asked again within the job (its toolchain, then its steps): made ready once per job
+        if self.lock is not None:
+            self.lock.acquire(self.on_wait, self.interrupted)
+        self.active = self.container(target)
+        self.active.ensure()
+        self.active.follow_image()
+        return self.active
+
+    def release(self) -> None:
+        self.active = None
+        if self.lock is not None:
+            self.lock.release()

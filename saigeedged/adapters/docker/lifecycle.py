@@ -1,0 +1,160 @@
+"""A long-lived compiler container's life: found by name, created, started, recreated when it dies (SPEC §9)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from docker.types import Mount
+
+from saigeedged.adapters.docker.api import (
+    APIError,
+    ContainerRef,
+    DockerAPI,
+    DockerException,
+    ImageNotFound,
+    NotFound,
+    reaching_engine,
+)
+from saigeedged.adapters.docker.spec import MANAGED_LABEL, OWNER_LABEL, Spec, pick_runtime
+from saigeedged.errors import SaigeError
+
+START_HINT = "the engine cannot start it: `docker start NAME` shows why (networks, runtime, mounts); " \
+             "`systemctl restart docker` if the engine's own state is broken"
+OnEvent = Callable[[str, dict[str, Any]], None]
+
+
+class Lifecycle:
+    """One long-lived compiler container: found by name, created, started, recreated when it dies."""
+
+    def __init__(self, api: DockerAPI, spec: Spec, on_event: OnEvent) -> None:
+        self.docker = api
+        self.spec = spec
+        self.on_event = on_event
+        self.image_id: str | None = None
+        self._probed: dict[str, list[str]] = {}
+        self.calls = 0  # engine calls under way: a worker blocked on a hung engine shows here
+
+    @contextlib.contextmanager
+    def _reach(self, doing: str) -> Iterator[None]:
+        """An engine call: counted while under way; the engine unreachable is DOCKER_UNAVAILABLE (reaching_engine)."""
+        self.calls += 1
+        try:
+            with reaching_engine(doing):
+                yield
+        finally:
+            self.calls -= 1
+
+    def _runtime(self) -> str | None:
+        return pick_runtime(self.spec.runtime, self.docker.info() if self.spec.runtime == "auto" else {})
+
+    def _has_mount(self, attrs: dict[str, Any]) -> bool:
+        """Is the container as the spec wants it: the work root bind-mounted (local), or nothing of ours (remote)?"""
+        root = str(self.spec.work_root)
+        mounted = any(m.get("Source") == root and m.get("Destination") == root for m in attrs.get("Mounts", []))
+        return mounted if self.spec.mount else not mounted
+
+    def _mounts(self) -> list[Any]:
+        if not self.spec.mount:
+            return []  # a remote engine shares no filesystem with us: the work dir travels by archive
+        self.spec.work_root.mkdir(parents=True, exist_ok=True)
+        return [Mount(target=str(self.spec.work_root), source=str(self.spec.work_root), type="bind")]
+
+    def _create(self) -> ContainerRef:
+        try:
+            ctr = self.docker.containers.create(
+                self.spec.image, command=["tail", "-f", "/dev/null"], name=self.spec.name,
+                labels={MANAGED_LABEL: "1", OWNER_LABEL: self.spec.owner}, ipc_mode="host", runtime=self._runtime(),
+                detach=True, mounts=self._mounts(),
+                init=True)  # an init as PID 1 reaps what killed steps orphan: `tail` would let zombies pile up for months
+        except ImageNotFound:
+            raise SaigeError("IMAGE_NOT_FOUND", f"image {self.spec.image} is not loaded in the Docker engine") from None
+        except APIError as exc:
+            if exc.status_code == 409:  # created by someone else meanwhile
+                return self.docker.containers.get(self.spec.name)
+            raise SaigeError("CONTAINER_FAILED", f"cannot create container {self.spec.name}: {exc.explanation}") from None
+        self.on_event("container.created", {"container": self.spec.name, "image": self.spec.image})
+        return ctr
+
+    def ensure(self) -> ContainerRef:
+        """The running container; created when missing, started when stopped, recreated when ours is wrong."""
+        with self._reach(f"preparing container {self.spec.name}"):
+            return self._ensure()
+
+    def _ensure(self) -> ContainerRef:
+        try:
+            ctr = self.docker.containers.get(self.spec.name)
+        except NotFound:
+            ctr = self._create()
+        except DockerException as exc:
+            raise SaigeError("DOCKER_UNAVAILABLE", f"cannot reach the Docker engine: {exc}") from None
+        managed = ctr.labels.get(MANAGED_LABEL) == "1"
+        self._check_owner(ctr)
+        if not self._has_mount(ctr.attrs):
+            if not managed:
+                raise SaigeError("CONTAINER_FAILED", f"container {self.spec.name} exists without the work-root mount "
+                                 f"{self.spec.work_root} and was not created by saigeedged")
+            ctr.remove(force=True)
+            ctr = self._create()
+        if ctr.status != "running":
+            ctr = self._start(ctr, managed)
+            self._probed.clear()
+            if ctr.status != "created":  # a container that never ran is not restarted: container.created told it
+                self.on_event("container.restarted", {"container": self.spec.name})
+            ctr.reload()
+        self.image_id = ctr.image.id if ctr.image else None
+        return ctr
+
+    def _check_owner(self, ctr: ContainerRef) -> None:
+        """Two daemons configured with one container name would remove each other's: refuse, naming the other."""
+        owner = ctr.labels.get(OWNER_LABEL)
+        if ctr.labels.get(MANAGED_LABEL) == "1" and owner and owner != self.spec.owner:
+            raise SaigeError("CONTAINER_FAILED", f"container {self.spec.name} belongs to another saigeedged "
+                             f"({owner}); this one is {self.spec.owner}",
+                             hint="give each daemon its own container name (cubie.container / mobilint.container "
+                             "in its config); saigeedged never removes another daemon's container")
+
+    def _start(self, ctr: ContainerRef, managed: bool) -> ContainerRef:
+        """Start a stopped container; ours is made afresh once if the engine cannot start it (a network endpoint or
+        bridge that no longer exists after an engine restart)."""
+        try:
+            ctr.start()
+            return ctr
+        except APIError as exc:
+            if not managed:
+                raise SaigeError("CONTAINER_FAILED", f"cannot start container {self.spec.name}: {exc.explanation}",
+                                 hint=START_HINT) from None
+        ctr.remove(force=True)
+        ctr = self._create()
+        try:
+            ctr.start()
+        except APIError as exc:
+            raise SaigeError("CONTAINER_FAILED", f"cannot start container {self.spec.name}, even made afresh: "
+                             f"{exc.explanation}", hint=START_HINT) from None
+        return ctr
+
+    def recreate(self) -> None:
+        """Remove our container (it died mid-job) so the next ensure() makes a fresh one."""
+        try:
+            ctr = self.docker.containers.get(self.spec.name)
+            if ctr.labels.get(MANAGED_LABEL) == "1" and ctr.labels.get(OWNER_LABEL) in (None, "", self.spec.owner):
+                ctr.remove(force=True)  # another daemon's is left alone: the next ensure() says whose it is
+        except NotFound:
+            pass
+        self._probed.clear()
+
+    def follow_image(self) -> None:
+        """Recreate our container when its image tag names another image now (a new toolchain was loaded): a job
+        runs on, and its cache key names, the image the config names. Called with the host lock held."""
+        with self._reach(f"checking the image of {self.spec.name}"):
+            try:
+                current = self.docker.images.get(self.spec.image).id
+                ctr = self.docker.containers.get(self.spec.name)
+            except NotFound:  # ImageNotFound too: the container's own image still runs the job
+                return
+            if current == self.image_id or ctr.labels.get(MANAGED_LABEL) != "1":
+                return
+            ctr.remove(force=True)
+            self._probed.clear()
+            self.ensure()

@@ -1,0 +1,117 @@
+"""A job's work dir on a remote engine (no shared filesystem): one tar in by put_archive before a step, the files
+the step wrote back by get_archive after it (SPEC §11).
+
+Both sides are compared with what was last copied, so the calibration images go in once, and only what a step
+wrote comes back. The container's files are listed with `stat` (seconds): a step that rewrites a file with the
+same size within the second it was copied in is not seen; compilers write new files.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from saigeedged.adapters.docker.api import ContainerRef, DockerAPI
+
+Run = Callable[[list[str]], bytes]  # runs a fixed argv in the container, returns its output (raises on failure)
+SKIP = (".step.pid", ".step.stop")  # the step's own control files: written on each side by their owner
+
+
+@dataclass
+class WorkSync:
+    """What of one work dir each side has, as of the last copy: host (size, mtime_ns), container (size, mtime_s)."""
+
+    work: Path
+    owner: tuple[int, int]
+    host: dict[str, tuple[int, int]] = field(default_factory=dict)
+    remote: dict[str, tuple[int, int]] = field(default_factory=dict)
+    started: bool = False
+
+    def push(self, api: DockerAPI, ctr: ContainerRef, run: Run) -> int:
+        """Copy what changed on the host since the last copy (the whole dir the first time); returns bytes sent."""
+        if not self.started:  # another attempt may have left files of the same name: start from an empty dir
+            run(["rm", "-rf", str(self.work)])
+            self.started = True
+        changed = [(rel, st) for rel, st in _walk(self.work) if self.host.get(rel) != (st.st_size, st.st_mtime_ns)]
+        if not changed and self.host:
+            return 0
+        data = self._tar(changed)
+        api.api.put_archive(ctr.id, "/", data)
+        for rel, st in changed:
+            self.host[rel] = (st.st_size, st.st_mtime_ns)
+            self.remote[rel] = (st.st_size, int(st.st_mtime))
+        return len(data)
+
+    def _tar(self, files: list[tuple[str, os.stat_result]]) -> bytes:
+        buf = io.BytesIO()
+        uid, gid = self.owner
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            folders = {p for rel, _ in files for p in (self.work / rel).parents if p.is_relative_to(self.work)}
+            for folder in sorted(folders | {self.work}):
+                info = tarfile.TarInfo(str(folder).lstrip("/"))
+                info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, uid, gid
+                tar.addfile(info)
+            for rel, st in files:
+                info = tarfile.TarInfo(str(self.work / rel).lstrip("/"))
+                info.size, info.mode, info.mtime, info.uid, info.gid = st.st_size, st.st_mode & 0o777, st.st_mtime, uid, gid
+                with (self.work / rel).open("rb") as fh:
+                    tar.addfile(info, fh)
+        return buf.getvalue()
+
+    def pull(self, api: DockerAPI, ctr: ContainerRef, run: Run) -> int:
+        """Copy back what the container has new or changed since the last copy; returns bytes received."""
+        listing = run(["find", str(self.work), "-type", "f", "-exec", "stat", "-c", "%s %Y %n", "{}", "+"])
+        changed: dict[str, tuple[int, int]] = {}
+        for line in listing.decode(errors="replace").splitlines():
+            size, mtime, name = line.split(" ", 2)
+            rel = PurePosixPath(name).relative_to(self.work).as_posix()
+            if rel not in SKIP and self.remote.get(rel) != (int(size), int(mtime)):
+                changed[rel] = (int(size), int(mtime))
+        received = 0
+        for top in sorted({rel.split("/", 1)[0] for rel in changed}):
+            stream, _ = api.api.get_archive(ctr.id, str(self.work / top))
+            received += self._extract(stream, changed)
+        return received
+
+    def _extract(self, stream: Iterator[bytes], wanted: dict[str, tuple[int, int]]) -> int:
+        """Write the wanted regular files of a get_archive stream under the work dir (nothing else: names are ours)."""
+        data = b"".join(stream)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            for member in tar:
+                rel = PurePosixPath(member.name).as_posix()
+                source = tar.extractfile(member) if member.isfile() and rel in wanted else None
+                if source is None:
+                    continue
+                dest = self.work / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dest.with_name(f".{dest.name}.pull")
+                with tmp.open("wb") as out:
+                    while chunk := source.read(1 << 20):
+                        out.write(chunk)
+                tmp.chmod(member.mode & 0o777 | 0o600)
+                os.utime(tmp, (member.mtime, member.mtime))
+                tmp.replace(dest)
+                st = dest.stat()
+                self.host[rel], self.remote[rel] = (st.st_size, st.st_mtime_ns), wanted[rel]
+        return len(data)
+
+
+def _walk(work: Path) -> list[tuple[str, os.stat_result]]:
+    found = []
+    for folder, _, names in os.walk(work):
+        for name in names:
+            path = Path(folder) / name
+            rel = path.relative_to(work).as_posix()
+            if rel not in SKIP and path.is_file() and not path.is_symlink():
+                found.append((rel, path.stat()))
+    return sorted(found)
+
+
+def owner_ids(user: str) -> tuple[int, int]:
+    """The uid:gid the files are given in the container (the exec user's, so steps may write beside them)."""
+    uid, _, gid = user.partition(":")
+    return (int(uid), int(gid or uid)) if uid.isdigit() and (not gid or gid.isdigit()) else (0, 0)

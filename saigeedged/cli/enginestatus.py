@@ -1,0 +1,46 @@
+"""What `saigeedged status` says about the engine pool (SPEC §11): engines and their slots, a job's attempts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from saigeedged.adapters.store import EngineState
+from saigeedged.config import Config
+from saigeedged.engines import engine_specs
+from saigeedged.guards import printable
+from saigeedged.jobs import Job
+from saigeedged.service.statusline import configured, doing, slot_views
+
+
+def pool_configured(config: Config) -> bool:
+    """True when the config lists engines: without `engines:` the output stays what it was for the one local engine."""
+    return bool(config.raw.get("engines"))
+
+
+def engine_lines(config: Config, recorded: Sequence[EngineState], running: Sequence[Job]) -> list[str]:
+    """A header, then one line per configured engine: name, up/down, each slot `target: job step i/n` or idle, why
+    it is down; an engine the daemon has not recorded yet (not started since it was added) says so."""
+    engines = configured(config, recorded)
+    slots = slot_views(engines, running)
+    lines = [f"{'ENGINE':<16} {'STATE':<5} SLOTS"]
+    for engine in engines:
+        busy = [f"{s.target}: {doing(s.job) if s.job else 'idle'}" for s in slots if s.engine == engine.name]
+        why = "" if engine.up else f"  ({engine.reason or 'no answer'}, since {engine.since})"
+        lines.append(printable(f"{engine.name:<16} {'up' if engine.up else 'down':<5} {'; '.join(busy) or 'no slots'}{why}"))
+    known = {e.name for e in engines}
+    for spec in engine_specs(config):
+        if spec.name not in known:
+            lines.append(printable(f"{spec.name:<16} {'?':<5} not seen by the daemon yet (is it running with this config?)"))
+    return lines
+
+
+def attempt_lines(job: Job) -> list[str]:
+    """The engine of the job's current/last attempt and every attempt: where, when, how it ended."""
+    lines = [f"engine {job.engine or '-'}"]
+    for number, attempt in enumerate(job.attempts, 1):
+        if attempt.get("finished_at") is None:
+            lines.append(f"attempt {number} on {attempt['engine']} since {attempt['started_at']}")
+        else:
+            lines.append(f"attempt {number} on {attempt['engine']} {attempt['started_at']} .. {attempt['finished_at']}: "
+                         f"{attempt.get('error') or 'ok'}")
+    return [printable(line) for line in lines]

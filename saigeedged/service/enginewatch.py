@@ -1,0 +1,150 @@
+"""The engines of a pool, watched: each is pinged on its own thread; a slot takes work only while its engine
+answers and has the target's image (SPEC §11).
+
+An engine that stops answering is marked down (`engine.down`) and the jobs waiting on it are requeued with
+ENGINE_LOST at once, so they run elsewhere while their workers stay stuck on the dead connection. When it
+answers again, the steps left running in its containers are killed first; then it is up (`engine.up`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from saigeedged.adapters.docker import Engine
+from saigeedged.adapters.store import Store
+from saigeedged.errors import SaigeError
+
+log = structlog.get_logger()
+PING_S = 1.0  # between pings of an engine that answers
+DOWN_PING_S = 2.0  # between pings of an engine that does not
+IMAGE_RECHECK_S = 30.0  # an engine without a target's image is asked again this often (an image loaded meanwhile)
+
+
+@dataclass
+class Health:
+    """What the pool knows of one engine."""
+
+    up: bool = False
+    reason: str | None = "not probed yet"
+    images: dict[str, bool] = field(default_factory=dict)
+    reap: bool = False  # leftover steps may run there: killed before its slots take work
+    since_images: float = 0.0
+    seen: bool = False  # probed at least once
+
+
+class EngineWatch:
+    """One thread per engine; `ready(engine, target)` tells a slot whether it may take a job now."""
+
+    def __init__(self, engines: Sequence[Engine], store: Store, lose: Callable[[str, str], None],
+                 on_change: Callable[[], None], clock: Callable[[], float]) -> None:
+        self.engines = {e.name: e for e in engines}
+        self.store, self.lose, self.on_change, self.clock = store, lose, on_change, clock
+        self.health = {e.name: Health() for e in engines}
+        self.stop_event = threading.Event()
+        self.kick = {e.name: threading.Event() for e in engines}  # a job found the engine gone: ping it now
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def ready(self, name: str, target: str) -> bool:
+        health = self.health[name]
+        return health.up and health.images.get(target, False)
+
+    def down(self) -> list[str]:
+        return [name for name, h in self.health.items() if h.seen and not h.up]
+
+    def start(self) -> None:
+        for name in self.engines:
+            self._record(name)
+            thread = threading.Thread(target=self._loop, args=(name,), name=f"saigeedged-engine-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for kick in self.kick.values():
+            kick.set()
+
+    def reap_first(self, names: set[str | None]) -> None:
+        """Start-up recovery found jobs the last daemon ran on these engines (None: not recorded, so every engine):
+        their leftover steps are killed before the engines' slots take work."""
+        for name, health in self.health.items():
+            health.reap |= name in names or None in names
+
+    def lost(self, name: str, reason: str) -> None:
+        """A job found the engine unreachable: it takes no work until a ping (and a reap) says it is back."""
+        self._mark_down(name, reason)
+        self.kick[name].set()
+
+    def _loop(self, name: str) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self.tick(name)
+            except Exception as exc:  # a guard: whatever an engine does, its watch goes on
+                log.warning("engine.watch_failed", engine=name, message=f"{type(exc).__name__}: {exc}")
+            self.kick[name].wait(PING_S if self.health[name].up else DOWN_PING_S)
+            self.kick[name].clear()
+
+    def tick(self, name: str) -> None:
+        """One look at the engine: bring it up, keep it up, or mark it down and requeue what waits on it."""
+        engine, health = self.engines[name], self.health[name]
+        if not engine.up():
+            self._mark_down(name, "does not answer")
+            self.lose(name, f"{engine.spec.url or 'the local engine'} does not answer")
+            return
+        if not health.up:
+            self._bring_up(name)
+        elif not all(health.images.values()) and self.clock() >= health.since_images + IMAGE_RECHECK_S:
+            self._images(name)
+
+    def _images(self, name: str) -> None:
+        engine, health = self.engines[name], self.health[name]
+        health.images = {target: engine.has_image(target) for target in engine.spec.targets}
+        health.since_images = self.clock()
+        missing = [t for t, ok in health.images.items() if not ok]
+        if missing:
+            log.warning("engine.image_missing", engine=name, targets=",".join(missing),
+                        message=f"engine {name} lacks the image of {', '.join(missing)}: its slot takes no job "
+                        "(`saigeedged check` says which image)")
+
+    def _bring_up(self, name: str) -> None:
+        """Kill the steps left running there (they belong to attempts already requeued), then take work."""
+        engine, health = self.engines[name], self.health[name]
+        if health.reap:
+            for target in engine.spec.targets:
+                try:
+                    engine.container(target).reap()
+                except SaigeError as exc:
+                    if exc.code == "DOCKER_UNAVAILABLE":
+                        raise
+                    log.warning("container.reap_failed", engine=name, error_code=exc.code, message=exc.message)
+        self._images(name)
+        with self._lock:
+            was_seen = health.seen
+            health.up, health.reason, health.reap, health.seen = True, None, False, True
+        self._record(name)
+        if was_seen:  # it was down: engine.up; an engine found up at start is only ready
+            log.info("engine.up", engine=name, message=f"engine {name} answers again; its leftover steps are killed")
+        else:
+            log.info("engine.ready", engine=name, targets=",".join(t for t, ok in health.images.items() if ok))
+        self.on_change()
+
+    def _mark_down(self, name: str, reason: str) -> None:
+        health = self.health[name]
+        with self._lock:
+            changed = health.up or not health.seen
+            health.up, health.reason, health.reap, health.seen = False, reason, True, True
+        if changed:
+            self._record(name)
+            log.warning("engine.down", engine=name, error_code="ENGINE_LOST", message=f"engine {name} {reason}")
+            self.on_change()
+
+    def _record(self, name: str) -> None:
+        health = self.health[name]
+        try:
+            self.store.set_engine(name, health.up, health.reason, list(self.engines[name].spec.targets))
+        except Exception as exc:  # the table is for the status command: a write it misses is not worth a crash
+            log.warning("engine.record_failed", engine=name, message=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,204 @@
+"""Engine records (SPEC §11): each attempt's engine in the job row and status file, engine states in SQLite,
+old databases migrated on open, and `saigeedged status` listing engines with the job in each slot."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import yaml
+from conftest import write_config
+
+from saigeedged.adapters.outbox import Outbox
+from saigeedged.adapters.store import Store
+from saigeedged.cli import main as cli
+from saigeedged.jobs import QUEUED, RUNNING, Job, begin_attempt, end_attempt
+
+T0, T1, T2, T3 = (f"2026-11-30T03:1{i}:00.000Z" for i in range(4))
+
+
+def job(job_id: str, target: str = "cubie", **fields: Any) -> Job:
+    return Job(job_id=job_id, name=job_id.split("-")[0], target=target, task="detection", entry={"onnx": "/x/det.onnx"},
+               subdir="", claim_dir=f"/c/{job_id}", manifest="x.yml", created_at=T0, **fields)
+
+
+def test_attempts_record_each_engine_and_how_it_ended() -> None:
+    """begin_attempt opens an attempt on an engine and names it the job's engine; end_attempt closes only the open one."""
+    j = job("det-1")
+    begin_attempt(j, "compile2", T0)
+    end_attempt(j, T1, "ENGINE_LOST")
+    begin_attempt(j, "local", T2)
+    assert j.engine == "local"
+    end_attempt(j, T3, None)
+    end_attempt(j, "later", "INTERNAL")  # nothing open: the record stays as it ended
+    assert j.attempts == [{"engine": "compile2", "started_at": T0, "finished_at": T1, "error": "ENGINE_LOST"},
+                          {"engine": "local", "started_at": T2, "finished_at": T3, "error": None}]
+
+
+def test_an_attempt_the_daemon_died_under_is_closed_by_the_next() -> None:
+    """An attempt never ended (the daemon killed mid-job) is closed as INTERNAL when the job starts again."""
+    j = job("det-1")
+    begin_attempt(j, "compile2", T0)
+    begin_attempt(j, "compile2", T2)
+    assert [(a["finished_at"], a["error"]) for a in j.attempts] == [(T2, "INTERNAL"), (None, None)]
+
+
+def test_host_jobs_record_attempts_but_no_engine() -> None:
+    """A host job's attempts are on engine `host`; the job's own engine stays null."""
+    j = job("cls-1", target="host")
+    begin_attempt(j, "host", T0)
+    assert j.engine is None and j.attempts[0]["engine"] == "host"
+
+
+def test_engine_and_attempts_survive_the_store_and_reach_the_status_file(tmp_path: Path) -> None:
+    """The engine and attempts are stored with the row and written into the status file as `engine`, `attempts`."""
+    store = Store(tmp_path / "q.db")
+    j = job("det-1")
+    store.add(j)
+    j.state = RUNNING
+    begin_attempt(j, "compile2", T0)
+    store.save(j)
+    store.close()
+    again = Store(tmp_path / "q.db")
+    loaded = again.get("det-1")
+    assert loaded is not None and loaded.engine == "compile2" and loaded.attempts == j.attempts
+    assert [r.job_id for r in again.running_on("compile2")] == ["det-1"] and again.running_on("local") == []
+    outbox = Outbox(tmp_path / "out")
+    outbox.write_status(loaded)
+    doc = json.loads((tmp_path / "out" / "status" / "det-1.json").read_text())
+    assert doc["engine"] == "compile2" and doc["attempts"] == [{"engine": "compile2", "started_at": T0,
+                                                                 "finished_at": None, "error": None}]
+
+
+def old_database(path: Path, doc: dict[str, Any]) -> None:
+    """A database as the release before the pool wrote it: no engine column, no engines table."""
+    db = sqlite3.connect(path)
+    db.executescript("""CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT UNIQUE NOT NULL,
+        name TEXT NOT NULL, state TEXT NOT NULL, priority INTEGER NOT NULL DEFAULT 0, created_at TEXT NOT NULL,
+        cancel INTEGER NOT NULL DEFAULT 0, claim_dir TEXT NOT NULL, doc TEXT NOT NULL);""")
+    db.execute("INSERT INTO jobs (job_id, name, state, created_at, claim_dir, doc) VALUES (?, ?, ?, ?, ?, ?)",
+               (doc["job_id"], doc["name"], doc["state"], doc["created_at"], doc["claim_dir"], json.dumps(doc)))
+    db.commit()
+    db.close()
+
+
+def test_an_old_database_is_migrated_on_open(tmp_path: Path) -> None:
+    """A database without the engine column opens: the column is added, old jobs read with no engine and no attempts."""
+    doc = job("old-1", state=RUNNING).to_doc()
+    for key in ("engine", "attempts"):
+        del doc[key]
+    old_database(tmp_path / "q.db", doc)
+    store = Store(tmp_path / "q.db")
+    loaded = store.get("old-1")
+    assert loaded is not None and loaded.engine is None and loaded.attempts == []
+    begin_attempt(loaded, "local", T1)
+    store.save(loaded)
+    assert [j.job_id for j in store.running_on("local")] == ["old-1"]
+    store.close()
+    assert Store(tmp_path / "q.db").engines() == []  # reopening a migrated database changes nothing
+
+
+def test_engine_states_keep_since_until_up_or_down_changes(tmp_path: Path) -> None:
+    """set_engine records up/down with a reason; `since` moves only when the engine goes up or down."""
+    store = Store(tmp_path / "q.db")
+    store.set_engine("local", True, None, ["cubie", "mobilint"], now_iso=T0)
+    store.set_engine("compile2", False, "connection refused", ["cubie"], now_iso=T0)
+    store.set_engine("local", True, "ignored while up", ["cubie"], now_iso=T1)
+    store.set_engine("compile2", True, None, ["cubie"], now_iso=T2)
+    states = {e.name: e for e in store.engines()}
+    assert (states["local"].up, states["local"].reason, states["local"].since, states["local"].slots) == \
+        (True, None, T0, ("cubie",))
+    assert (states["compile2"].up, states["compile2"].since) == (True, T2)
+    store.set_engine("compile2", False, "timed out", ["cubie"], now_iso=T3)
+    assert [(e.name, e.up, e.reason, e.since) for e in store.engines()] == \
+        [("local", True, None, T0), ("compile2", False, "timed out", T3)]
+
+
+def status_setup(tmp_path: Path) -> Path:
+    """Two engines configured and recorded, one job running on compile2, one queued."""
+    path = write_config(tmp_path, engines=[{"name": "local", "url": "unix:///var/run/docker.sock"},
+                                           {"name": "compile2", "url": "ssh://saige@compile2", "targets": ["cubie"]},
+                                           {"name": "compile3", "url": "ssh://saige@compile3", "targets": ["cubie"]}])
+    data = yaml.safe_load(path.read_text())
+    store = Store(Path(data["state_dir"]) / "saigeedged.db")
+    store.set_engine("local", True, None, ["cubie", "mobilint"])
+    store.set_engine("compile2", False, "timed out", ["cubie"])
+    running = job("det-1", state=RUNNING, step="quantize", step_index=5, step_count=11)
+    begin_attempt(running, "compile2", T0)
+    store.add(running)
+    store.add(job("cls-2", state=QUEUED))
+    store.close()
+    return path
+
+
+def test_status_lists_engines_and_the_job_in_each_slot(tmp_path: Path, capsys: Any) -> None:
+    """`saigeedged status` with engines configured: each engine up/down (+reason), each slot's job or idle; an
+    engine not recorded yet is listed as such."""
+    assert cli.main(["status", "-c", str(status_setup(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    engines = out[out.index("ENGINE"):].splitlines()
+    assert engines[1].split() == ["local", "up", "cubie:", "idle;", "mobilint:", "idle"]
+    assert engines[2].split()[:2] == ["compile2", "down"] and "cubie: det quantize 5/11  (timed out, since" in engines[2]
+    assert engines[3].split()[:2] == ["compile3", "?"] and "not seen by the daemon yet" in engines[3]
+    assert "det-1" in out and "cls-2" in out  # the job table is still there
+
+
+def test_status_of_a_job_names_its_engine_and_attempts(tmp_path: Path, capsys: Any) -> None:
+    """`saigeedged status JOB` shows the engine of the attempt and each attempt (--json: the status document's)."""
+    path = status_setup(tmp_path)
+    assert cli.main(["status", "det-1", "-c", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "engine compile2" in out and f"attempt 1 on compile2 since {T0}" in out
+    assert cli.main(["status", "det-1", "--json", "-c", str(path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["engine"] == "compile2" and doc["attempts"][0]["engine"] == "compile2"
+
+
+def test_status_without_engines_is_unchanged(tmp_path: Path, config_path: Path, capsys: Any) -> None:
+    """Without `engines:` in the config, `status` prints the job table only, as before the pool."""
+    store = Store(tmp_path / "state" / "saigeedged.db")
+    store.set_engine("local", True, None, ["cubie", "mobilint"])
+    store.add(job("det-1"))
+    store.close()
+    assert cli.main(["status", "-c", str(config_path)]) == 0
+    out = capsys.readouterr().out
+    assert "ENGINE" not in out and out.splitlines()[0].startswith("JOB")
+
+
+def test_dashboard_and_metrics_show_each_recorded_engine(tmp_path: Path) -> None:
+    """With engines configured, the dashboard's slots and `saigeedged_engine_up` come from the engines table, and
+    each ended job's attempts are counted per engine and error code."""
+    from prometheus_client import generate_latest
+    from test_metrics import samples, value
+
+    from saigeedged.config import load
+    from saigeedged.jobs import SUCCEEDED
+    from saigeedged.service.ops import Ops
+
+    path = status_setup(tmp_path)
+    store = Store(tmp_path / "state" / "saigeedged.db")
+    moved = job("seg-3", state=SUCCEEDED, finished_at=T3)
+    begin_attempt(moved, "compile2", T0)
+    end_attempt(moved, T1, "ENGINE_LOST")
+    begin_attempt(moved, "local", T2)
+    end_attempt(moved, T3, None)
+    store.add(moved)
+    ops = Ops(load(_with_metrics(path)), store, lambda: True)
+    slots = [(s.engine, s.target, s.up, s.job.name if s.job else None) for s in ops.view().slots]
+    assert slots == [("local", "cubie", True, None), ("local", "mobilint", True, None),
+                     ("compile2", "cubie", False, "det"), ("this host", "host", True, None)]
+    assert ops.metrics is not None
+    found = samples(generate_latest(ops.metrics.registry).decode())
+    assert value(found, "saigeedged_engine_up", engine="local") == 1
+    assert value(found, "saigeedged_engine_up", engine="compile2") == 0
+    assert value(found, "saigeedged_engine_attempts_total", engine="compile2", error_code="ENGINE_LOST") == 1
+    assert value(found, "saigeedged_engine_attempts_total", engine="local", error_code="") == 1
+
+
+def _with_metrics(path: Path) -> Path:
+    data = yaml.safe_load(path.read_text())
+    data["metrics"] = {"textfile": str(path.parent / "m.prom")}
+    path.write_text(yaml.safe_dump(data))
+    return path

@@ -1,0 +1,118 @@
+"""Pool slots (SPEC §11): a queued job is taken by exactly one slot, and an attempt requeued under a worker stuck
+on its engine (the engine watch's ENGINE_LOST) never publishes nor records anything afterwards."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import write_config
+from factory import random_labels, valjson, yolox
+from harness import wait_for
+
+from saigeedged import config as configmod
+from saigeedged import jobid
+from saigeedged import manifest as manifestmod
+from saigeedged.adapters.docker import Containers, Engine
+from saigeedged.adapters.outbox import Outbox
+from saigeedged.adapters.store import Store
+from saigeedged.engines import DEFAULT, EngineSpec
+from saigeedged.jobs import Job, entry_to_doc
+from saigeedged.service.lifecycle import Jobs, Places
+from saigeedged.service.slot import Slot
+from saigeedged.service.worker import Worker
+
+
+def setup(config: configmod.Config) -> tuple[Jobs, Places]:
+    places = Places(config.inbox, config.state_dir)
+    for folder in (config.inbox, config.outbox, places.claimed):
+        folder.mkdir(parents=True, exist_ok=True)
+    return Jobs(Store(config.state_dir / "saigeedged.db"), Outbox(config.outbox), places), places
+
+
+def queued_job(tmp_path: Path, config: configmod.Config, jobs: Jobs, name: str) -> Job:
+    """A cubie job row as a claim makes it, its inputs under claimed/ (a tiny YOLOX and four calibration images)."""
+    folder = jobs.places.claimed / name
+    folder.mkdir(parents=True)
+    yolox(folder / f"{name}.onnx", size=(64, 64))
+    calib = valjson(tmp_path / "data", random_labels(8, 3))
+    (folder / f"{name}.yml").write_text(yaml.safe_dump({"task": "detection", "num_classes": 3, "calib": str(calib),
+                                                        "n_samples": 4, "target": "cubie", "cache": False}))
+    (entry,) = manifestmod.load(folder / f"{name}.yml", config.defaults.as_dict(), drop=True)
+    now = jobid.iso(jobid.utc_now())
+    job = Job(job_id=f"{name}-1", name=name, target="cubie", task=entry.task, entry=entry_to_doc(entry), subdir="",
+              claim_dir=str(folder), manifest=f"{name}.yml", created_at=now, updated_at=now)
+    jobs.add(job)
+    return job
+
+
+def worker(config: configmod.Config, jobs: Jobs, places: Places, engine: str, **slot: Any) -> Worker:
+    spec = DEFAULT if engine == "local" else EngineSpec(engine, None, None, ("cubie",))
+    containers = Containers(config, engine=Engine(spec, config))
+    return Worker(config, jobs, containers, places, slot=Slot(engine, ("cubie",), True, **slot))
+
+
+def test_a_queued_job_is_taken_by_one_slot_only(tmp_path: Path) -> None:
+    """Slots of two engines that both saw the same queued job: one conditional write wins, the other takes nothing."""
+    config = configmod.load(write_config(tmp_path))
+    jobs, places = setup(config)
+    job = queued_job(tmp_path, config, jobs, "det")
+    workers = [worker(config, jobs, places, name) for name in ("a", "b", "c", "d")]
+    seen = [jobs.store.get(job.job_id) for _ in workers]  # each read it queued, before any took it
+    barrier = threading.Barrier(len(workers))
+    took: dict[str, bool] = {}
+
+    def take(w: Worker, mine: Any) -> None:
+        barrier.wait()
+        took[w.slot.engine] = w._start(mine)
+
+    threads = [threading.Thread(target=take, args=(w, j)) for w, j in zip(workers, seen, strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [name for name, ok in took.items() if ok]
+    assert len(winners) == 1
+    row = jobs.store.get(job.job_id)
+    assert row is not None and row.state == "running" and row.engine == winners[0]
+    assert [a["engine"] for a in row.attempts] == winners
+
+
+@pytest.mark.docker
+def test_an_attempt_requeued_under_its_worker_publishes_nothing(tmp_path: Path, docker_config: Path,
+                                                               fresh_acuity: str) -> None:
+    """The engine watch requeues a job (ENGINE_LOST) while its worker waits on the engine; when the step then
+    finishes, that attempt writes no row, status or bundle; the next attempt publishes the one bundle."""
+    settings = yaml.safe_load(docker_config.read_text())
+    config = configmod.load(write_config(tmp_path, cubie={**settings["cubie"], "image": fresh_acuity},
+                                         limits=settings["limits"], allowed_roots=[str(tmp_path / "data")]))
+    jobs, places = setup(config)
+    job = queued_job(tmp_path, config, jobs, "det_sleep4")
+    ready = threading.Event()
+    ready.set()
+    w = worker(config, jobs, places, "local", ready=lambda target: ready.is_set())
+    w.start()
+    try:
+        wait_for(lambda: (row := jobs.store.get(job.job_id)) and row.step == "quantize", 120, "the quantize step")
+        wait_for(lambda: w.containers.active is not None and w.containers.active.calls, 10, "the step in the engine")
+        ready.clear()  # the engine is down for the pool: this slot takes nothing
+        assert w.lose("does not answer")
+        requeued = jobs.store.get(job.job_id)
+        assert requeued is not None and (requeued.state, requeued.attempt) == ("queued", 2)
+        wait_for(lambda: w.current is None, 60, "the lost attempt's worker to let go")
+        row = jobs.store.get(job.job_id)
+        assert row is not None and (row.state, row.attempt, row.step) == ("queued", 2, None)
+        assert row.error is not None and row.error["code"] == "ENGINE_LOST"
+        assert [(a["engine"], a["error"]) for a in row.attempts] == [("local", "ENGINE_LOST")]
+        assert not list(config.outbox.rglob("*.saigeedge"))
+        assert jobs.outbox.read_status(job.job_id)["state"] == "queued"  # type: ignore[index]
+        ready.set()
+        w.wake.set()
+        wait_for(lambda: (row := jobs.store.get(job.job_id)) and row.state == "succeeded", 120, "the next attempt")
+        assert len(list(config.outbox.rglob("*.saigeedge"))) == 1
+    finally:
+        w.stop()
+        w.join(30)
