@@ -156,3 +156,25 @@ def test_remote_copies_inputs_once_and_only_new_outputs_back(remote: tuple[Engin
     container.run_step(["sh", "-c", "echo made > out.txt"], work, 60, lambda chunk: None)
     assert (work / "out.txt").read_text() == "made\n"
     assert 0 < container.moved - first < 64_000
+
+
+@pytest.mark.docker
+def test_an_entry_point_probe_that_finds_nothing_is_not_kept(tmp_path: Path) -> None:
+    """A probe that finds no pegasus says what it saw and is run again for the next job: one probe cut short on a
+    busy engine must not fail every later job of that container."""
+    name = f"saige-seam-probe-{uuid.uuid4().hex[:8]}"
+    config = configmod.load(write_config(tmp_path, cubie={"image": STANDIN_MOBILINT, "container": name}))
+    engine = Engine(engine_specs(config)[0], config)
+    try:
+        container = engine.container("cubie")
+        assert container.entry_point("pegasus", "command -v pegasus") == ""
+        assert "probe exit 1" in container.probe_failure
+        ctr = container.ensure()
+        engine_api = connect(engine.spec, 30)
+        exec_id = engine_api.api.exec_create(ctr.id, ["sh", "-c", "printf '#!/bin/sh\\n' > /bin/pegasus && "
+                                                      "chmod +x /bin/pegasus"], user="root")["Id"]
+        engine_api.api.exec_start(exec_id)
+        assert container.entry_point("pegasus", "command -v pegasus") == "/bin/pegasus"
+    finally:
+        engine.close()
+        connect(engine.spec, 30).containers.get(name).remove(force=True)

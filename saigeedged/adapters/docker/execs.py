@@ -37,6 +37,7 @@ class Container(Lifecycle):
         super().__init__(api, spec, on_event)
         self._sync: WorkSync | None = None  # the work dir of the job in this container (remote engines)
         self.moved = 0  # bytes copied in and out (remote engines), for the job log
+        self.probe_failure = ""  # what the last entry-point probe that found nothing said, for the error message
 
     def _exec(self, ctr: ContainerRef, argv: Sequence[str], workdir: str, env: dict[str, str] | None,
               sink: Sink) -> int | None:
@@ -65,10 +66,16 @@ class Container(Lifecycle):
     def entry_point(self, key: str, script: str) -> str:
         """The cached output of an entry-point probe, re-probed after every container start."""
         if key not in self._probed:
-            code, out = self.probe(script)
-            self._probed[key] = out.strip().splitlines() if code == 0 else []
-        lines = self._probed[key]
-        return lines[0] if lines else ""
+            for _ in range(2):  # once more: a probe cut short (a busy engine) must not pass for "not in the image"
+                code, out = self.probe(script)
+                lines = out.strip().splitlines() if code == 0 else []
+                if lines:
+                    self._probed[key] = lines  # only a found entry point is kept: a miss is probed again next job
+                    break
+            else:
+                self.probe_failure = f"probe exit {code}: {out.strip()[-200:]!r}"
+                return ""
+        return self._probed[key][0]
 
     def run_step(self, argv: Sequence[str], workdir: Path, timeout_s: int, sink: Sink,
                  env: dict[str, str] | None = None) -> int:

@@ -151,7 +151,7 @@ class Runner(StepRunner):
         if setting == "auto":
             found = ctr.entry_point("pegasus", PROBE)
             if not found:
-                raise SaigeError("CONTAINER_FAILED", f"no pegasus in image {ctr.spec.image}",
+                raise SaigeError("CONTAINER_FAILED", f"no pegasus in image {ctr.spec.image} ({ctr.probe_failure})",
                                  hint="set cubie.pegasus to the entry point, "
                                  "e.g. `python3 /root/acuity-toolkit-whl-6.30.22/bin/pegasus.py`")
             prefix = pegasus_prefix(found)

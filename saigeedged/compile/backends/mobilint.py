@@ -101,7 +101,7 @@ def _run(run: StepRunner, ctx: Context, step: str, args: list[str], output: Path
 def runner(ctx: Context, ctr: Container, work: Path) -> StepRunner:
     found = ctr.entry_point("qbcompiler", PROBE)
     if not found:
-        raise SaigeError("CONTAINER_FAILED", f"no qbcompiler in image {ctr.spec.image}",
+        raise SaigeError("CONTAINER_FAILED", f"no qbcompiler in image {ctr.spec.image} ({ctr.probe_failure})",
                          hint="use the mobilint/qbcompiler image (qbcompiler on PATH or `python3 -m qbcompiler`)")
     return StepRunner(ctx, ctr, work, found.split(), "qbcompiler", env={"QBCOMPILER_JSONL": "1"})
 
