@@ -1,5 +1,6 @@
 """Benchmark of the daemon (not a test): claim latency, per-job overhead vs bare docker execs, burst claims,
-idle CPU and resident memory. Prints a table and writes bench/results.json.
+idle CPU and resident memory, whole-job overhead with prep-ahead off and on (bench/overhead.py). Prints a table
+and writes bench/results.json.
 
     .venv/bin/python bench/bench.py [--idle-seconds 60] [--out bench/results.json]
 
@@ -97,8 +98,28 @@ def claim_latency(mode: str, with_sha: bool, runs: int) -> list[float]:
         return out
 
 
+def bare_execs(container: str, work: Path, argvs: list[list[str]], runs: int) -> list[float]:
+    """Seconds for `argvs` issued as bare execs (create, stream, inspect) in the container, once per run."""
+    import docker
+
+    client = docker.from_env()
+    ctr = client.containers.get(container)
+    times = []
+    for _ in range(runs):
+        t0 = time.monotonic()
+        for argv in argvs:
+            exec_id = client.api.exec_create(ctr.id, argv, workdir=str(work))["Id"]
+            for _chunk in client.api.exec_start(exec_id, stream=True):
+                pass
+            while client.api.exec_inspect(exec_id)["Running"]:
+                time.sleep(0.005)
+        times.append(time.monotonic() - t0)
+    return times
+
+
 def overhead(runs: int) -> dict[str, float]:
-    """Daemon time of a cubie job's five pegasus steps vs the same argv as bare execs in the same container."""
+    """Daemon time of a cubie job's five pegasus steps vs the same argv as bare execs in the same container (`cache:
+    false`: every drop compiles)."""
     import docker
 
     client = docker.from_env()
@@ -112,7 +133,7 @@ def overhead(runs: int) -> dict[str, float]:
         step_times = []
         try:
             for i in range(runs + 1):
-                drop_now(d.inbox, f"ovh{i}", onnx, {**manifest, "sha256": sha256_file(onnx)})
+                drop_now(d.inbox, f"ovh{i}", onnx, {**manifest, "sha256": sha256_file(onnx), "cache": False})
                 _, doc = wait_status(d, f"ovh{i}", ("succeeded", "failed"))
                 assert doc["state"] == "succeeded", doc
                 log = (d.outbox / doc["log"]).read_text()
@@ -122,17 +143,7 @@ def overhead(runs: int) -> dict[str, float]:
                                           ("import", "inputmeta", "postprocess", "quantize", "export")))
             work = root / "state" / "work" / doc["job_id"]
             argvs = [line[2:].split() for line in log.splitlines() if line.startswith("$ ")]
-            ctr = client.containers.get(name)
-            bare = []
-            for _ in range(runs):
-                t0 = time.monotonic()
-                for argv in argvs:
-                    exec_id = client.api.exec_create(ctr.id, argv, workdir=str(work))["Id"]
-                    for _chunk in client.api.exec_start(exec_id, stream=True):
-                        pass
-                    while client.api.exec_inspect(exec_id)["Running"]:
-                        time.sleep(0.005)
-                bare.append(time.monotonic() - t0)
+            bare = bare_execs(name, work, argvs, runs)
         finally:
             d.stop()
             d.close()
@@ -244,6 +255,9 @@ def main() -> int:
     results["burst"] = burst(100)
     results["idle"] = idle(args.idle_seconds)
     results["cache_hit"] = cache_hit(args.runs)
+    import overhead as whole_job  # bench/overhead.py: it imports this module's helpers
+
+    results["whole_job"] = whole = whole_job.measure(10, args.runs)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     rows = [("claim latency, events, settle", results["claim_events_settle_s"]["median"], f"<= settle_s + 0.2 = {SETTLE + 0.2}"),
             ("claim latency, events, sha256", results["claim_events_sha256_s"]["median"], "<= 0.1"),
@@ -252,6 +266,11 @@ def main() -> int:
             ("5 pegasus steps via daemon (s)", results["overhead"]["daemon_steps_s"], ""),
             ("same 5 execs bare (s)", results["overhead"]["bare_execs_s"], ""),
             ("overhead ratio", results["overhead"]["ratio"], "<= 1.5"),
+            ("whole job, prep-ahead off (s/job)", whole["ahead_off"]["per_job_s"], ""),
+            ("whole job, prep-ahead on (s/job)", whole["ahead_on"]["per_job_s"], ""),
+            ("same 5 execs bare, whole-job run (s)", whole["ahead_on"]["bare_execs_s"], ""),
+            ("whole-job ratio, prep-ahead off", whole["ahead_off"]["ratio"], ""),
+            ("whole-job ratio, prep-ahead on", whole["ahead_on"]["ratio"], "<= 1.5"),
             ("100 drops all claimed (s)", results["burst"]["all_claimed_s"], "<= 5"),
             (f"idle CPU over {args.idle_seconds:.0f} s (%)", results["idle"]["cpu_percent"], "< 1"),
             ("RSS idle (MB)", results["idle"]["rss_mb"], "< 120"),

@@ -54,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
         "child_memory_bytes": 25769803776,
         "publish_patience_s": 3600.0,
         "engine_timeout_s": 120.0,
+        "prepare_ahead": True,
     },
     "defaults": {
         "target": "cubie",
@@ -120,6 +121,7 @@ class Limits:
     child_memory_bytes: int
     publish_patience_s: float
     engine_timeout_s: float
+    prepare_ahead: bool
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from saigeedged.manifest import Entry
 
 if TYPE_CHECKING:
     from saigeedged.adapters.docker import Container
+    from saigeedged.compile.ahead import HostSteps
     from saigeedged.config import Config
 
 
@@ -42,6 +43,7 @@ class Job:
     container: Callable[[str], Container] | None = None
     deadline: float | None = None  # time.monotonic() limit for the whole job
     interrupted: Callable[[], str | None] = lambda: None  # "stop" | "cancel" once the job must end
+    host: HostSteps | None = None  # validate, surgery, calibration done ahead (compile/ahead.py); None: run them now
 
 
 @dataclass
@@ -82,7 +84,7 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
     entry = job.entry
     step = _Steps(job)
     ctx = Context(job.log, step, job.config, job.container, job.on_progress, job.deadline, job.interrupted)
-    bounded = prepare.Bounded(job.config, job.interrupted, ctx.step_timeout)
+    bounded = job.host or prepare.Bounded(job.config, job.interrupted, ctx.step_timeout)
     try:
         step("validate")
         prep = bounded.validate(entry, job.work_dir, job.policy, job.config.limits.max_onnx_bytes,

@@ -24,6 +24,7 @@ from saigeedged.intake.inbox import Drop, Rejected, Scanner
 from saigeedged.intake.watch import Watcher, use_polling
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job, entry_to_doc, status_text
 from saigeedged.manifest import safe_stem
+from saigeedged.service import ahead
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.ops import Ops
 from saigeedged.service.outage import DOCKER_TARGETS
@@ -39,6 +40,7 @@ BLIND_WINDOW_S = 0.6
 CATCH_UP_S = 5.0  # how often status files and logs the outbox refused are tried again
 BLIND_SCAN_S = 0.05
 STOP_GRACE_S = 25.0  # how long a stop waits for the worker to requeue its job (systemd's TimeoutStopSec is 30 s)
+AHEAD_STOP_S = 2.0  # the preparer's child is killed within child.POLL_S of a stop; longer means it is stuck (a share)
 
 
 class Daemon:
@@ -64,7 +66,8 @@ class Daemon:
         self._next_catch_up = 0.0
         self._hung_up = False  # set by the SIGHUP handler: a plain flag, no lock in signal context
         self.worker = Pool(config, self.jobs, self.places, self._container_event,
-                           lambda: log.info("container.lock_wait", state_dir=str(config.state_dir)), self._status, clock)
+                           lambda: log.info("container.lock_wait", state_dir=str(config.state_dir)), self._changed, clock)
+        self.ahead = ahead.attach(config, self.store, self.worker)
         self.ops = Ops(config, self.store, lambda: not self.worker.outage.active)
         self.jobs.observers.append(self.ops.observe)
 
@@ -230,6 +233,12 @@ class Daemon:
             self._next_catch_up = now + CATCH_UP_S
             self.jobs.catch_up()
 
+    def _changed(self) -> None:
+        """The worker's job or step changed: STATUS= follows, and the preparer looks whether a compile started."""
+        self._status()
+        if self.ahead is not None:
+            self.ahead.wake.set()
+
     def _status(self) -> None:
         """STATUS= from the main loop and from the worker at each job and step change."""
         with self._status_lock:
@@ -244,6 +253,8 @@ class Daemon:
                 log.warning("watch.unavailable", message=str(exc), mode="poll")
                 self.watcher, self.polling = None, True
         self.worker.start()
+        if self.ahead is not None:
+            self.ahead.start()
         self.ops.start()
         watch = self.config.watch
         period = watch.poll_interval_s if self.polling else watch.rescan_interval_s
@@ -283,9 +294,13 @@ class Daemon:
         self.notifier.stopping()
         log.info("daemon.stopping", running=self.worker.current.job_id if self.worker.current else None)
         self.worker.stop()
+        if self.ahead is not None:
+            self.ahead.stop()
         self.worker.join(timeout=STOP_GRACE_S)
         self.ops.stop()
-        if self.worker.stopped():
+        if self.ahead is not None:
+            self.ahead.join(AHEAD_STOP_S)
+        if self.worker.stopped() and not (self.ahead is not None and self.ahead.is_alive()):
             child.shutdown()  # the fork server and the resource tracker end with us, not by systemd's SIGKILL
         if self.watcher is not None:
             self.watcher.stop()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from saigeedged.engines import LOCAL
-from saigeedged.jobs import HOST_ENGINE
+from saigeedged.jobs import HOST_ENGINE, Job
 
 ALL_TARGETS = ("cubie", "mobilint", "host")
 
@@ -30,3 +31,8 @@ class Slot:
     def engine_of(self, target: str) -> str:
         """The engine an attempt of a `target` job is recorded on."""
         return HOST_ENGINE if target == "host" else self.engine
+
+    def work_dir(self, root: Path, job: Job) -> Path:
+        """The job's work dir: in a pool each attempt has its own, as a step of an attempt lost with its engine may
+        still write; the preparer stages a queued job's host steps in it too."""
+        return root / job.job_id / f"attempt{job.attempt}" if self.pooled else root / job.job_id

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -16,7 +16,7 @@ from saigeedged import jobid
 from saigeedged.adapters.docker import Container, Containers
 from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
-from saigeedged.compile import pipeline
+from saigeedged.compile import ahead, pipeline
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
@@ -36,6 +36,9 @@ from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.outage import DOCKER_TARGETS, Outage
 from saigeedged.service.publishing import publish_patiently
 from saigeedged.service.slot import Slot
+
+if TYPE_CHECKING:
+    from saigeedged.service.ahead import Preparer
 
 log = structlog.get_logger()
 
@@ -63,6 +66,7 @@ class Worker(threading.Thread):
         self.outage = Outage()
         self._reason: str | None = None
         self._lock = threading.Lock()
+        self.ahead: Preparer | None = None  # set by the daemon: host steps of queued jobs done while one compiles
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -125,15 +129,15 @@ class Worker(threading.Thread):
     def execute(self, job: Job) -> None:
         if not self._start(job):
             return
-        # in a pool each attempt has its own work dir: a step of an attempt lost with its engine may still write
-        work = self.config.work_root / job.job_id / f"attempt{job.attempt}" if self.slot.pooled \
-            else self.config.work_root / job.job_id
+        work = self.slot.work_dir(self.config.work_root, job)
         self.work = work
-        shutil.rmtree(work, ignore_errors=True)
+        prepared = self.ahead.take(job, lambda: self._reason) if self.ahead else None  # made in this same `work`
+        if prepared is None:
+            shutil.rmtree(work, ignore_errors=True)
         joblog = JobLog(self.places.local_log(job.job_id))
         joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'saigeedged'}")
         try:
-            self._run(job, work, joblog)
+            self._run(job, work, joblog, ahead.Ready(prepared, joblog) if prepared else None)
             joblog.close()
             self._fenced(lambda: self._succeed(job))
         except SaigeError as exc:
@@ -162,7 +166,7 @@ class Worker(threading.Thread):
         end_attempt(job, jobid.iso(jobid.utc_now()), None)
         self.jobs.end(job, SUCCEEDED)
 
-    def _run(self, job: Job, work: Path, joblog: JobLog) -> None:
+    def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Ready | None = None) -> None:
         entry = entry_from_doc(job.entry)
         rel = Path(job.subdir) / entry.output_name
         policy = PathPolicy((Path(job.claim_dir), self.places.inbox, *self.config.allowed_roots))
@@ -195,7 +199,7 @@ class Worker(threading.Thread):
 
         run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, on_step, on_progress, on_inputs,
                            container=self.containers.get, deadline=time.monotonic() + limits.job_timeout_s,
-                           interrupted=lambda: self._reason)
+                           interrupted=lambda: self._reason, host=host)
         result = pipeline.run(run, publish, job.created_at)
         job.onnx_sha256, job.calib_samples, job.report = result.onnx_sha256, result.calib_samples, result.report
         if result.report and result.report.get("flagged"):
