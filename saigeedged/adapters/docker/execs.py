@@ -10,7 +10,7 @@ from pathlib import Path
 from saigeedged.adapters.docker.api import ENGINE_ERRORS, ContainerRef, DockerAPI, NotFound
 from saigeedged.adapters.docker.lifecycle import Lifecycle, OnEvent
 from saigeedged.adapters.docker.spec import Spec, exec_user
-from saigeedged.adapters.docker.transfer import Trailer, WorkSync, owner_ids
+from saigeedged.adapters.docker.transfer import LIST_FORMAT, Trailer, WorkSync, owner_ids
 from saigeedged.errors import SaigeError
 
 KILL_AFTER = "30s"
@@ -27,7 +27,8 @@ _WRAP = 'echo $$ > "$0"; [ -e "${0%.pid}.stop" ] && exit 143; exec "$@"'
 # that adds its pid (timeout's) to the pidfile, after the wrapper's own (the head of the exec's process group): the
 # kill reaches both groups, whichever timeout (GNU's own group or not) the image has. END <code> ends a whole listing.
 _WRAP_LIST = 'echo $$ > "$0"; sh -c \'echo $$ >> "$0"; [ -e "${0%.pid}.stop" ] && exit 143; exec "$@"\' "$0" "$@" ' \
-             '2>&1 </dev/null & wait $!; c=$?; find "${0%/*}" -type f -exec stat -c "%s %Y %n" {} + >&2 2>/dev/null; ' \
+             '2>&1 </dev/null & wait $!; c=$?; ' \
+             'find "${0%/*}" -type f -exec stat -c "' + LIST_FORMAT + '" {} + >&2 2>/dev/null; ' \
              'echo "END $c" >&2; exit $c'
 # the stop file is touched inside the container too: on a remote engine the host's copy is not seen there
 _KILL = 'touch "${0%.pid}.stop" 2>/dev/null; for p in $(cat "$0" 2>/dev/null); do ' \

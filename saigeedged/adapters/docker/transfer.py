@@ -19,6 +19,7 @@ from saigeedged.adapters.docker.api import ContainerRef, DockerAPI
 
 Run = Callable[[list[str]], bytes]  # runs a fixed argv in the container, returns its output (raises on failure)
 SKIP = (".step.pid", ".step.stop")  # the step's own control files: written on each side by their owner
+LIST_FORMAT = "%s %Y %n"  # stat's size, mtime (s) and name: one line per file of the container's work dir
 
 
 @dataclass
@@ -68,7 +69,7 @@ class WorkSync:
         `listing` is the work dir as the step's wrapper listed it when the step ended; without it, it is listed here.
         """
         if listing is None:
-            listing = run(["find", str(self.work), "-type", "f", "-exec", "stat", "-c", "%s %Y %n", "{}", "+"])
+            listing = run(["find", str(self.work), "-type", "f", "-exec", "stat", "-c", LIST_FORMAT, "{}", "+"])
         changed: dict[str, tuple[int, int]] = {}
         for line in listing.decode(errors="replace").splitlines():
             size, mtime, name = line.split(" ", 2)
