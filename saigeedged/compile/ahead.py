@@ -94,16 +94,14 @@ class Prep:
         return None
 
 
-class Ready:
-    """The host steps of a prepared job: each step returns what the preparer found and says so in the job log."""
+class Replay:
+    """Host steps already done: each step returns what they found and says so (`note`) in the job log."""
 
-    def __init__(self, prep: Prep, log: JobLog) -> None:
-        assert prep.result is not None
-        self.prep, self.result, self.log = prep, prep.result, log
+    def __init__(self, result: Prepared, log: JobLog, note: str) -> None:
+        self.result, self.log, self.note = result, log, note
 
     def _note(self) -> None:
-        beside = f" while {self.prep.beside} compiled" if self.prep.beside else ""
-        self.log.line(f"prepared ahead{beside} (finished {self.prep.finished_at}, host steps {self.prep.seconds:.2f}s)")
+        self.log.line(self.note)
 
     def validate(self, entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: int | None,
                  on_digest: Callable[[str], None]) -> Prepared:
@@ -117,3 +115,14 @@ class Ready:
 
     def calibrate(self, prep: Prepared) -> None:
         self._note()
+
+
+class Ready(Replay):
+    """The host steps of a prepared job, as the preparer left them."""
+
+    def __init__(self, prep: Prep, log: JobLog) -> None:
+        assert prep.result is not None
+        beside = f" while {prep.beside} compiled" if prep.beside else ""
+        super().__init__(prep.result, log, f"prepared ahead{beside} (finished {prep.finished_at}, "
+                         f"host steps {prep.seconds:.2f}s)")
+        self.prep = prep

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from saigeedged.adapters.joblog import JobLog
-from saigeedged.compile import backends, bundle, inputs, prepare, reuse
+from saigeedged.compile import backends, bundle, inputs, prepare, resume, reuse
 from saigeedged.compile.backends import Context
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.errors import SaigeError
@@ -97,6 +97,8 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
         bounded.calibrate(prep)
         job.on_inputs({"calib_samples": len(prep.chosen)})
         job.log.line(f"{len(prep.chosen)} calibration images ({entry.profile.sampler}, seed {entry.seed}) -> {prep.dataset}")
+        if entry.target != "host":  # a container job's attempt outlives the daemon: a resume starts from here
+            resume.save(prep, job.work_dir)
         made = reuse.compile(prep, ctx, job.job_id, step.skip)
         job.on_inputs({"cache": made.status()})
         art = made.art

@@ -16,7 +16,7 @@ from saigeedged.adapters.joblog import JobLog
 from saigeedged.adapters.notify import Notifier
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
-from saigeedged.compile import child
+from saigeedged.compile import child, resume
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.intake import claims, inbox, ownfolders
@@ -82,16 +82,8 @@ class Daemon:
         their leftover steps are killed; claimed folders without rows and leftover temp files are settled."""
         self.recovery.temp_files()
         interrupted = self.store.in_state(RUNNING)
-        docker_targets = {j.target for j in interrupted if j.target in DOCKER_TARGETS}
-        if self.worker.watch is not None:  # a pool: each engine's leftover steps are killed when it is first seen up
-            self.worker.watch.reap_first({j.engine for j in interrupted if j.target in DOCKER_TARGETS})
-            docker_targets = set()
-        for target in docker_targets:
-            try:
-                self.worker.containers.container(target).reap()
-            except SaigeError as exc:
-                log.warning("container.reap_failed", error_code=exc.code, message=exc.message)
-        for job in interrupted:
+        attached = [j for j in interrupted if j.target in DOCKER_TARGETS and self._resumable(j)]
+        for job in self.worker.resume(attached) + [j for j in interrupted if j.target not in DOCKER_TARGETS]:
             self.recovery.interrupted(job, self.config.limits.max_attempts)
         self.recovery.claims()
         if not self.config.keep_work:
@@ -100,6 +92,16 @@ class Daemon:
             self.recovery.lost_statuses()
         leftover = sorted(self.places.logs.glob("*.log"))
         self.jobs.strand([j.job_id for p in leftover if (j := self.store.get(p.stem)) and j.state in TERMINAL])
+
+    def _resumable(self, job: Job) -> bool:
+        """A container job the last daemon left running goes on in its attempt (its step outlives daemons, SPEC §15),
+        unless daemons keep dying under it: then it ends failed at limits.max_attempts and its step is killed."""
+        crashes = resume.interrupted(self.worker.work_dir(job))
+        if crashes < self.config.limits.max_attempts:
+            return True
+        self.worker.reap(job)
+        self.recovery.died_under(job, crashes)
+        return False
 
     # -- claiming ------------------------------------------------------------------------------
     def _subdir(self, manifest: Path) -> str:
@@ -292,7 +294,8 @@ class Daemon:
     def shutdown(self) -> int:
         """Stop claiming, kill the running step, requeue its job, exit 0."""
         self.notifier.stopping()
-        log.info("daemon.stopping", running=self.worker.current.job_id if self.worker.current else None)
+        log.info("daemon.stopping", running=self.worker.current.job_id if self.worker.current else None,
+                 message="container steps run on and are re-attached at the next start")
         self.worker.stop()
         if self.ahead is not None:
             self.ahead.stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import structlog
 
@@ -31,7 +32,8 @@ class Health:
     up: bool = False
     reason: str | None = "not probed yet"
     images: dict[str, bool] = field(default_factory=dict)
-    reap: bool = False  # leftover steps may run there: killed before its slots take work
+    reap: list[Path] = field(default_factory=list)  # work dirs of attempts requeued off it: their steps are killed
+    # before its slots take work
     since_images: float = 0.0
     seen: bool = False  # probed at least once
 
@@ -68,11 +70,10 @@ class EngineWatch:
         for kick in self.kick.values():
             kick.set()
 
-    def reap_first(self, names: set[str | None]) -> None:
-        """Start-up recovery found jobs the last daemon ran on these engines (None: not recorded, so every engine):
-        their leftover steps are killed before the engines' slots take work."""
-        for name, health in self.health.items():
-            health.reap |= name in names or None in names
+    def abandoned(self, name: str, work_dirs: list[Path]) -> None:
+        """Attempts requeued off the engine: their steps are killed when it answers again, nothing else (SPEC §15)."""
+        with self._lock:
+            self.health[name].reap.extend(work_dirs)
 
     def lost(self, name: str, reason: str) -> None:
         """A job found the engine unreachable: it takes no work until a ping (and a reap) says it is back."""
@@ -116,7 +117,7 @@ class EngineWatch:
         if health.reap:
             for target in engine.spec.targets:
                 try:
-                    engine.container(target).reap()
+                    engine.container(target).reap(health.reap)
                 except SaigeError as exc:
                     if exc.code == "DOCKER_UNAVAILABLE":
                         raise
@@ -124,7 +125,7 @@ class EngineWatch:
         self._images(name)
         with self._lock:
             was_seen = health.seen
-            health.up, health.reason, health.reap, health.seen = True, None, False, True
+            health.up, health.reason, health.reap, health.seen = True, None, [], True
         self._record(name)
         if was_seen:  # it was down: engine.up; an engine found up at start is only ready
             log.info("engine.up", engine=name, message=f"engine {name} answers again; its leftover steps are killed")
@@ -136,7 +137,7 @@ class EngineWatch:
         health = self.health[name]
         with self._lock:
             changed = health.up or not health.seen
-            health.up, health.reason, health.reap, health.seen = False, reason, True, True
+            health.up, health.reason, health.seen = False, reason, True
         if changed:
             self._record(name)
             log.warning("engine.down", engine=name, error_code="ENGINE_LOST", message=f"engine {name} {reason}")

@@ -6,11 +6,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import structlog
 
 from saigeedged.adapters.docker import Containers, Engine
 from saigeedged.config import Config
 from saigeedged.engines import EngineSpec, engine_specs
+from saigeedged.errors import SaigeError
 from saigeedged.jobs import HOST_ENGINE, Job
 from saigeedged.service.enginewatch import EngineWatch
 from saigeedged.service.lifecycle import Jobs, Places
@@ -20,6 +24,7 @@ from saigeedged.service.statusline import SlotView, status_line
 from saigeedged.service.worker import Worker
 
 OnEvent = Callable[[str, dict[str, Any]], None]
+log = structlog.get_logger()
 
 
 class Pool:
@@ -64,9 +69,37 @@ class Pool:
         return lambda reason: watch.lost(name, reason)
 
     def _lose(self, name: str, reason: str) -> None:
-        """The engine is down: requeue the jobs its workers wait on (ENGINE_LOST), so they run elsewhere."""
-        if any([w.lose(reason) for w in self.workers if w.slot.engine == name]):
+        """The engine is down: requeue the jobs its workers wait on (ENGINE_LOST), so they run elsewhere; the steps
+        of exactly those attempts are killed when it answers again."""
+        lost = [work for w in self.workers if w.slot.engine == name and (work := w.lose(reason)) is not None]
+        if lost:
+            assert self.watch is not None
+            self.watch.abandoned(name, lost)
             self.wake.set()
+
+    def work_dir(self, job: Job) -> Path:
+        """Where the job's current attempt works (the slots of one daemon all use the same rule)."""
+        return self.workers[0].slot.work_dir(self.config.work_root, job)
+
+    def resume(self, jobs: list[Job]) -> list[Job]:
+        """Hand running container jobs to the workers of their slots to re-attach; returns those no slot serves."""
+        left = []
+        for job in jobs:
+            worker = next((w for w in self.workers if job.target in w.slot.targets
+                           and w.slot.engine_of(job.target) == (job.engine or w.slot.engine)), None)
+            if worker is None:
+                left.append(job)
+            else:
+                worker.resumable.append(job)
+        return left
+
+    def reap(self, job: Job) -> None:
+        """Kill the step of the job's current attempt, wherever it runs (never raises)."""
+        engine = next((e for e in self.engines if e.name == job.engine), self.engines[0])
+        try:
+            engine.container(job.target).reap([self.work_dir(job)])
+        except SaigeError as exc:
+            log.warning("container.reap_failed", job_id=job.job_id, error_code=exc.code, message=exc.message)
 
     def _record(self, spec: EngineSpec, up: bool, reason: str | None) -> None:
         self.jobs.store.set_engine(spec.name, up, reason, list(spec.targets))

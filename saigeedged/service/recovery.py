@@ -106,7 +106,11 @@ class Recovery:
         if job.attempt < max_attempts:
             self.jobs.requeue(job, "restart")
             return
-        error = SaigeError("INTERNAL", f"the daemon stopped during this job {job.attempt} times (last in step "
+        self.died_under(job, job.attempt)
+
+    def died_under(self, job: Job, times: int) -> None:
+        """The daemon died under this job `times` times: it ends failed instead of running for ever."""
+        error = SaigeError("INTERNAL", f"the daemon stopped during this job {times} times (last in step "
                            f"{job.step}): killed, or out of memory?", step=job.step,
                            hint="`journalctl -u saigeedged` and `dmesg` say why; raise limits.max_attempts or run "
                            "`saigeedged retry JOB_ID` once fixed")

@@ -16,7 +16,7 @@ from saigeedged import jobid
 from saigeedged.adapters.docker import Container, Containers
 from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
-from saigeedged.compile import ahead, pipeline
+from saigeedged.compile import ahead, pipeline, resume
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
@@ -67,27 +67,41 @@ class Worker(threading.Thread):
         self._reason: str | None = None
         self._lock = threading.Lock()
         self.ahead: Preparer | None = None  # set by the daemon: host steps of queued jobs done while one compiles
+        # running jobs whose container step outlived the daemon before this one, or an engine outage: re-attached
+        # (the same attempt goes on) before this worker takes anything new
+        self.resumable: list[Job] = []
+        self.detached = False  # the current job was left running in its container by a stop (SPEC §15)
 
     def run(self) -> None:
         while not self.stop_event.is_set():
             if self.outage.due():
                 self._ping_engine()
+            resumed = self._next_resumable()
             skip = self.slot.skip() + (DOCKER_TARGETS if self.outage.active else ())
-            job = self.jobs.store.next_queued(skip)
+            job = resumed or self.jobs.store.next_queued(skip)
             if job is None:
                 self.wake.wait(self.outage.wait_s(1.0))
                 self.wake.clear()
                 continue
             try:
-                self.execute(job)
+                self.execute(job, resumed=resumed is not None)
             except Exception as exc:  # a guard: a bug settling one job must not stop the queue
                 log.error("job.internal_error", job_id=job.job_id, job_name=job.name, error_code="INTERNAL",
                           message=f"{type(exc).__name__}: {exc}")
                 self._abandon(job, exc)
                 self.stop_event.wait(1.0)  # if the job could not be settled either, do not spin on it
 
+    def _next_resumable(self) -> Job | None:
+        """A job to re-attach, once its engine answers; None when there is none (or it is not running any more)."""
+        while self.resumable and not self.outage.active and self.slot.ready(self.resumable[0].target):
+            job = self.jobs.store.get(self.resumable.pop(0).job_id)
+            if job is not None and job.state == RUNNING:
+                return job
+        return None
+
     def interrupt(self, reason: str) -> None:
-        """Stop the running job: kill its step in the container; in-process steps stop at the next step.
+        """Stop the running job: a cancel kills its step in the container; a stop leaves it running there (SPEC §15:
+        the step belongs to its attempt, the next daemon re-attaches); in-process steps stop at the next step.
 
         The kill is a Docker call that a hung engine may not answer for engine_timeout_s: it runs in a thread of
         its own so that the main loop (and its watchdog pings) never waits on it.
@@ -97,7 +111,7 @@ class Worker(threading.Thread):
                 return  # already asked (the main loop sees a cancel request until the job ends)
             job, self._reason = self.current, reason
         container, work = self.containers.active, self.work
-        if job is not None and container is not None and work is not None:
+        if reason != "stop" and job is not None and container is not None and work is not None:
             threading.Thread(target=container.interrupt, args=(work, reason),
                              name="saigeedged-interrupt", daemon=True).start()
 
@@ -118,7 +132,7 @@ class Worker(threading.Thread):
         except TransitionError:
             return False  # cancelled by `saigeedged cancel` meanwhile, or taken by another slot
         with self._lock:
-            self.current, self._reason, self.abandoned = job, None, False
+            self.current, self._reason, self.abandoned, self.detached = job, None, False, False
         event("job.started", job, attempt=job.attempt, engine=job.engine)
         after = job.attempts[-1]["engine"]
         if before is not None and before != after:
@@ -126,18 +140,20 @@ class Worker(threading.Thread):
         self.on_change()
         return True
 
-    def execute(self, job: Job) -> None:
-        if not self._start(job):
+    def execute(self, job: Job, resumed: bool = False) -> None:
+        if not (self._reattach(job) if resumed else self._start(job)):
             return
         work = self.slot.work_dir(self.config.work_root, job)
         self.work = work
-        prepared = self.ahead.take(job, lambda: self._reason) if self.ahead else None  # made in this same `work`
-        if prepared is None:
+        prepared = self.ahead.take(job, lambda: self._reason) if self.ahead and not resumed else None  # made in `work`
+        if prepared is None and not resumed:
             shutil.rmtree(work, ignore_errors=True)
         joblog = JobLog(self.places.local_log(job.job_id))
-        joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'saigeedged'}")
+        joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'saigeedged'}"
+                    + (f", re-attached in step {job.step}" if resumed else ""))
+        host = ahead.Ready(prepared, joblog) if prepared else resume.replay(work, joblog) if resumed else None
         try:
-            self._run(job, work, joblog, ahead.Ready(prepared, joblog) if prepared else None)
+            self._run(job, work, joblog, host)
             joblog.close()
             self._fenced(lambda: self._succeed(job))
         except SaigeError as exc:
@@ -145,12 +161,20 @@ class Worker(threading.Thread):
             joblog.close()
             self._fenced(functools.partial(self._settle, job, exc), quiet=True)
         finally:
-            self.containers.release()
+            self.containers.release(None if self.detached or self.abandoned else work)
             with self._lock:
                 self.current, self.work = None, None
             self.on_change()
-            if not self.config.keep_work and not self.outage.active and not self.abandoned:
-                shutil.rmtree(work, ignore_errors=True)  # in an outage its pidfile is kept for reap()
+            if not self.config.keep_work and not self.outage.active and not self.abandoned and not self.detached:
+                shutil.rmtree(work, ignore_errors=True)  # kept: a step that runs on (re-attached), or one to reap
+
+    def _reattach(self, job: Job) -> bool:
+        """Go on with a running job's attempt: its step outlived the last daemon or an outage of its engine."""
+        with self._lock:
+            self.current, self._reason, self.abandoned, self.detached = job, None, False, False
+        event("job.reattached", job, attempt=job.attempt, engine=job.engine)
+        self.on_change()
+        return True
 
     def _fenced(self, write: Callable[[], None], quiet: bool = False) -> None:
         """Write the job's row, status file or bundle unless its attempt was requeued under this worker (the engine
@@ -166,7 +190,7 @@ class Worker(threading.Thread):
         end_attempt(job, jobid.iso(jobid.utc_now()), None)
         self.jobs.end(job, SUCCEEDED)
 
-    def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Ready | None = None) -> None:
+    def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Replay | None = None) -> None:
         entry = entry_from_doc(job.entry)
         rel = Path(job.subdir) / entry.output_name
         policy = PathPolicy((Path(job.claim_dir), self.places.inbox, *self.config.allowed_roots))
@@ -208,6 +232,9 @@ class Worker(threading.Thread):
     def _settle(self, job: Job, exc: SaigeError) -> None:
         """Requeue an interrupted or retryable job, else end it failed or cancelled."""
         max_attempts = self.config.limits.max_attempts
+        if job.target in DOCKER_TARGETS and exc.code == "CANCELLED" and exc.fields.get("reason") == "stop":
+            self._detach(job)  # its attempt goes on: the row stays running, the next daemon re-attaches
+            return
         if exc.code == "DOCKER_UNAVAILABLE" and self.slot.pooled:  # another engine may run it: not worth waiting for
             self.slot.on_lost(exc.message)
             exc = SaigeError("ENGINE_LOST", f"engine {job.engine} stopped answering: {exc.message}",
@@ -226,35 +253,48 @@ class Worker(threading.Thread):
         else:
             self.jobs.end(job, FAILED, exc)
 
-    def lose(self, reason: str) -> bool:
+    def lose(self, reason: str) -> Path | None:
         """The engine stopped answering while this worker waits on it: requeue its job (ENGINE_LOST) now, from the
-        watching thread, and fence off whatever this attempt does later. False when no job was waiting on it."""
+        watching thread, and fence off whatever this attempt does later. Returns the abandoned attempt's work dir
+        (its step is killed when the engine answers again), None when no job was waiting on it."""
         if not self.lease.acquire(blocking=False):
-            return False  # writing its row or publishing: not waiting on the engine
+            return None  # writing its row or publishing: not waiting on the engine
         try:
-            job, active = self.current, self.containers.active
+            job, active, work = self.current, self.containers.active, self.work
             if job is None or self.abandoned or active is None or not active.calls:
-                return False
+                return None
             self.abandoned = True
             self._settle(job, SaigeError("ENGINE_LOST", f"engine {job.engine} stopped answering: {reason}", step=job.step))
-            return True
+            return work
         finally:
             self.lease.release()
 
+    def _detach(self, job: Job) -> None:
+        """A stop leaves the job's container step running: its work dir says the daemon left it on purpose."""
+        self.detached = True
+        work = self.slot.work_dir(self.config.work_root, job)
+        (work / resume.DETACHED).parent.mkdir(parents=True, exist_ok=True)
+        (work / resume.DETACHED).touch()
+        event("job.detached", job, step=job.step, attempt=job.attempt)
+
     def _hold(self, job: Job, exc: SaigeError) -> None:
-        """The engine is unreachable: not the job's fault, so it waits in the queue with its attempt unspent."""
+        """The engine is unreachable: not the job's fault, so it waits with its attempt unspent. A step already
+        started in the container may run on: the job stays running and is re-attached once the engine answers."""
         if self.outage.begin(job.target):
             log.warning("docker.unavailable", error_code=exc.code, message=exc.message, hint=exc.hint)
             self.slot.on_lost(exc.message)
+        if resume.started(self.slot.work_dir(self.config.work_root, job)):
+            job.error = exc.as_dict(job.step)
+            self.jobs.save(job)
+            self.resumable.append(job)
+            return
         self.jobs.requeue(job, "docker_unavailable", exc, spend_attempt=False)
 
     def _ping_engine(self) -> None:
-        """End the outage once the engine answers and the steps it ran unseen are killed (never raises)."""
+        """End the outage once the engine answers (never raises); the jobs it held are re-attached next."""
         try:
             if not self.containers.engine_up():
                 raise SaigeError("DOCKER_UNAVAILABLE", "the engine does not answer")
-            for target in sorted(self.outage.targets):
-                self.containers.container(target).reap()
         except Exception as exc:  # a guard: whatever the engine does, the worker thread goes on
             if not isinstance(exc, SaigeError):
                 log.warning("docker.ping_failed", message=f"{type(exc).__name__}: {exc}")

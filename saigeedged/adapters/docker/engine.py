@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from saigeedged.adapters.docker.api import ENGINE_ERRORS, DockerAPI, NotFound, answers, connect
@@ -108,7 +109,10 @@ class Containers:
         self.active.follow_image()
         return self.active
 
-    def release(self) -> None:
+    def release(self, ended: Path | None = None) -> None:
+        """The job is done with its container; `ended`: its attempt ended, so its remote work folder goes too."""
+        if self.active is not None:
+            self.active.end_job(ended)
         self.active = None
         if self.lock is not None:
             self.lock.release()

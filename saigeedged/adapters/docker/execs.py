@@ -7,33 +7,24 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from saigeedged.adapters.docker import detached
 from saigeedged.adapters.docker.api import ENGINE_ERRORS, ContainerRef, DockerAPI, NotFound
 from saigeedged.adapters.docker.lifecycle import Lifecycle, OnEvent
 from saigeedged.adapters.docker.spec import Spec, exec_user
-from saigeedged.adapters.docker.transfer import LIST_FORMAT, Trailer, WorkSync, owner_ids
+from saigeedged.adapters.docker.transfer import WorkSync, owner_ids
 from saigeedged.errors import SaigeError
 
 KILL_AFTER = "30s"
 LOST_GRACE_S = 2  # how long a step killed by a signal waits to see whether its whole container is going down
 PIDFILE = ".step.pid"
-STOPFILE = ".step.stop"  # beside the pidfile: a stop or cancel for this job's steps, holding its reason
+STOPFILE = ".step.stop"  # beside the pidfile: a cancel for this job's steps, holding its reason
 # by path: a busybox sh would run its own applet for a bare `timeout` (coreutils lives here on Ubuntu)
 TIMEOUT_BIN = "/usr/bin/timeout"
-# writes the step's pid (GNU timeout, the head of its process group), then runs it unless a stop came first:
-# interrupt() writes the stop file before it reads the pidfile, so either this sees the stop or the kill sees the pid
-_WRAP = 'echo $$ > "$0"; [ -e "${0%.pid}.stop" ] && exit 143; exec "$@"'
-# on a remote engine the wrapper also lists the work dir when the step ends, on stderr (the step's own output goes to
-# stdout): the host learns what to copy back, and the exit code, without another exec. The step runs in an inner sh
-# that adds its pid (timeout's) to the pidfile, after the wrapper's own (the head of the exec's process group): the
-# kill reaches both groups, whichever timeout (GNU's own group or not) the image has. END <code> ends a whole listing.
-_WRAP_LIST = 'echo $$ > "$0"; sh -c \'echo $$ >> "$0"; [ -e "${0%.pid}.stop" ] && exit 143; exec "$@"\' "$0" "$@" ' \
-             '2>&1 </dev/null & wait $!; c=$?; ' \
-             'find "${0%/*}" -type f -exec stat -c "' + LIST_FORMAT + '" {} + >&2 2>/dev/null; ' \
-             'echo "END $c" >&2; exit $c'
 # the stop file is touched inside the container too: on a remote engine the host's copy is not seen there
 _KILL = 'touch "${0%.pid}.stop" 2>/dev/null; for p in $(cat "$0" 2>/dev/null); do ' \
         'kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; done; rm -f "$0"'
-_REAP = 'for f in "$0"/*/' + PIDFILE + ' "$0"/*/*/' + PIDFILE + '; do [ -f "$f" ] || continue; for p in $(cat "$f"); ' \
+# $0 and every further argument: pidfiles of attempts to end
+_REAP = 'for f in "$0" "$@"; do [ -f "$f" ] || continue; for p in $(cat "$f"); ' \
         'do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done; rm -f "$f"; done; true'
 Sink = Callable[[bytes], None]
 
@@ -46,10 +37,11 @@ class Container(Lifecycle):
         self._sync: WorkSync | None = None  # the work dir of the job in this container (remote engines)
         self.moved = 0  # bytes copied in and out (remote engines), for the job log
         self.probe_failure = ""  # what the last entry-point probe that found nothing said, for the error message
+        self._steps: dict[str, int] = {}  # work dir -> steps its attempt started so far (their numbers in .steps/)
 
     def _exec(self, ctr: ContainerRef, argv: Sequence[str], workdir: str, env: dict[str, str] | None,
-              sink: Sink, trailer: Trailer | None = None) -> int | None:
-        """Run argv, its output to `sink` (stderr to `trailer` when given); its exit code, None if it was cut off."""
+              sink: Sink) -> int | None:
+        """Run a short fixed command, its output to `sink`; its exit code, None if it was cut off."""
         api = self.docker.api
         exec_id = str(api.exec_create(ctr.id, list(argv), user=exec_user(self.spec.user), workdir=workdir,
                                       environment=env)["Id"])
@@ -57,9 +49,7 @@ class Container(Lifecycle):
             if out:
                 sink(out)
             if err:
-                (sink if trailer is None else trailer.feed)(err)
-        if trailer is not None and trailer.code is not None:
-            return trailer.code  # the wrapper ran to its end: no exec_inspect round trip
+                sink(err)
         while True:  # the stream ends on a broken connection too: only exec_inspect decides
             info = api.exec_inspect(exec_id)
             if not info["Running"]:
@@ -89,25 +79,63 @@ class Container(Lifecycle):
         return self._probed[key][0]
 
     def run_step(self, argv: Sequence[str], workdir: Path, timeout_s: int, sink: Sink,
-                 env: dict[str, str] | None = None) -> int:
-        """One compiler step under `timeout --kill-after`, output streamed to `sink`; returns its exit code."""
+                 env: dict[str, str] | None = None, replay: Sink | None = None,
+                 stopping: detached.Stopping = lambda: False) -> int:
+        """One compiler step under `timeout --kill-after`, started detached (SPEC §15); returns its exit code.
+
+        Steps are numbered in the order a job's attempt runs them, so a daemon started again in the same attempt finds
+        each one in `.steps/`: a step that ended gives its code at once, one still running is followed on. Output the job
+        log already has (written before a restart) goes to `replay` only, the rest to `sink` too. `stopping()`: stop
+        following and leave the step running (CANCELLED, reason stop, detached).
+        """
         ctr = self.ensure()
-        pidfile = str(workdir / PIDFILE)
-        trailer = None if self.spec.mount else Trailer()
-        wrap = _WRAP if trailer is None else _WRAP_LIST
-        wrapped = ["sh", "-c", wrap, pidfile, TIMEOUT_BIN, f"--kill-after={KILL_AFTER}", f"{max(1, int(timeout_s))}s",
-                   *argv]
-        _raise_if_stopped(workdir, argv)  # a stop that came between steps is not erased by this one
-        with self._reach(f"running {shlex.join(argv[:3])}"):
-            self._copy_in(ctr, workdir)
-            code = self._exec(ctr, wrapped, str(workdir), env, sink, trailer)
+        files = detached.Files(workdir, self._next_step(workdir))
+        label = shlex.join(argv[:3])
+        if not files.started():
+            _raise_if_stopped(workdir, argv)  # a cancel that came between steps is not erased by this one
+            with self._reach(f"starting {label}"):
+                self._copy_in(ctr, workdir)
+                self._launch(ctr, files, argv, timeout_s, env)
+        follower = detached.Follower(self.docker, ctr, files, self.spec.mount, lambda cmd: self._fixed(ctr, cmd), sink,
+                                     replay)
+        with self._reach(f"following {label}"):
+            code = follower.follow(stopping)
         _raise_if_stopped(workdir, argv)
-        if code is None or self._lost(ctr, code):
-            raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} died during {shlex.join(argv[:3])}")
-        with self._reach(f"copying the outputs of {shlex.join(argv[:3])}"):
-            self._copy_out(ctr, None if trailer is None else trailer.listing)
-        Path(pidfile).unlink(missing_ok=True)
+        if self._lost(ctr, code):
+            raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} died during {label}")
+        with self._reach(f"copying the outputs of {label}"):
+            self._copy_out(ctr, workdir)
         return code
+
+    def _next_step(self, workdir: Path) -> int:
+        key = str(workdir)
+        self._steps[key] = self._steps.get(key, 0) + 1
+        return self._steps[key]
+
+    def end_job(self, ended: Path | None) -> None:
+        """The job using this container is done with it: the next job (or attempt) numbers its steps from 1. `ended`:
+        its attempt ended (not detached by a stop), so a remote engine's copy of the work dir is removed."""
+        self._steps.clear()
+        if ended is None or self.spec.mount or self._sync is None:
+            return
+        self._sync = None
+        try:
+            with self._reach(f"removing {ended} in {self.spec.name}"):
+                self._fixed(self.docker.containers.get(self.spec.name), ["rm", "-rf", str(ended)])
+        except (SaigeError, *ENGINE_ERRORS):
+            pass  # the engine is gone: its folder goes with the container, or with the next attempt's copy
+
+    def _launch(self, ctr: ContainerRef, files: detached.Files, argv: Sequence[str], timeout_s: int,
+               env: dict[str, str] | None) -> None:
+        """Create the wrapper's exec, record its id beside the step's files, start it detached."""
+        files.base.parent.mkdir(parents=True, exist_ok=True)
+        wrapped = ["sh", "-c", f'mkdir -p "${{0%/*}}"; {detached.WRAP}', str(files.base), str(files.work / PIDFILE),
+                   TIMEOUT_BIN, f"--kill-after={KILL_AFTER}", f"{max(1, int(timeout_s))}s", *argv]
+        api = self.docker.api
+        exec_id = str(api.exec_create(ctr.id, wrapped, user=exec_user(self.spec.user), workdir=str(files.work),
+                                      environment=env)["Id"])
+        files.path("exec").write_text(exec_id)
+        api.exec_start(exec_id, detach=True)
 
     def _copy_in(self, ctr: ContainerRef, workdir: Path) -> None:
         if self.spec.mount:
@@ -116,9 +144,12 @@ class Container(Lifecycle):
             self._sync, self.moved = WorkSync(workdir, owner_ids(exec_user(self.spec.user))), 0
         self.moved += self._sync.push(self.docker, ctr, lambda argv: self._fixed(ctr, argv))
 
-    def _copy_out(self, ctr: ContainerRef, listing: bytes | None) -> None:
-        if self._sync is not None and not self.spec.mount:
-            self.moved += self._sync.pull(self.docker, ctr, lambda argv: self._fixed(ctr, argv), listing)
+    def _copy_out(self, ctr: ContainerRef, workdir: Path) -> None:
+        if self.spec.mount:
+            return
+        if self._sync is None or self._sync.work != workdir:  # a step re-attached after a restart: all comes back
+            self._sync, self.moved = WorkSync(workdir, owner_ids(exec_user(self.spec.user))), 0
+        self.moved += self._sync.pull(self.docker, ctr, lambda argv: self._fixed(ctr, argv))
 
     def _fixed(self, ctr: ContainerRef, argv: list[str]) -> bytes:
         """Run a fixed helper command (no manifest values); its output, or CONTAINER_LOST when it fails."""
@@ -161,16 +192,18 @@ class Container(Lifecycle):
         except ENGINE_ERRORS:
             pass
 
-    def reap(self) -> None:
-        """Kill leftover steps recorded by their pidfiles: of a daemon SIGKILL'd mid-step, or of steps whose
-        engine connection was cut (they may have run on while the engine was unreachable)."""
+    def reap(self, workdirs: Sequence[Path]) -> None:
+        """Kill the steps of these attempts' work dirs by their pidfiles (attempts requeued elsewhere, or ended by a
+        crash limit): nothing else in the container is touched."""
+        if not workdirs:
+            return
         with self._reach(f"killing leftover steps in {self.spec.name}"):
             try:
                 ctr = self.docker.containers.get(self.spec.name)
             except NotFound:
                 return
             if ctr.status == "running":
-                self._exec(ctr, ["sh", "-c", _REAP, str(self.spec.work_root)], "/", None, lambda _: None)
+                self._exec(ctr, ["sh", "-c", _REAP, *[str(w / PIDFILE) for w in workdirs]], "/", None, lambda _: None)
 
 
 def _raise_if_stopped(workdir: Path, argv: Sequence[str]) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import IO
 
 from saigeedged.adapters.docker.api import ContainerRef, DockerAPI
 
@@ -40,17 +42,19 @@ class WorkSync:
         changed = [(rel, st) for rel, st in _walk(self.work) if self.host.get(rel) != (st.st_size, st.st_mtime_ns)]
         if not changed and self.host:
             return 0
-        data = self._tar(changed)
-        api.api.put_archive(ctr.id, "/", data)
+        with tempfile.TemporaryFile() as spool:  # streamed to the engine from a file: never whole in memory
+            self._tar(changed, spool)
+            sent = spool.tell()
+            spool.seek(0)
+            api.api.put_archive(ctr.id, "/", spool)
         for rel, st in changed:
             self.host[rel] = (st.st_size, st.st_mtime_ns)
             self.remote[rel] = (st.st_size, int(st.st_mtime))
-        return len(data)
+        return sent
 
-    def _tar(self, files: list[tuple[str, os.stat_result]]) -> bytes:
-        buf = io.BytesIO()
+    def _tar(self, files: list[tuple[str, os.stat_result]], out: IO[bytes]) -> None:
         uid, gid = self.owner
-        with tarfile.open(fileobj=buf, mode="w") as tar:
+        with tarfile.open(fileobj=out, mode="w|") as tar:
             folders = {p for rel, _ in files for p in (self.work / rel).parents if p.is_relative_to(self.work)}
             for folder in sorted(folders | {self.work}):
                 info = tarfile.TarInfo(str(folder).lstrip("/"))
@@ -61,12 +65,11 @@ class WorkSync:
                 info.size, info.mode, info.mtime, info.uid, info.gid = st.st_size, st.st_mode & 0o777, st.st_mtime, uid, gid
                 with (self.work / rel).open("rb") as fh:
                     tar.addfile(info, fh)
-        return buf.getvalue()
 
     def pull(self, api: DockerAPI, ctr: ContainerRef, run: Run, listing: bytes | None = None) -> int:
         """Copy back what the container has new or changed since the last copy; returns bytes received.
 
-        `listing` is the work dir as the step's wrapper listed it when the step ended; without it, it is listed here.
+        `listing`: the container's work dir as `size mtime path` lines (LIST_FORMAT); without it, it is listed here.
         """
         if listing is None:
             listing = run(["find", str(self.work), "-type", "f", "-exec", "stat", "-c", LIST_FORMAT, "{}", "+"])
@@ -84,8 +87,8 @@ class WorkSync:
 
     def _extract(self, stream: Iterator[bytes], wanted: dict[str, tuple[int, int]]) -> int:
         """Write the wanted regular files of a get_archive stream under the work dir (nothing else: names are ours)."""
-        data = b"".join(stream)
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        chunks = _Chunks(stream)
+        with tarfile.open(fileobj=chunks, mode="r|") as tar:  # read as it arrives: never whole in memory
             for member in tar:
                 rel = PurePosixPath(member.name).as_posix()
                 source = tar.extractfile(member) if member.isfile() and rel in wanted else None
@@ -102,7 +105,7 @@ class WorkSync:
                 tmp.replace(dest)
                 st = dest.stat()
                 self.host[rel], self.remote[rel] = (st.st_size, st.st_mtime_ns), wanted[rel]
-        return len(data)
+        return chunks.received
 
 
 def _walk(work: Path) -> list[tuple[str, os.stat_result]]:
@@ -122,34 +125,21 @@ def owner_ids(user: str) -> tuple[int, int]:
     return (int(uid), int(gid or uid)) if uid.isdigit() and (not gid or gid.isdigit()) else (0, 0)
 
 
-class Trailer:
-    """What a remote step's wrapper writes on stderr when the step ends: the work dir's files, then `END <code>`."""
+class _Chunks(io.RawIOBase):
+    """A get_archive stream (an iterator of byte chunks) as the file tarfile's stream mode reads from."""
 
-    def __init__(self) -> None:
-        self._data = bytearray()
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks, self._left, self.received = chunks, b"", 0
 
-    def feed(self, chunk: bytes) -> None:
-        self._data.extend(chunk)
+    def readable(self) -> bool:
+        return True
 
-    def _lines(self) -> list[str]:
-        return self._data.decode(errors="replace").splitlines()
-
-    @property
-    def code(self) -> int | None:
-        """The step's exit code; None when the stream was cut before the wrapper's end."""
-        lines = self._lines()
-        last = lines[-1].split(" ") if lines else []
-        return int(last[1]) if len(last) == 2 and last[0] == "END" and last[1].isdigit() else None
-
-    @property
-    def listing(self) -> bytes | None:
-        """The `size mtime path` lines of the work dir; None when the wrapper did not get to its end."""
-        if self.code is None:
-            return None
-        return "".join(f"{line}\n" for line in self._lines()[:-1] if _listed(line)).encode()
-
-
-def _listed(line: str) -> bool:
-    size, _, rest = line.partition(" ")
-    mtime, _, name = rest.partition(" ")
-    return size.isdigit() and mtime.isdigit() and name.startswith("/")
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        while not self._left:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._left, self.received = chunk, self.received + len(chunk)
+        n = min(len(buffer), len(self._left))
+        buffer[:n], self._left = self._left[:n], self._left[n:]
+        return n

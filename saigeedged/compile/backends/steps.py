@@ -27,16 +27,20 @@ class StepRunner:
         """Run and return (exit code, output); output is also streamed to the job log. Raises TIMEOUT."""
         captured = bytearray()
 
-        def sink(chunk: bytes) -> None:
-            self.ctx.log.write(chunk)
+        def replay(chunk: bytes) -> None:  # output of a step re-attached after a restart that the job log already has
             captured.extend(chunk)
             if on_chunk is not None:
                 on_chunk(chunk)
 
+        def sink(chunk: bytes) -> None:
+            self.ctx.log.write(chunk)
+            replay(chunk)
+
         argv = self.prefix + list(args)
         self.ctx.log.line(f"$ {shlex.join(argv)}")
         limit = self.ctx.step_timeout()
-        code = self.ctr.run_step(argv, self.work, limit, sink, self.env)
+        code = self.ctr.run_step(argv, self.work, limit, sink, self.env, replay,
+                                 stopping=lambda: self.ctx.interrupted() == "stop")
         if code in TIMED_OUT:
             raise SaigeError("TIMEOUT", f"`{self.label(args)}` ran longer than {limit}s and was killed")
         return code, bytes(captured)

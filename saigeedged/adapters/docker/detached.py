@@ -1,0 +1,151 @@
+"""A compiler step started detached in its container and followed through files of the attempt's work dir (SPEC §15).
+
+The step belongs to its attempt, not to the daemon: a wrapper run by a detached exec writes the step's output to
+`.steps/<n>.log`, its pids to the work dir's pidfile and, when it ends, its exit code to `.steps/<n>.rc`. The
+daemon follows the log and waits for the exit code with short calls, each bounded by the client's timeout (the
+local engine's files are read through the bind mount, a remote engine's by a small exec), so a daemon that stops,
+restarts or is killed finds the step again by its number and re-attaches, or reads the code of a step that ended.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from saigeedged.adapters.docker.api import APIError, ContainerRef, DockerAPI
+from saigeedged.errors import SaigeError
+
+STEPS_DIR = ".steps"
+POLL_S = 0.05  # between looks at a local step's files (a file read: no engine call)
+REMOTE_POLL_S = 0.5  # between looks at a remote step's files (one exec each)
+LIVENESS_S = 2.0  # how often the engine is asked whether the step's exec still runs
+# $0 = .steps/<n> (no suffix), $1 = the pidfile, then timeout's argv. The wrapper writes its own pid and then the
+# step's (timeout's, GNU's the head of its own process group) to the pidfile, so a kill reaches both process groups;
+# it traps TERM so that a cancel's kill still leaves an exit code; the code is written by rename, whole or not at all.
+WRAP = ('s=$0; p=$1; shift; echo $$ > "$p"; '
+        'if [ -e "${p%.pid}.stop" ]; then c=143; else '
+        'trap : TERM INT HUP; "$@" > "$s.log" 2>&1 < /dev/null & k=$!; echo $k >> "$p"; '
+        'while :; do wait $k; c=$?; kill -0 $k 2>/dev/null || break; done; fi; '
+        'rm -f "$p"; echo $c > "$s.rc.tmp" && mv -f "$s.rc.tmp" "$s.rc"')
+# a remote step's state in one exec: its exit code (empty while it runs), a marker, then its log from an offset
+_PEEK = 'cat "$0.rc" 2>/dev/null; echo; echo @@; tail -c +"$1" "$0.log" 2>/dev/null; true'
+_MARK = b"\n@@\n"
+Sink = Callable[[bytes], None]
+Stopping = Callable[[], bool]
+
+
+@dataclass
+class Files:
+    """The files of step `n` of the attempt whose work dir is `work` (host-side paths)."""
+
+    work: Path
+    n: int
+
+    @property
+    def base(self) -> Path:
+        return self.work / STEPS_DIR / str(self.n)
+
+    def path(self, suffix: str) -> Path:
+        return self.base.with_name(f"{self.n}.{suffix}")
+
+    def started(self) -> bool:
+        return self.path("exec").exists()
+
+    def exec_id(self) -> str:
+        return self.path("exec").read_text().strip()
+
+    def seen(self) -> int:
+        """Bytes of the step's log already copied into the job log (by this daemon or the one before)."""
+        try:
+            return int(self.path("seen").read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def mark_seen(self, offset: int) -> None:
+        self.path("seen").write_text(str(offset))
+
+
+def code_of(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+class Follower:
+    """Follows one detached step until it ends; `local`: its files are read on the host (bind mount)."""
+
+    def __init__(self, api: DockerAPI, ctr: ContainerRef, files: Files, local: bool, run_fixed: Callable[[list[str]], bytes],
+                 sink: Sink, replay: Sink | None) -> None:
+        self.api, self.ctr, self.files, self.local = api, ctr, files, local
+        self.run_fixed = run_fixed  # one short exec of a fixed command, its output (remote engines)
+        self.sink, self.replay = sink, replay
+        self.offset = 0  # bytes of the step's log read so far
+        self.seen = files.seen()
+        self._checked = time.monotonic()
+
+    def _feed(self, data: bytes) -> None:
+        """New log bytes: those the job log already has (before a re-attach) only to `replay`, the rest to both."""
+        start, self.offset = self.offset, self.offset + len(data)
+        old = data[: max(0, self.seen - start)]
+        new = data[len(old):]
+        if old and self.replay is not None:
+            self.replay(old)
+        if new:
+            self.sink(new)
+            self.seen = self.offset
+            self.files.mark_seen(self.seen)
+
+    def _look(self) -> int | None:
+        """Read what the step wrote since the last look; its exit code once it has ended."""
+        if self.local:
+            code = self._local_code()
+            try:
+                with self.files.path("log").open("rb") as fh:
+                    fh.seek(self.offset)
+                    data = fh.read()
+            except FileNotFoundError:  # the wrapper has not started the step yet
+                data = b""
+        else:
+            out = self.run_fixed(["sh", "-c", _PEEK, str(self.files.base), str(self.offset + 1)])
+            head, _, data = out.partition(_MARK)
+            code = code_of(head.decode(errors="replace"))
+        if data:
+            self._feed(data)
+        return code
+
+    def _local_code(self) -> int | None:
+        try:
+            return code_of(self.files.path("rc").read_text())
+        except FileNotFoundError:
+            return None
+
+    def _gone(self) -> bool:
+        """Has the wrapper's exec ended without leaving an exit code (its container died or was recreated)?"""
+        try:
+            info = self.api.api.exec_inspect(self.files.exec_id())
+        except APIError as exc:
+            if exc.status_code == 404:
+                return True
+            raise
+        return not info.get("Running", False)
+
+    def follow(self, stopping: Stopping) -> int:
+        """The step's exit code; CONTAINER_LOST when it vanished; `stopping()`: leave it running (CANCELLED, stop)."""
+        poll = POLL_S if self.local else REMOTE_POLL_S
+        while True:
+            code = self._look()
+            if code is not None:
+                return code
+            if stopping():
+                raise SaigeError("CANCELLED", "the daemon stops; the step runs on and is re-attached at the next start",
+                                 reason="stop", detached=True)
+            if time.monotonic() - self._checked >= LIVENESS_S:
+                self._checked = time.monotonic()
+                if self._gone():
+                    code = self._look()  # it may have ended between the two looks
+                    if code is not None:
+                        return code
+                    raise SaigeError("CONTAINER_LOST", f"step {self.files.n} left no exit code: its container died "
+                                     "or was recreated under it")
+            time.sleep(poll)
