@@ -72,34 +72,66 @@ def test_cubie_drop_and_failure_modes_keep_the_daemon_going(cubie_daemon: Any, d
     assert (d.outbox / good["bundle"]["path"]).is_file()
 
 
-def test_sigkill_mid_step_resumes_on_restart(cubie_daemon: Any, docker_client: Any, tmp_path: Path,
-                                             det_inputs: dict[str, Any]) -> None:
-    """SIGKILL during quantize; the next start kills the leftover step, runs the job again (attempt 2), once."""
-    d = cubie_daemon()
+def calls(docker_client: Any, d: Any, verb: str) -> list[str]:
+    """The stand-in pegasus calls of `verb` recorded in the daemon's cubie container (cwd, argv)."""
+    name = yaml.safe_load(d.config.read_text())["cubie"]["container"]
+    out = docker_client.containers.get(name).exec_run(["cat", "/tmp/standin-calls.log"]).output.decode()
+    return [line for line in out.splitlines() if f"pegasus.py {verb}" in line]
+
+
+def reattached(d: Any, sig: signal.Signals, docker_client: Any, tmp_path: Path, det_inputs: dict[str, Any]) -> None:
+    """The daemon ends by `sig` during a 3 s quantize and starts again: the job goes on in its first attempt."""
     first = in_quantize(d, docker_client, tmp_path, "slowjob", det_inputs["manifest"])
-    d.signal(signal.SIGKILL)
-    d.proc.wait(10)
+    d.signal(sig)
+    assert d.proc.wait(30) == 0 if sig == signal.SIGTERM else d.proc.wait(10) != 0
+    assert "pegasus.py quantize" in procs(docker_client, d)  # the step outlived the daemon
     d.start()
-    done = d.wait_state(first["job_id"], ("succeeded",))
-    assert done["attempt"] == 2
+    done = d.wait_state(first["job_id"], ("succeeded", "failed"))
+    assert (done["state"], done["attempt"]) == ("succeeded", 1)
+    assert len(calls(docker_client, d, "quantize")) == 1 and len(calls(docker_client, d, "import")) == 1
     assert [s["job_id"] for s in d.statuses()] == [first["job_id"]]
-    requeued = [e for e in d.events("job.requeued") if e["job_id"] == first["job_id"]]
-    assert requeued and requeued[0]["reason"] == "restart"
+    assert [e["job_id"] for e in d.events("job.reattached")] == [first["job_id"]]
+    assert not d.events("job.requeued") and (d.outbox / done["bundle"]["path"]).is_file()
+    log = (d.outbox / done["log"]).read_text()
+    assert log.count("===== [8/11] quantize") == 2 and "re-attached in step quantize" in log
+    assert log.count("----- quantize: ok") == 1
 
 
-def test_sigterm_mid_step_requeues_and_exits(cubie_daemon: Any, docker_client: Any, tmp_path: Path,
-                                             det_inputs: dict[str, Any]) -> None:
-    """SIGTERM during a hung step: STOPPING=1, the step is killed in the container, the job is queued, exit 0 < 30 s."""
+def test_sigkill_mid_step_reattaches_on_restart(cubie_daemon: Any, docker_client: Any, tmp_path: Path,
+                                                det_inputs: dict[str, Any]) -> None:
+    """kill -9 during quantize: the step runs on; the next start re-attaches, the job succeeds in attempt 1 and
+    quantize ran once."""
+    reattached(cubie_daemon(), signal.SIGKILL, docker_client, tmp_path, det_inputs)
+
+
+def test_sigterm_mid_step_leaves_the_step_running_and_reattaches(cubie_daemon: Any, docker_client: Any,
+                                                                 tmp_path: Path, det_inputs: dict[str, Any]) -> None:
+    """SIGTERM during quantize: STOPPING=1, exit 0, the step goes on in the container; the next start re-attaches
+    and the job succeeds in attempt 1 with quantize run once."""
+    d = cubie_daemon()
+    reattached(d, signal.SIGTERM, docker_client, tmp_path, det_inputs)
+    assert "STOPPING=1" in " ".join(d.messages)
+    assert [e["job_id"] for e in d.events("job.detached")]
+
+
+def test_sigterm_on_a_hung_step_exits_in_time_and_leaves_it_running(cubie_daemon: Any, docker_client: Any,
+                                                                    tmp_path: Path, det_inputs: dict[str, Any]) -> None:
+    """SIGTERM during a hung step: exit 0 within 30 s, the job's row stays running in its first attempt, the step
+    runs on in the container (a stop no longer kills it)."""
     d = cubie_daemon()
     job = in_quantize(d, docker_client, tmp_path, "hang", det_inputs["manifest"])
     start = time.monotonic()
     d.signal(signal.SIGTERM)
     assert d.proc.wait(30) == 0
     assert time.monotonic() - start < 30
-    assert "STOPPING=1" in " ".join(d.messages)
     doc = d.status(job["job_id"])
-    assert doc is not None and doc["state"] == "queued" and doc["attempt"] == 2
-    wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 10, "the step killed")
+    assert doc is not None and (doc["state"], doc["attempt"], doc["step"]) == ("running", 1, "quantize")
+    assert "sleep 100000" in procs(docker_client, d)
+    d.start()
+    wait_for(lambda: d.events("job.reattached"), 30, "the hung step re-attached")
+    cli.main(["cancel", job["job_id"], "-c", str(d.config)])
+    assert d.wait_state(job["job_id"], ("cancelled",))["attempt"] == 1
+    wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 10, "the step killed by the cancel")
 
 
 def test_container_killed_mid_job_is_recreated_and_retried(cubie_daemon: Any, docker_client: Any, tmp_path: Path,
@@ -195,30 +227,27 @@ def test_waiting_for_the_container_lock_ends_on_sigterm(cubie_daemon: Any, det_i
 
 def test_engine_outage_holds_container_jobs_while_host_jobs_go_on(cubie_daemon: Any, docker_client: Any,
                                                                  tmp_path: Path, det_inputs: dict[str, Any]) -> None:
-    """The engine goes away mid-step (dockerd stopped, restarting): the job waits in the queue with its attempt
-    unspent and DOCKER_UNAVAILABLE as the reason, a host job still runs, and when the engine is back the step
-    it ran unseen is killed and the job runs again."""
+    """The engine goes away mid-step (dockerd stopped, restarting): the job waits with its attempt unspent and
+    DOCKER_UNAVAILABLE as the reason, a host job still runs, and when the engine is back the job re-attaches to the
+    step that ran on meanwhile (SPEC §15): nothing is killed, nothing runs twice."""
     proxy = EngineProxy(tmp_path / "engine.sock")
     proxy.up()
     d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host})
     job = in_quantize(d, docker_client, tmp_path, "hang", det_inputs["manifest"])
     seen = len(d.messages)
     proxy.down()
-    held = d.wait_state(job["job_id"], ("queued",))
-    assert held["attempt"] == 1 and held["error"]["code"] == "DOCKER_UNAVAILABLE"
-    assert "start dockerd" in held["error"]["hint"] and held["error"]["step"] == "quantize"
+    held = wait_for(lambda: (s := d.status(job["job_id"])) and s["error"] and s, 30, "the job held")
+    assert (held["state"], held["attempt"], held["step"]) == ("running", 1, "quantize")
+    assert held["error"]["code"] == "DOCKER_UNAVAILABLE" and "start dockerd" in held["error"]["hint"]
     d.expect("Docker engine unreachable", 10, after=seen)
     drop(d.inbox, "onhost", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
     assert d.wait_job("onhost")["state"] == "succeeded"
-    assert d.status(job["job_id"])["state"] == "queued"
     proxy.up()
     wait_for(lambda: d.events("docker.available"), 60, "the engine seen again")
-    again = d.wait_state(job["job_id"], ("running",), step="quantize")
-    assert again["attempt"] == 1 and again["error"] is None
-    wait_for(lambda: "sleep 100000" in procs(docker_client, d), 10, "the step running again")
-    assert procs(docker_client, d).count("sleep 100000") == 1  # the one it ran unseen was reaped
-    assert len(d.events("docker.unavailable")) == 1
-    assert [e["error_code"] for e in d.events("job.requeued")] == ["DOCKER_UNAVAILABLE"]
+    wait_for(lambda: d.events("job.reattached"), 30, "the job re-attached")
+    assert procs(docker_client, d).count("sleep 100000") == 1  # the same step: it ran on, nothing started again
+    assert len(d.events("docker.unavailable")) == 1 and not d.events("job.requeued")
+    assert len(calls(docker_client, d, "quantize")) == 1 and d.status(job["job_id"])["attempt"] == 1
 
 
 def test_submit_wait_outlasts_the_claim_wait(cubie_daemon: Any, tmp_path: Path, det_inputs: dict[str, Any],

@@ -232,8 +232,9 @@ class Worker(threading.Thread):
     def _settle(self, job: Job, exc: SaigeError) -> None:
         """Requeue an interrupted or retryable job, else end it failed or cancelled."""
         max_attempts = self.config.limits.max_attempts
-        if job.target in DOCKER_TARGETS and exc.code == "CANCELLED" and exc.fields.get("reason") == "stop":
-            self._detach(job)  # its attempt goes on: the row stays running, the next daemon re-attaches
+        if exc.code == "CANCELLED" and exc.fields.get("reason") == "stop" and \
+                resume.started(self.slot.work_dir(self.config.work_root, job)):
+            self._detach(job)  # its container step runs on: the row stays running, the next daemon re-attaches
             return
         if exc.code == "DOCKER_UNAVAILABLE" and self.slot.pooled:  # another engine may run it: not worth waiting for
             self.slot.on_lost(exc.message)
@@ -275,7 +276,7 @@ class Worker(threading.Thread):
         work = self.slot.work_dir(self.config.work_root, job)
         (work / resume.DETACHED).parent.mkdir(parents=True, exist_ok=True)
         (work / resume.DETACHED).touch()
-        event("job.detached", job, step=job.step, attempt=job.attempt)
+        event("job.detached", job, attempt=job.attempt)
 
     def _hold(self, job: Job, exc: SaigeError) -> None:
         """The engine is unreachable: not the job's fault, so it waits with its attempt unspent. A step already
