@@ -1,5 +1,5 @@
-"""Round trips of a step on a remote engine (SPEC §11): the step's own exec brings back its exit code and the listing
-of what it wrote; a stop still kills it and the step after it."""
+"""Round trips of a step on a remote engine (SPEC §11, §15): the step runs detached and the short exec that reads
+its end brings back its exit code and the listing of what it wrote; a cancel still kills it."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def execs_in(engine: Any, container: str, since: float, work: Path) -> list[str]
 @pytest.mark.docker
 def test_remote_step_is_one_exec_with_its_code_output_and_outputs(remote: tuple[Engine, Any],  # noqa: F811
                                                                    engine_hosts: Any) -> None:
-    """A step on a remote engine is one exec: no second exec lists its outputs, yet its exit code, its stdout and
-    stderr, and the file it wrote all come back."""
+    """A step on a remote engine is one detached exec followed by short reads of its files: no exec of its own lists
+    its outputs, yet its exit code, its stdout and stderr, and the file it wrote all come back."""
     engine, config = remote
     container = engine.container("cubie")
     work = config.work_root / "job-execs"
@@ -40,7 +40,9 @@ def test_remote_step_is_one_exec_with_its_code_output_and_outputs(remote: tuple[
     assert code == 3
     assert b"said" in b"".join(out) and b"warned" in b"".join(out)
     assert (work / "out.txt").read_text() == "in"
-    assert len(execs_in(engine_hosts["tls"], container.spec.name, since, work)) == 1
+    execs = execs_in(engine_hosts["tls"], container.spec.name, since, work)
+    assert len([e for e in execs if "mkdir -p" in e]) == 1  # the step's own wrapper, started once
+    assert all("@@" in e for e in execs if "mkdir -p" not in e)  # the rest read its end: no listing exec of its own
 
 
 @pytest.mark.engines

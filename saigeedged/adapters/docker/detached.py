@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from saigeedged.adapters.docker.api import APIError, ContainerRef, DockerAPI
+from saigeedged.adapters.docker.transfer import LIST_FORMAT
 from saigeedged.errors import SaigeError
 
 STEPS_DIR = ".steps"
@@ -29,9 +30,12 @@ WRAP = ('s=$0; p=$1; shift; echo $$ > "$p"; '
         'trap : TERM INT HUP; "$@" > "$s.log" 2>&1 < /dev/null & k=$!; echo $k >> "$p"; '
         'while :; do wait $k; c=$?; kill -0 $k 2>/dev/null || break; done; fi; '
         'rm -f "$p"; echo $c > "$s.rc.tmp" && mv -f "$s.rc.tmp" "$s.rc"')
-# a remote step's state in one exec: its exit code (empty while it runs), a marker, then its log from an offset
-_PEEK = 'cat "$0.rc" 2>/dev/null; echo; echo @@; tail -c +"$1" "$0.log" 2>/dev/null; true'
-_MARK = b"\n@@\n"
+# a remote step's state in one exec: its exit code (empty while it runs), a marker, its log from an offset and, once
+# it has ended, the listing of the work dir ($2) the host copies the outputs back by (no exec of its own)
+_PEEK = ('r=$(cat "$0.rc" 2>/dev/null); echo "$r"; echo @@; tail -c +"$1" "$0.log" 2>/dev/null; '
+         'if [ -n "$r" ]; then echo; echo @@LIST; find "$2" -type f -exec stat -c "' + LIST_FORMAT + '" {} + 2>/dev/null; '
+         'fi; true')
+_MARK, _LIST = b"\n@@\n", b"\n@@LIST\n"
 Sink = Callable[[bytes], None]
 Stopping = Callable[[], bool]
 
@@ -81,6 +85,7 @@ class Follower:
         self.run_fixed = run_fixed  # one short exec of a fixed command, its output (remote engines)
         self.sink, self.replay = sink, replay
         self.offset = 0  # bytes of the step's log read so far
+        self.listing: bytes | None = None  # a remote work dir as the step left it (LIST_FORMAT lines)
         self.seen = files.seen()
         self._checked = time.monotonic()
 
@@ -107,9 +112,11 @@ class Follower:
             except FileNotFoundError:  # the wrapper has not started the step yet
                 data = b""
         else:
-            out = self.run_fixed(["sh", "-c", _PEEK, str(self.files.base), str(self.offset + 1)])
+            out = self.run_fixed(["sh", "-c", _PEEK, str(self.files.base), str(self.offset + 1), str(self.files.work)])
             head, _, data = out.partition(_MARK)
             code = code_of(head.decode(errors="replace"))
+            if code is not None:
+                data, _, self.listing = data.rpartition(_LIST)
         if data:
             self._feed(data)
         return code

@@ -104,7 +104,7 @@ class Container(Lifecycle):
         if self._lost(ctr, code):
             raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} died during {label}")
         with self._reach(f"copying the outputs of {label}"):
-            self._copy_out(ctr, workdir)
+            self._copy_out(ctr, workdir, follower.listing)
         return code
 
     def _next_step(self, workdir: Path) -> int:
@@ -144,12 +144,12 @@ class Container(Lifecycle):
             self._sync, self.moved = WorkSync(workdir, owner_ids(exec_user(self.spec.user))), 0
         self.moved += self._sync.push(self.docker, ctr, lambda argv: self._fixed(ctr, argv))
 
-    def _copy_out(self, ctr: ContainerRef, workdir: Path) -> None:
+    def _copy_out(self, ctr: ContainerRef, workdir: Path, listing: bytes | None) -> None:
         if self.spec.mount:
             return
         if self._sync is None or self._sync.work != workdir:  # a step re-attached after a restart: all comes back
             self._sync, self.moved = WorkSync(workdir, owner_ids(exec_user(self.spec.user))), 0
-        self.moved += self._sync.pull(self.docker, ctr, lambda argv: self._fixed(ctr, argv))
+        self.moved += self._sync.pull(self.docker, ctr, lambda argv: self._fixed(ctr, argv), listing)
 
     def _fixed(self, ctr: ContainerRef, argv: list[str]) -> bytes:
         """Run a fixed helper command (no manifest values); its output, or CONTAINER_LOST when it fails."""
