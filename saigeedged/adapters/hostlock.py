@@ -1,4 +1,5 @@
-"""One job at a time in the local engine's containers, across processes: an flock under state_dir."""
+"""One job at a time in each of the local engine's containers, across processes: an flock per container under
+state_dir (the cubie and the mobilint container each run their own job)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ class HostLock:
 
     POLL_S = 0.2  # flock has no timeout: a waiter polls so that a stop or cancel can end the wait
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, container: str) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
-        self._fh = (state_dir / "container.lock").open("a")
+        self._fh = (state_dir / f"container-{container}.lock").open("a")
         self.held = False
 
     def acquire(self, on_wait: Callable[[], None] | None = None,

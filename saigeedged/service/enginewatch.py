@@ -1,9 +1,10 @@
 """The engines of a pool, watched: each is pinged on its own thread; a slot takes work only while its engine
-answers and has the target's image (SPEC §11).
+answers and has the target's image (SPEC §11, §15).
 
-An engine that stops answering is marked down (`engine.down`) and the jobs waiting on it are requeued with
-ENGINE_LOST at once, so they run elsewhere while their workers stay stuck on the dead connection. When it
-answers again, the steps left running in its containers are killed first; then it is up (`engine.up`).
+An engine none of whose pings has succeeded for limits.engine_timeout_s is marked down (`engine.down`); its jobs
+whose target another ready engine serves are requeued with ENGINE_LOST, so they run elsewhere, and the others wait
+for it. When it answers again, the steps of exactly the attempts requeued off it are killed first; then it is up
+(`engine.up`) and its waiting jobs re-attach.
 """
 
 from __future__ import annotations
@@ -36,13 +37,16 @@ class Health:
     # before its slots take work
     since_images: float = 0.0
     seen: bool = False  # probed at least once
+    last_ok: float | None = None  # when a ping last succeeded
+    failing: bool = False  # the last ping failed: no new work goes there, but it is not down before engine_timeout_s
 
 
 class EngineWatch:
     """One thread per engine; `ready(engine, target)` tells a slot whether it may take a job now."""
 
     def __init__(self, engines: Sequence[Engine], store: Store, lose: Callable[[str, str], None],
-                 on_change: Callable[[], None], clock: Callable[[], float]) -> None:
+                 on_change: Callable[[], None], clock: Callable[[], float], timeout_s: float) -> None:
+        self.timeout_s = timeout_s  # limits.engine_timeout_s: no call answered that long = down
         self.engines = {e.name: e for e in engines}
         self.store, self.lose, self.on_change, self.clock = store, lose, on_change, clock
         self.health = {e.name: Health() for e in engines}
@@ -53,7 +57,11 @@ class EngineWatch:
 
     def ready(self, name: str, target: str) -> bool:
         health = self.health[name]
-        return health.up and health.images.get(target, False)
+        return health.up and not health.failing and health.images.get(target, False)
+
+    def elsewhere(self, name: str, target: str) -> bool:
+        """Does another engine that is ready now serve `target`? (Else a job of that engine waits for it.)"""
+        return any(self.ready(other, target) for other in self.engines if other != name)
 
     def down(self) -> list[str]:
         return [name for name, h in self.health.items() if h.seen and not h.up]
@@ -76,8 +84,9 @@ class EngineWatch:
             self.health[name].reap.extend(work_dirs)
 
     def lost(self, name: str, reason: str) -> None:
-        """A job found the engine unreachable: it takes no work until a ping (and a reap) says it is back."""
-        self._mark_down(name, reason)
+        """A job found the engine unreachable: no new work goes there, and it is pinged now (down only once no call
+        has succeeded for limits.engine_timeout_s: one slow answer is not an outage)."""
+        self.health[name].failing = True
         self.kick[name].set()
 
     def _loop(self, name: str) -> None:
@@ -93,9 +102,13 @@ class EngineWatch:
         """One look at the engine: bring it up, keep it up, or mark it down and requeue what waits on it."""
         engine, health = self.engines[name], self.health[name]
         if not engine.up():
+            health.failing = True
+            if health.up and health.last_ok is not None and self.clock() - health.last_ok < self.timeout_s:
+                return  # not down yet: hysteresis
             self._mark_down(name, "does not answer")
             self.lose(name, f"{engine.spec.url or 'the local engine'} does not answer")
             return
+        health.last_ok, health.failing = self.clock(), False
         if not health.up:
             self._bring_up(name)
         elif not all(health.images.values()) and self.clock() >= health.since_images + IMAGE_RECHECK_S:

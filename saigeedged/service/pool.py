@@ -42,7 +42,7 @@ class Pool:
         self.workers: list[Worker] = []
         self.watch: EngineWatch | None = None
         if self.pooled:
-            self.watch = EngineWatch(self.engines, jobs.store, self._lose, on_change, clock)
+            self.watch = EngineWatch(self.engines, jobs.store, self._lose, on_change, clock, config.limits.engine_timeout_s)
             for engine in self.engines:
                 for target in engine.spec.targets:
                     self._add(engine, Slot(engine.name, (target,), True, self._ready(engine.name), self._lost(engine.name)))
@@ -71,10 +71,12 @@ class Pool:
     def _lose(self, name: str, reason: str) -> None:
         """The engine is down: requeue the jobs its workers wait on (ENGINE_LOST), so they run elsewhere; the steps
         of exactly those attempts are killed when it answers again."""
-        lost = [work for w in self.workers if w.slot.engine == name and (work := w.lose(reason)) is not None]
+        watch = self.watch
+        assert watch is not None
+        lost = [work for w in self.workers if w.slot.engine == name
+                for work in w.lose(reason, lambda target: watch.elsewhere(name, target))]
         if lost:
-            assert self.watch is not None
-            self.watch.abandoned(name, lost)
+            watch.abandoned(name, lost)
             self.wake.set()
 
     def work_dir(self, job: Job) -> Path:

@@ -93,8 +93,12 @@ class Worker(threading.Thread):
 
     def _next_resumable(self) -> Job | None:
         """A job to re-attach, once its engine answers; None when there is none (or it is not running any more)."""
-        while self.resumable and not self.outage.active and self.slot.ready(self.resumable[0].target):
-            job = self.jobs.store.get(self.resumable.pop(0).job_id)
+        while not self.outage.active:
+            with self._lock:  # the engine watch moves held jobs elsewhere from its own thread
+                if not self.resumable or not self.slot.ready(self.resumable[0].target):
+                    return None
+                held = self.resumable.pop(0)
+            job = self.jobs.store.get(held.job_id)
             if job is not None and job.state == RUNNING:
                 return job
         return None
@@ -172,6 +176,7 @@ class Worker(threading.Thread):
         """Go on with a running job's attempt: its step outlived the last daemon or an outage of its engine."""
         with self._lock:
             self.current, self._reason, self.abandoned, self.detached = job, None, False, False
+        job.error = None  # the outage it waited through, if any, is over
         event("job.reattached", job, attempt=job.attempt, engine=job.engine)
         self.on_change()
         return True
@@ -236,10 +241,13 @@ class Worker(threading.Thread):
                 resume.started(self.slot.work_dir(self.config.work_root, job)):
             self._detach(job)  # its container step runs on: the row stays running, the next daemon re-attaches
             return
-        if exc.code == "DOCKER_UNAVAILABLE" and self.slot.pooled:  # another engine may run it: not worth waiting for
+        if exc.code == "DOCKER_UNAVAILABLE" and self.slot.pooled:  # the engine monitor decides whether it moves
             self.slot.on_lost(exc.message)
-            exc = SaigeError("ENGINE_LOST", f"engine {job.engine} stopped answering: {exc.message}",
-                             step=exc.fields.get("step"))
+            if resume.started(self.slot.work_dir(self.config.work_root, job)):
+                self._keep_running(job, exc)
+                return
+            self.jobs.requeue(job, "docker_unavailable", exc, spend_attempt=False)  # no step yet: any slot may take it
+            return
         end_attempt(job, jobid.iso(jobid.utc_now()), exc.code)
         if exc.code == "CANCELLED" and exc.fields.get("reason") == "stop":  # the operator's, not the job's fault:
             self.jobs.requeue(job, "stop", spend_attempt=job.attempt < max_attempts)  # never past max_attempts
@@ -254,19 +262,27 @@ class Worker(threading.Thread):
         else:
             self.jobs.end(job, FAILED, exc)
 
-    def lose(self, reason: str) -> Path | None:
-        """The engine stopped answering while this worker waits on it: requeue its job (ENGINE_LOST) now, from the
-        watching thread, and fence off whatever this attempt does later. Returns the abandoned attempt's work dir
-        (its step is killed when the engine answers again), None when no job was waiting on it."""
+    def lose(self, reason: str, elsewhere: Callable[[str], bool]) -> list[Path]:
+        """The engine is down: the jobs of this worker that wait on it and whose target another ready engine serves
+        (`elsewhere`) are requeued (ENGINE_LOST) now, from the watching thread, and whatever those attempts do later
+        is fenced off. Returns their work dirs (their steps are killed when the engine answers again)."""
+        lost = []
+        with self._lock:
+            moved = [j for j in self.resumable if elsewhere(j.target)]  # waiting to re-attach: moved instead
+            self.resumable = [j for j in self.resumable if j not in moved]
+        for held in moved:
+            self._settle(held, SaigeError("ENGINE_LOST", f"engine {held.engine} stopped answering: {reason}",
+                                          step=held.step))
+            lost.append(self.slot.work_dir(self.config.work_root, held))
         if not self.lease.acquire(blocking=False):
-            return None  # writing its row or publishing: not waiting on the engine
+            return lost  # writing its row or publishing: not waiting on the engine
         try:
             job, active, work = self.current, self.containers.active, self.work
-            if job is None or self.abandoned or active is None or not active.calls:
-                return None
+            if job is None or self.abandoned or active is None or not active.calls or not elsewhere(job.target):
+                return lost
             self.abandoned = True
             self._settle(job, SaigeError("ENGINE_LOST", f"engine {job.engine} stopped answering: {reason}", step=job.step))
-            return work
+            return [*lost, *([work] if work is not None else [])]
         finally:
             self.lease.release()
 
@@ -285,11 +301,17 @@ class Worker(threading.Thread):
             log.warning("docker.unavailable", error_code=exc.code, message=exc.message, hint=exc.hint)
             self.slot.on_lost(exc.message)
         if resume.started(self.slot.work_dir(self.config.work_root, job)):
-            job.error = exc.as_dict(job.step)
-            self.jobs.save(job)
-            self.resumable.append(job)
+            self._keep_running(job, exc)
             return
         self.jobs.requeue(job, "docker_unavailable", exc, spend_attempt=False)
+
+    def _keep_running(self, job: Job, exc: SaigeError) -> None:
+        """The job's step may run on while its engine does not answer: it stays running (the reason in its status
+        file, no attempt spent) and re-attaches once the engine answers."""
+        job.error = exc.as_dict(job.step)
+        self.jobs.save(job)
+        with self._lock:
+            self.resumable.append(job)
 
     def _ping_engine(self) -> None:
         """End the outage once the engine answers (never raises); the jobs it held are re-attached next."""

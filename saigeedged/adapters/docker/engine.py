@@ -30,24 +30,44 @@ class Engine:
         self._lock = threading.Lock()
         self._probe_lock = threading.Lock()  # not the jobs' lock: a connect hung for engine_timeout_s must not delay pings
         self._by_target: dict[str, Container] = {}
+        self._stale = False  # a ping failed since the jobs' client was made: it is made anew before its next use
 
     def api(self) -> DockerAPI:
-        """The client for jobs (limits.engine_timeout_s); DOCKER_UNAVAILABLE when the engine cannot be reached."""
+        """The client for jobs (limits.engine_timeout_s); DOCKER_UNAVAILABLE when the engine cannot be reached.
+
+        A client whose engine stopped answering is made anew once the engine answers again: a dead transport (an ssh
+        channel whose host went away, a cut tcp connection) is never reused, and the containers get the new one.
+        """
         with self._lock:
+            if self._api is not None and self._stale:
+                self._api.close()
+                self._api = None
             if self._api is None:
                 self._api = connect(self.spec, self.config.limits.engine_timeout_s)
+                self._stale = False
+                for container in self._by_target.values():
+                    container.docker = self._api
             return self._api
 
     def up(self) -> bool:
-        """Does the engine answer a ping within PING_TIMEOUT_S now? Never raises."""
+        """Does the engine answer a ping within PING_TIMEOUT_S now? Never raises. A ping that fails drops the ping's
+        client (the next one connects afresh) and marks the jobs' client for rebuilding."""
         try:
             with self._probe_lock:
                 if self._probe is None:
                     self._probe = connect(self.spec, min(PING_TIMEOUT_S, self.config.limits.engine_timeout_s))
                 probe = self._probe
         except SaigeError:
+            self._stale = True
             return False
-        return answers(probe)
+        if answers(probe):
+            return True
+        with self._probe_lock:
+            if self._probe is probe:
+                self._probe = None
+        _close(probe)
+        self._stale = True
+        return False
 
     def has_image(self, target: str) -> bool:
         """Is the target's image loaded in this engine? (False when the engine does not answer.)"""
@@ -68,12 +88,19 @@ class Engine:
     def close(self) -> None:
         for client in (self._api, self._probe):
             if client is not None:
-                client.close()
+                _close(client)
+
+
+def _close(client: DockerAPI) -> None:
+    try:
+        client.close()
+    except (SaigeError, *ENGINE_ERRORS, OSError):
+        pass  # a dead transport may fail to close: it is dropped all the same
 
 
 class Containers:
-    """The containers one worker uses on one engine, made on first use; on the local engine the host lock is held
-    while a job uses one (one job at a time there, across processes: `saigeedged compile` beside the daemon)."""
+    """The containers one worker uses on one engine, made on first use; on the local engine the container's host lock
+    is held while a job uses it (one job at a time in it, across processes: `saigeedged compile` beside the daemon)."""
 
     def __init__(self, config: Config, on_event: Callable[[str, dict[str, Any]], None] | None = None,
                  on_wait: Callable[[], None] | None = None, engine: Engine | None = None) -> None:
@@ -81,7 +108,8 @@ class Containers:
         self.on_event = on_event or (lambda event, fields: None)
         self.on_wait = on_wait
         self.engine = engine or Engine(DEFAULT, config, self.on_event)
-        self.lock = HostLock(config.state_dir) if self.engine.spec.local else None
+        self.locks: dict[str, HostLock] = {}  # by container name (local engine only)
+        self.lock: HostLock | None = None  # the one held for the active container
         self.active: Container | None = None
         self.interrupted: Callable[[], str | None] = lambda: None  # set by the worker: ends a wait for the lock
 
@@ -89,11 +117,8 @@ class Containers:
         return self.engine.api()
 
     def engine_up(self) -> bool:
-        """Does the engine answer a ping now?"""
-        try:
-            return answers(self.api())
-        except SaigeError:
-            return False
+        """Does the engine answer a ping now? (A dead client is made anew first.)"""
+        return self.engine.up()
 
     def container(self, target: str) -> Container:
         return self.engine.container(target)
@@ -102,7 +127,9 @@ class Containers:
         """The target's container, running, with the host lock held (released by release())."""
         if self.active is not None and self.active is self.engine.container(target):
             return self.active  # asked again within the job (its toolchain, then its steps): made ready once per job
-        if self.lock is not None:
+        if self.engine.spec.local:
+            name = Spec.for_target(self.config, target).name
+            self.lock = self.locks.setdefault(name, HostLock(self.config.state_dir, name))
             self.lock.acquire(self.on_wait, self.interrupted)
         self.active = self.container(target)
         self.active.ensure()
