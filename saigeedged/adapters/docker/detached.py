@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from saigeedged.adapters.docker.api import APIError, ContainerRef, DockerAPI
-from saigeedged.adapters.docker.transfer import LIST_FORMAT
+from saigeedged.adapters.docker.transfer import LIST_FORMAT, STEPS_DIR
 from saigeedged.errors import SaigeError
 
-STEPS_DIR = ".steps"
 POLL_S = 0.05  # between looks at a local step's files (a file read: no engine call)
 REMOTE_POLL_S = 0.5  # between looks at a remote step's files (one exec each)
 LIVENESS_S = 2.0  # how often the engine is asked whether the step's exec still runs

@@ -21,6 +21,7 @@ from saigeedged.adapters.docker.api import ContainerRef, DockerAPI
 
 Run = Callable[[list[str]], bytes]  # runs a fixed argv in the container, returns its output (raises on failure)
 SKIP = (".step.pid", ".step.stop")  # the step's own control files: written on each side by their owner
+STEPS_DIR = ".steps"  # the detached steps' logs, exit codes and exec ids: read in place on each side, never copied
 LIST_FORMAT = "%s %Y %n"  # stat's size, mtime (s) and name: one line per file of the container's work dir
 
 
@@ -77,7 +78,7 @@ class WorkSync:
         for line in listing.decode(errors="replace").splitlines():
             size, mtime, name = line.split(" ", 2)
             rel = PurePosixPath(name).relative_to(self.work).as_posix()
-            if rel not in SKIP and self.remote.get(rel) != (int(size), int(mtime)):
+            if not _control(rel) and self.remote.get(rel) != (int(size), int(mtime)):
                 changed[rel] = (int(size), int(mtime))
         received = 0
         for top in sorted({rel.split("/", 1)[0] for rel in changed}):
@@ -114,9 +115,13 @@ def _walk(work: Path) -> list[tuple[str, os.stat_result]]:
         for name in names:
             path = Path(folder) / name
             rel = path.relative_to(work).as_posix()
-            if rel not in SKIP and path.is_file() and not path.is_symlink():
+            if not _control(rel) and path.is_file() and not path.is_symlink():
                 found.append((rel, path.stat()))
     return sorted(found)
+
+
+def _control(rel: str) -> bool:
+    return rel in SKIP or rel.startswith(f"{STEPS_DIR}/")
 
 
 def owner_ids(user: str) -> tuple[int, int]:
