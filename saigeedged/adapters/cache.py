@@ -182,12 +182,13 @@ class Cache:
         return len(entries)
 
     @contextlib.contextmanager
-    def compiling(self, key: str, interrupted: Callable[[], str | None] = lambda: None) -> Iterator[None]:
-        """Hold the key's lock across processes: a second compile of the same key waits, then finds the entry."""
+    def locked(self, key: str, interrupted: Callable[[], str | None] = lambda: None) -> Iterator[None]:
+        """Hold the key's own lock across processes around a get or a put of that key (never around a compile: a
+        compile stuck on a lost engine must not hold back the attempt that replaces it)."""
         self.root.mkdir(mode=MODE, parents=True, exist_ok=True)
         folder = self.root / ".locks"
         folder.mkdir(parents=True, exist_ok=True)
-        with (folder / key[:2]).open("a") as fh:  # 256 lock files, never deleted (unlinking a lock file races)
+        with (folder / key).open("a") as fh:  # never deleted: unlinking a lock file races with its next user
             while True:
                 try:
                     fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -44,6 +44,7 @@ class Job:
     deadline: float | None = None  # time.monotonic() limit for the whole job
     interrupted: Callable[[], str | None] = lambda: None  # "stop" | "cancel" once the job must end
     host: HostSteps | None = None  # validate, surgery, calibration done ahead (compile/ahead.py); None: run them now
+    current: Callable[[], bool] = lambda: True  # the store still names this attempt (SPEC §15 fencing)
 
 
 @dataclass
@@ -83,7 +84,7 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
     """Run every step; `publish(bundle_path)` moves the finished bundle where its readers look for it."""
     entry = job.entry
     step = _Steps(job)
-    ctx = Context(job.log, step, job.config, job.container, job.on_progress, job.deadline, job.interrupted)
+    ctx = Context(job.log, step, job.config, job.container, job.on_progress, job.deadline, job.interrupted, job.current)
     bounded = job.host or prepare.Bounded(job.config, job.interrupted, ctx.step_timeout)
     try:
         step("validate")

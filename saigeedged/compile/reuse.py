@@ -16,6 +16,7 @@ from saigeedged.compile import backends
 from saigeedged.compile.backends import Artifact, Context
 from saigeedged.compile.inputs import Prepared
 from saigeedged.config import Config
+from saigeedged.errors import SaigeError
 from saigeedged.files import sha256_file
 
 # Host-side libraries that shape what the compiler is given: onnx cuts the model (surgery) and wraps it (host),
@@ -142,19 +143,22 @@ def compile(prep: Prepared, ctx: Context, job_id: str, skip: Callable[[list[str]
         ctx.log.line(f"cache: not used ({'cache: false in the manifest' if store.enabled else 'cache.max_bytes is 0'}), "
                      f"key {key}")
         return Made(backend.compile(prep, ctx), key, False, None, tools, rows)
-    with store.compiling(key, ctx.interrupted):  # an identical compile in progress elsewhere: wait for its entry
+    with store.locked(key, ctx.interrupted):  # not while compiling: a stuck attempt must not hold back its successor
         meta = store.get(key, prep.work_dir / "cached")
-        cached = _restore(meta, prep) if meta is not None else None
-        if meta is not None and cached is not None:
-            skip(backend.steps(entry))
-            ctx.log.line(f"cache: hit {key}, compiled by job {meta['source_job_id']}: compiler steps skipped")
-            return Made(cached, key, True, meta["source_job_id"], tools, rows)
-        ctx.log.line(f"cache: miss {key}")
-        art = backend.compile(prep, ctx)
-        files, meta = _meta(art, prep, job_id)
-        try:
+    cached = _restore(meta, prep) if meta is not None else None
+    if meta is not None and cached is not None:
+        skip(backend.steps(entry))
+        ctx.log.line(f"cache: hit {key}, compiled by job {meta['source_job_id']}: compiler steps skipped")
+        return Made(cached, key, True, meta["source_job_id"], tools, rows)
+    ctx.log.line(f"cache: miss {key}")
+    art = backend.compile(prep, ctx)
+    files, meta = _meta(art, prep, job_id)
+    if not ctx.current():  # a superseded attempt never stores what a later drop would publish as a hit
+        raise SaigeError("ENGINE_LOST", "this attempt was requeued when its engine stopped answering", superseded=True)
+    try:
+        with store.locked(key, ctx.interrupted):
             note = "kept" if store.put(key, files, meta) else "not kept (larger than cache.max_bytes)"
-        except OSError as exc:  # a full state_dir costs the next identical drop a compile, not this job its bundle
-            note = f"not kept ({exc})"
-        ctx.log.line(f"cache: {note} {key}")
+    except OSError as exc:  # a full state_dir costs the next identical drop a compile, not this job its bundle
+        note = f"not kept ({exc})"
+    ctx.log.line(f"cache: {note} {key}")
     return Made(art, key, False, None, tools, rows)

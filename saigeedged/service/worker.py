@@ -70,7 +70,7 @@ class Worker(threading.Thread):
         # running jobs whose container step outlived the daemon before this one, or an engine outage: re-attached
         # (the same attempt goes on) before this worker takes anything new
         self.resumable: list[Job] = []
-        self.detached = False  # the current job was left running in its container by a stop (SPEC §15)
+        self.detached = False  # the current job's attempt goes on without this run: a stop or its engine's outage
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -228,7 +228,7 @@ class Worker(threading.Thread):
 
         run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, on_step, on_progress, on_inputs,
                            container=self.containers.get, deadline=time.monotonic() + limits.job_timeout_s,
-                           interrupted=lambda: self._reason, host=host)
+                           interrupted=lambda: self._reason, host=host, current=lambda: not self.abandoned)
         result = pipeline.run(run, publish, job.created_at)
         job.onnx_sha256, job.calib_samples, job.report = result.onnx_sha256, result.calib_samples, result.report
         if result.report and result.report.get("flagged"):
@@ -308,6 +308,7 @@ class Worker(threading.Thread):
     def _keep_running(self, job: Job, exc: SaigeError) -> None:
         """The job's step may run on while its engine does not answer: it stays running (the reason in its status
         file, no attempt spent) and re-attaches once the engine answers."""
+        self.detached = True  # its work dir (and the remote copy) stay for the re-attach
         job.error = exc.as_dict(job.step)
         self.jobs.save(job)
         with self._lock:

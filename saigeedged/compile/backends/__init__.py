@@ -42,6 +42,9 @@ class Context:
     progress: Callable[[dict[str, Any]], None] = field(default=lambda event: None)
     deadline: float | None = None  # time.monotonic() limit for the whole job
     interrupted: Callable[[], str | None] = field(default=lambda: None)  # "stop" | "cancel" once the job must end
+    # False once the store no longer names this attempt (requeued off a lost engine): it may not write what others
+    # read, the cache included (SPEC §15)
+    current: Callable[[], bool] = field(default=lambda: True)
 
     def step_timeout(self) -> int:
         """Seconds one step may take: limits.step_timeout_s, or less when the job's deadline is nearer."""
