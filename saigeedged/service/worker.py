@@ -271,9 +271,9 @@ class Worker(threading.Thread):
             moved = [j for j in self.resumable if elsewhere(j.target)]  # waiting to re-attach: moved instead
             self.resumable = [j for j in self.resumable if j not in moved]
         for held in moved:
+            lost.append(self.slot.work_dir(self.config.work_root, held))  # before the requeue moves its attempt on
             self._settle(held, SaigeError("ENGINE_LOST", f"engine {held.engine} stopped answering: {reason}",
                                           step=held.step))
-            lost.append(self.slot.work_dir(self.config.work_root, held))
         if not self.lease.acquire(blocking=False):
             return lost  # writing its row or publishing: not waiting on the engine
         try:
