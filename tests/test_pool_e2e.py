@@ -260,7 +260,7 @@ def test_daemon_restart_resumes_the_jobs_of_every_engine(pool: Any, engine_hosts
     """SIGKILL of the daemon while jobs compile on local, tls and ssh: the next start re-attaches each to its step
     on its engine (SPEC §15): one success in attempt 1 each, one bundle each, nothing requeued."""
     d = pool(entries(engine_hosts, "local", "tls", "ssh"))
-    names = [f"resume{i}_sleep5" for i in range(3)]
+    names = [f"resume{i}_sleep10" for i in range(3)]  # long enough for all three to be in quantize at once
     for name in names:
         drop(d.inbox, name, det_inputs["onnx"], {**det_inputs["manifest"], "cache": False})
 
