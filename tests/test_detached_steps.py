@@ -1,0 +1,111 @@
+"""Detached container steps (SPEC §15) against a real engine and the stand-in image: a step belongs to its attempt's
+work dir, so a second daemon (a new Containers on the same state dir) finds it by number, re-attaches to it while it
+runs, or reads the exit code of one that ended, and never runs it again."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import wait_for
+
+from saigeedged import config as configmod
+from saigeedged.adapters.docker import Containers
+from saigeedged.errors import SaigeError
+
+pytestmark = pytest.mark.docker
+
+
+def _count(container: Containers, target: str, marker: str) -> int:
+    ctr = container.api().containers.get(container.container(target).spec.name)
+    return str(ctr.exec_run(["ps", "-o", "args"]).output.decode()).count(marker)
+
+
+def test_a_second_daemon_reattaches_to_a_running_step_and_gets_only_new_output(docker_config: Path) -> None:
+    """A step left running by a stop is followed by the next daemon: the same process (not a second one), the output
+    the job log already had goes to `replay` only, the rest to the sink, and its exit code is the step's."""
+    config = configmod.load(docker_config)
+    first = Containers(config)
+    work = config.work_root / "job-reattach"
+    work.mkdir(parents=True)
+    gate = work / "go"
+    script = f"echo run >> starts.txt; echo before; while [ ! -e {gate} ]; do sleep 0.1; done; echo after; exit 7"
+    stopping = threading.Event()
+    seen: list[bytes] = []
+    errors: list[SaigeError] = []
+
+    def run_first() -> None:
+        try:
+            first.get("cubie").run_step(["sh", "-c", script], work, 60, seen.append, stopping=stopping.is_set)
+        except SaigeError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run_first)
+    thread.start()
+    wait_for(lambda: b"before" in b"".join(seen), 30, "the first daemon's output")
+    stopping.set()
+    thread.join(30)
+    assert errors and errors[0].code == "CANCELLED" and errors[0].fields.get("detached")
+    first.release()
+    assert _count(first, "cubie", f"while [ ! -e {gate} ]") >= 1  # the stop left it running
+
+    second = Containers(config)  # a new daemon: nothing in memory, the work dir on disk
+    replayed: list[bytes] = []
+    fresh: list[bytes] = []
+    gate.touch()
+    code = second.get("cubie").run_step(["sh", "-c", script], work, 60, fresh.append, replay=replayed.append)
+    second.release()
+    assert code == 7
+    assert b"before" in b"".join(replayed) and b"before" not in b"".join(fresh)
+    assert b"after" in b"".join(fresh)
+    assert (work / "starts.txt").read_text() == "run\n"  # followed, never started a second time
+
+
+def test_a_step_that_ended_unseen_gives_its_code_without_running_again(docker_config: Path) -> None:
+    """Steps 1 and 2 of an attempt ran while no daemon followed step 2: a new daemon replaying the attempt gets both
+    exit codes from their files, and neither command runs a second time."""
+    config = configmod.load(docker_config)
+    work = config.work_root / "job-ended"
+    work.mkdir(parents=True)
+    first = Containers(config)
+    ctr = first.get("cubie")
+    assert ctr.run_step(["sh", "-c", "echo one >> runs.txt"], work, 60, lambda chunk: None) == 0
+    stopping = threading.Event()
+    stopping.set()  # the daemon stops as soon as step 2 has started
+    with pytest.raises(SaigeError) as stopped:
+        ctr.run_step(["sh", "-c", "echo two >> runs.txt; exit 3"], work, 60, lambda chunk: None, stopping=stopping.is_set)
+    assert stopped.value.fields.get("reason") == "stop"
+    first.release()
+    wait_for(lambda: (work / ".steps" / "2.rc").exists(), 30, "step 2 ending on its own")
+
+    again = Containers(config).get("cubie")
+    assert again.run_step(["sh", "-c", "echo one >> runs.txt"], work, 60, lambda chunk: None) == 0
+    assert again.run_step(["sh", "-c", "echo two >> runs.txt; exit 3"], work, 60, lambda chunk: None) == 3
+    assert (work / "runs.txt").read_text() == "one\ntwo\n"
+
+
+def test_a_step_whose_container_was_recreated_is_lost(docker_config: Path, docker_client: Any) -> None:
+    """The container is removed under a running step (recreated, engine rebooted): following it ends CONTAINER_LOST
+    (retryable), never a hang."""
+    config = configmod.load(docker_config)
+    work = config.work_root / "job-gone"
+    work.mkdir(parents=True)
+    containers = Containers(config)
+    ctr = containers.get("cubie")
+    errors: list[SaigeError] = []
+
+    def run() -> None:
+        try:
+            ctr.run_step(["sh", "-c", "echo started; sleep 300"], work, 600, lambda chunk: None)
+        except SaigeError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: (work / ".steps" / "1.log").exists() and b"started" in (work / ".steps" / "1.log").read_bytes(),
+             30, "the step started")
+    docker_client.containers.get(ctr.spec.name).remove(force=True)
+    thread.join(60)
+    assert not thread.is_alive() and [e.code for e in errors] == ["CONTAINER_LOST"] and errors[0].retryable
