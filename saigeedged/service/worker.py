@@ -136,7 +136,9 @@ class Worker(threading.Thread):
         except TransitionError:
             return False  # cancelled by `saigeedged cancel` meanwhile, or taken by another slot
         with self._lock:
-            self.current, self._reason, self.abandoned, self.detached = job, None, False, False
+            # a stop asked for just before the job was taken is not erased: the job stops before its first step
+            self.current, self._reason = job, "stop" if self.stop_event.is_set() else None
+            self.abandoned, self.detached = False, False
         event("job.started", job, attempt=job.attempt, engine=job.engine)
         after = job.attempts[-1]["engine"]
         if before is not None and before != after:
@@ -175,7 +177,9 @@ class Worker(threading.Thread):
     def _reattach(self, job: Job) -> bool:
         """Go on with a running job's attempt: its step outlived the last daemon or an outage of its engine."""
         with self._lock:
-            self.current, self._reason, self.abandoned, self.detached = job, None, False, False
+            # a stop asked for just before the job was taken is not erased: the job stops before its first step
+            self.current, self._reason = job, "stop" if self.stop_event.is_set() else None
+            self.abandoned, self.detached = False, False
         job.error = None  # the outage it waited through, if any, is over
         event("job.reattached", job, attempt=job.attempt, engine=job.engine)
         self.on_change()

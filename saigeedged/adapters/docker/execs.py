@@ -95,6 +95,7 @@ class Container(Lifecycle):
             _raise_if_stopped(workdir, argv)  # a cancel that came between steps is not erased by this one
             with self._reach(f"starting {label}"):
                 self._copy_in(ctr, workdir)
+                _raise_if_stopped(workdir, argv)  # a cancel during the copy (the first one empties the remote dir)
                 self._launch(ctr, files, argv, timeout_s, env)
         follower = detached.Follower(self.docker, ctr, files, self.spec.mount, lambda cmd: self._fixed(ctr, cmd), sink,
                                      replay)
