@@ -45,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "mobilint": {
         "container": "saige-mobilint",
         "image": "mobilint/qbcompiler:1.3-cpu-ubuntu22.04",
+        "device": "auto",
     },
     "limits": {
         "step_timeout_s": 3600,
@@ -55,6 +56,7 @@ DEFAULTS: dict[str, Any] = {
         "publish_patience_s": 3600.0,
         "engine_timeout_s": 120.0,
         "prepare_ahead": True,
+        "mobilint_parser_workers": 0,
     },
     "defaults": {
         "target": "cubie",
@@ -78,6 +80,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "log.format": ("auto", "journal", "json", "console"),
     "log.level": ("debug", "info", "warning", "error"),
     "defaults.target": ("cubie", "mobilint", "host"),
+    "mobilint.device": ("auto", "cpu", "gpu"),
     "defaults.calibration_method": ("ema", "minmax", "kl", "normal", "auto"),
 }
 
@@ -113,6 +116,13 @@ class Cubie(Target):
 
 
 @dataclass(frozen=True)
+class Mobilint(Target):
+    """The mobilint section: `device` is where qbcompiler computes (auto: cpu for a `-cpu-` image tag)."""
+
+    device: str
+
+
+@dataclass(frozen=True)
 class Limits:
     step_timeout_s: int
     job_timeout_s: int
@@ -122,6 +132,7 @@ class Limits:
     publish_patience_s: float
     engine_timeout_s: float
     prepare_ahead: bool
+    mobilint_parser_workers: int  # MBLT_HL_PARSER_NUM_WORK; 0: the host's CPUs minus one
 
 
 @dataclass(frozen=True)
@@ -170,7 +181,7 @@ class Config:
     allowed_roots: tuple[Path, ...]
     watch: Watch
     cubie: Cubie
-    mobilint: Target
+    mobilint: Mobilint
     limits: Limits
     defaults: Defaults
     cache: Cache
@@ -243,7 +254,7 @@ def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> C
         outbox=path(raw["outbox"]),
         state_dir=path(raw["state_dir"]),
         allowed_roots=tuple(path(str(p)) for p in raw["allowed_roots"]),
-        watch=_typed(Watch, raw["watch"]), cubie=_typed(Cubie, raw["cubie"]), mobilint=_typed(Target, raw["mobilint"]),
+        watch=_typed(Watch, raw["watch"]), cubie=_typed(Cubie, raw["cubie"]), mobilint=_typed(Mobilint, raw["mobilint"]),
         limits=_typed(Limits, raw["limits"]), defaults=_typed(Defaults, raw["defaults"]), cache=_typed(Cache, raw["cache"]),
         log=_typed(Log, raw["log"]), metrics=_typed(Metrics, raw["metrics"]), notify=tuple(raw["notify"]),
         retention=_typed(Retention, raw["retention"]), dashboard=raw["dashboard"],

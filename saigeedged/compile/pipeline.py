@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.compile import backends, bundle, inputs, prepare, reuse
-from saigeedged.compile.backends import Context
+from saigeedged.compile.backends import Context, cubie
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.errors import SaigeError
 from saigeedged.manifest import Entry
@@ -79,6 +81,14 @@ class _Steps:
         self.names = [n for n in self.names if n not in names]
 
 
+def _warn(job: Job, warnings: list[str]) -> None:
+    """Warnings about an entry that still compiles: a job log line and a `job.warning` journal event each."""
+    for text in warnings:
+        job.log.line(f"warning: {text}")
+        structlog.get_logger().warning("job.warning", job_id=job.job_id, job_name=job.entry.stem, step="validate",
+                                       message=text)
+
+
 def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
     """Run every step; `publish(bundle_path)` moves the finished bundle where its readers look for it."""
     entry = job.entry
@@ -89,6 +99,7 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
         step("validate")
         prep = bounded.validate(entry, job.work_dir, job.policy, job.config.limits.max_onnx_bytes,
                                 lambda digest: job.on_inputs({"onnx_sha256": digest}))
+        _warn(job, cubie.precision_warnings(entry))
         if inputs.needs_surgery(entry):
             step("surgery")
             prep = bounded.surgery(prep)
