@@ -49,7 +49,10 @@ SCHEMA: dict[str, tuple[tuple[type, ...], tuple[Any, ...] | None]] = {
     "request_id": ((str,), None),  # set by `saigeedged submit` to find its job's status file
     "cache": ((bool,), None),  # false: compile even when the cache holds this compile (SPEC §12)
     "input_channels": ((str,), CHANNEL_ORDERS),  # the channel order the model was trained on (SPEC §14)
+    "eval_samples": ((int,), None),  # held-out images the accuracy report runs on (SPEC §17); 0: no report
+    "accuracy": ((dict,), None),  # the gate {min_cosine, max_map_drop} over the config's (SPEC §17)
 }
+GATE_KEYS = ("min_cosine", "max_map_drop")
 REQUIRED = ("task", "num_classes", "calib")
 NAME_MAX = 255  # bytes in one file name (Linux filesystems)
 MAX_MODELS = 256  # entries of one multi-model manifest: each is a job, claimed and announced in one go
@@ -89,6 +92,8 @@ class Entry:
     request_id: str | None = None
     cache: bool = True
     input_channels: str | None = None  # None: the task profile's default
+    eval_samples: int = 16
+    accuracy: dict[str, float] | None = None  # gate values over the config's `accuracy:` (None: the config's)
 
     @property
     def profile(self) -> TaskProfile:
@@ -130,9 +135,20 @@ def _check_field(path: Path, key: str, value: Any) -> None:
         raise invalid(path, f"`{key}` must be one of {', '.join(map(str, choices))}, got {got}")
     if isinstance(value, int) and not -INT_LIMIT < value < (2 * INT_LIMIT if key == "seed" else INT_LIMIT):
         raise invalid(path, f"`{key}` is out of range, got {safeyaml.shown(value)}")
-    minimum = {"num_classes": 1, "n_samples": 1, "hybrid_topn": 0}.get(key)
+    if key == "accuracy" and isinstance(value, dict):
+        _gate(path, value)
+    minimum = {"num_classes": 1, "n_samples": 1, "hybrid_topn": 0, "eval_samples": 0}.get(key)
     if minimum is not None and isinstance(value, int) and value < minimum:
         raise invalid(path, f"`{key}` must be {'positive' if minimum else '>= 0'}, got {value}")
+
+
+def _gate(path: Path, value: dict[str, Any]) -> None:
+    """`accuracy: {min_cosine, max_map_drop}`: numbers in [0, 1]."""
+    for key, bound in value.items():
+        if key not in GATE_KEYS:
+            raise invalid(path, f"unknown key `accuracy.{safeyaml.shown(key)}` (allowed: {', '.join(GATE_KEYS)})")
+        if not isinstance(bound, (int, float)) or isinstance(bound, bool) or not 0.0 <= bound <= 1.0:
+            raise invalid(path, f"`accuracy.{key}` must be a number in [0, 1], got {safeyaml.shown(bound)}")
 
 
 def _input_size(path: Path, value: list[Any]) -> tuple[int, int]:
@@ -185,6 +201,8 @@ def build_entry(path: Path, data: dict[str, Any], stem: str, *, drop: bool) -> E
     kwargs["input_size"] = _input_size(path, data["input_size"]) if "input_size" in data else None
     kwargs["surgery_outputs"] = _surgery(path, data["surgery"]) if "surgery" in data else None
     kwargs.pop("surgery", None)
+    if "accuracy" in data:
+        kwargs["accuracy"] = {k: float(v) for k, v in data["accuracy"].items()}
     return Entry(calib=_resolve(path, data["calib"]), onnx=onnx, stem=safe_stem(stem), manifest=path, **kwargs)
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -9,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from saigeedged.adapters.joblog import JobLog
-from saigeedged.compile import backends, bundle, inputs, prepare, reuse
+from saigeedged.compile import backends, bundle, inputs, prepare, report, reuse
 from saigeedged.compile.backends import Context
-from saigeedged.compile.inputs import PathPolicy
+from saigeedged.compile.inputs import PathPolicy, Prepared
 from saigeedged.errors import SaigeError
 from saigeedged.manifest import Entry
 
@@ -52,6 +55,7 @@ class Result:
     onnx_sha256: str
     calib_samples: int
     report: dict[str, Any] | None
+    accuracy: dict[str, Any] | None = None  # SPEC §17 (None: no held-out image)
 
 
 class _Steps:
@@ -101,9 +105,13 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
         job.on_inputs({"cache": made.status()})
         art = made.art
         step("bundle")
+        measured = _accuracy(job, prep, art, ctx)
         dest = job.work_dir / f"{job.job_id}.saigeedge"
+        texts = made.texts() | ({ACCURACY_MEMBER: json.dumps(measured, indent=1)} if measured else {})
         bundle.write(dest, bundle.checkpoint(prep, art, job.job_id, created_at, made.checkpoint(prep)), art.members,
-                     entry.password, made.texts())
+                     entry.password, texts)
+        if measured and not measured["gate"]["passed"]:
+            raise _refused(job, dest, measured)
         step("publish")
         publish(dest)
         job.log.end()
@@ -114,4 +122,38 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
     except Exception as exc:
         job.log.end("failed INTERNAL")
         raise SaigeError("INTERNAL", f"{type(exc).__name__}: {exc}", step=step.current) from exc
-    return Result(dest, prep.onnx_sha256, len(prep.chosen), art.report)
+    return Result(dest, prep.onnx_sha256, len(prep.chosen), art.report, measured)
+
+
+ACCURACY_MEMBER = "accuracy.json"
+
+
+def _accuracy(job: Job, prep: Prepared, art: backends.Artifact, ctx: Context) -> dict[str, Any] | None:
+    """The accuracy report with the gate's verdict (SPEC §17), logged as a table and told to `on_inputs`."""
+    measured = report.measure(prep, art, ctx)
+    if measured is None:
+        job.log.line("accuracy: no held-out image (eval_samples 0, or calibration used every image): no report, no gate")
+        return None
+    gate = report.thresholds(prep, job.config)
+    failures = report.judge(measured, gate)
+    measured["gate"] = {**gate, "passed": not failures, "failures": failures}
+    for line in report.table(measured):
+        job.log.line(line)
+    job.on_inputs({"accuracy": measured})
+    return measured
+
+
+def _refused(job: Job, dest: Path, measured: dict[str, Any]) -> SaigeError:
+    """ACCURACY_GATE: the bundle is kept beside the claimed inputs (the first root of a drop's path policy), which the
+    service moves under <inbox>/.saigeedged/failed/<job_id>/; it is never published."""
+    kept = "not kept (no claimed folder)"
+    if job.policy.roots:
+        target = job.policy.roots[0] / dest.name
+        try:
+            os.link(dest, target)
+        except OSError:
+            shutil.copyfile(dest, target)
+        kept = f"kept as {dest.name} with the job's inputs under failed/"
+    failures = "; ".join(measured["gate"]["failures"])
+    return SaigeError("ACCURACY_GATE", f"below the accuracy gate ({measured['method']}, {measured['images']} "
+                      f"held-out images): {failures}; the bundle was {kept}", accuracy=measured)

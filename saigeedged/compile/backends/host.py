@@ -113,15 +113,19 @@ class _Reader:
         pass
 
 
-def quantize(float_path: Path, int8_path: Path, input_name: str, batches: list[NDArray[np.uint8]], method: str) -> None:
+def quantize(float_path: Path, int8_path: Path, input_name: str, batches: list[NDArray[np.uint8]], method: str,
+             bits: int = 8, keep_float: Sequence[str] = ()) -> None:
+    """QDQ static quantization, asymmetric per tensor; `bits` 16 for int16 activations and weights (the emulation of
+    a board's int16 qtype), `keep_float` the node names left in float (hybrid layers)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     calib_method, moving = METHODS[method]
+    act, weight = (QuantType.QUInt8, QuantType.QInt8) if bits == 8 else (QuantType.QUInt16, QuantType.QInt16)
     logging.disable(logging.WARNING)  # onnxruntime logs "consider pre-processing" advice to the root logger
     try:
         quantize_static(str(float_path), str(int8_path), _Reader(input_name, batches),
-                        quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        calibrate_method=getattr(CalibrationMethod, calib_method),
+                        quant_format=QuantFormat.QDQ, activation_type=act, weight_type=weight,
+                        calibrate_method=getattr(CalibrationMethod, calib_method), nodes_to_exclude=list(keep_float),
                         extra_options={"CalibMovingAverage": moving})
     finally:
         logging.disable(logging.NOTSET)
