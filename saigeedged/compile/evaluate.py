@@ -129,6 +129,7 @@ def run(spec: Spec) -> dict[str, Any]:
     worst = sorted(layers.cos, key=lambda n: (float(np.mean(layers.cos[n])), n))[:WORST_LAYERS]
     report: dict[str, Any] = {
         "method": spec.method, "images": len(spec.images), "notes": list(spec.notes),
+        "held_out": [Path(p).name for p in spec.images],
         "outputs": {n: outs.row(n) for n in outputs if n in outs.cos},
         "worst_layers": [{"tensor": n, **layers.row(n)} for n in worst],
         "default_quantization": defaults_left(compiled, spec.input_name),

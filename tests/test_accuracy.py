@@ -1,0 +1,134 @@
+"""The accuracy report and gate (SPEC §17): held-out images, float vs compiled numbers, the gate, its surfaces."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import yaml
+from factory import classifier, manifest, random_labels, valjson, yolox
+from harness import drop
+
+from saigeedged.cli import main as cli
+from saigeedged.compile import accuracy, calibration, images
+from saigeedged.compile.calibration import CalibSet, Sample
+from saigeedged.profiles import DETECTION_HEADS
+
+
+def _set(labels: list[list[int]]) -> CalibSet:
+    return CalibSet(Path("val.json"), tuple(Sample(Path(f"/d/{i}.jpg"), tuple(lab)) for i, lab in enumerate(labels)), None)
+
+
+def test_held_out_images_are_disjoint_deterministic_and_balanced() -> None:
+    """The held-out images are none of the calibration images, the same on every call, and cover every class."""
+    calib = _set(random_labels(60, 4, seed=3))
+    chosen = calibration.pick(calib, 20, 7, "balanced")
+    held = calibration.held_out(calib, chosen, 16, 7, "balanced")
+    assert len(held) == 16 and not {s.image for s in held} & {s.image for s in chosen}
+    assert held == calibration.held_out(calib, chosen, 16, 7, "balanced")
+    assert {c for s in held for c in s.labels} == {0, 1, 2, 3}
+    few = calibration.held_out(calib, calibration.pick(calib, 55, 7, "balanced"), 16, 7, "balanced")
+    assert len(few) == 5  # fewer remain: what there is
+
+
+def test_map_and_nms_on_known_boxes() -> None:
+    """mAP@0.5 is 1 for exact boxes, 0.5 when one class of two is missed, and NMS drops an overlapping duplicate."""
+    truth = [(np.array([[0, 0, 10, 10], [20, 20, 30, 30]], float), np.array([0, 1]))]
+    exact = accuracy.Detections(truth[0][0], np.array([0.9, 0.8]), np.array([0, 1]))
+    assert accuracy.map50([exact], truth, 2) == pytest.approx(1.0)
+    half = accuracy.Detections(truth[0][0][:1], np.array([0.9]), np.array([0]))
+    assert accuracy.map50([half], truth, 2) == pytest.approx(0.5)
+    dup = accuracy.nms(np.array([[0, 0, 10, 10], [1, 1, 10, 10], [50, 50, 60, 60]], float), np.array([0.9, 0.8, 0.7]),
+                       np.array([0, 0, 0]))
+    assert dup.scores.tolist() == [0.9, 0.7]
+
+
+def _compile(tmp_path: Path, config_path: Path, name: str, onnx_path: Path, **fields: Any) -> tuple[int, Path]:
+    out = tmp_path / f"{name}.saigeedge"
+    mf = manifest(tmp_path / f"{name}.yml", target="host", output=str(out), onnx=str(onnx_path), **fields)
+    return cli.main(["compile", str(mf), "-c", str(config_path)]), out
+
+
+def _members(path: Path) -> tuple[dict[str, Any], dict[str, Any], bytes]:
+    with zipfile.ZipFile(path) as zf:
+        ckpt = yaml.safe_load(zf.read("checkpoint.yaml"))
+        return ckpt, json.loads(zf.read("accuracy.json")), zf.read(ckpt["model"])
+
+
+def _float_heads(src: Path) -> ort.InferenceSession:
+    """The float ONNX with its three head tensors as outputs (what the surgery keeps), built here with onnx."""
+    model = onnx.load(str(src))
+    model.graph.output.extend([onnx.ValueInfoProto(name=n) for n in DETECTION_HEADS])
+    return ort.InferenceSession(model.SerializeToString())
+
+
+def test_host_report_is_what_onnxruntime_gives(tmp_path: Path, config_path: Path) -> None:
+    """Every per-output cosine and max abs error of accuracy.json is recomputed from the float ONNX and the INT8
+    model on the held-out images, fed as the board is (uint8 RGB to the bundle, BGR /255 NCHW to the float model)."""
+    src = yolox(tmp_path / "det.onnx", size=(64, 64))
+    calib = valjson(tmp_path / "data", random_labels(30, 3))
+    code, out = _compile(tmp_path, config_path, "det", src, task="detection", num_classes=3, calib=str(calib),
+                         n_samples=8, eval_samples=12)
+    assert code == 0
+    ckpt, rep, model_bytes = _members(out)
+    assert rep["method"] == "int8" and rep["images"] == 12 and len(rep["worst_layers"]) == 10
+    assert rep["gate"]["passed"] and rep["task"]["labels"].startswith("the calibration file has no boxes")
+    staged = {Path(p).name for p in (tmp_path / "data" / "images").iterdir()}
+    assert set(rep["held_out"]) <= staged
+    ref, int8 = _float_heads(src), ort.InferenceSession(model_bytes)
+    cos: dict[str, list[float]] = {n: [] for n in DETECTION_HEADS}
+    err = dict.fromkeys(DETECTION_HEADS, 0.0)
+    for name in rep["held_out"]:
+        u8 = images.load_rgb(tmp_path / "data" / "images" / name, (64, 64), letterbox=True)
+        want = ref.run(list(DETECTION_HEADS), {"images": (u8[..., ::-1].astype(np.float32) / 255).transpose(2, 0, 1)[None]})
+        got = int8.run(list(DETECTION_HEADS), {"images": u8[None]})
+        for head, w, g in zip(DETECTION_HEADS, want, got, strict=True):
+            w64, g64 = w.astype(np.float64).ravel(), g.astype(np.float64).ravel()
+            cos[head].append(float(w64 @ g64 / np.linalg.norm(w64) / np.linalg.norm(g64)))
+            err[head] = max(err[head], float(np.abs(w64 - g64).max()))
+    for head in DETECTION_HEADS:
+        assert rep["outputs"][head]["cosine"] == pytest.approx(min(cos[head]), abs=1e-4)
+        assert rep["outputs"][head]["max_abs_error"] == pytest.approx(err[head], abs=1e-3)
+    assert ckpt["quantization_report"]  # the §6c report stays
+
+
+def test_mlc_report_has_map_on_both_models(tmp_path: Path, config_path: Path) -> None:
+    """A classifier's report holds mAP against the labels for the float and the INT8 model, and their drop."""
+    src = classifier(tmp_path / "cls.onnx", 4, (224, 224))
+    calib = valjson(tmp_path / "data", random_labels(20, 4))
+    code, out = _compile(tmp_path, config_path, "cls", src, task="mlc", num_classes=4, calib=str(calib), n_samples=6)
+    assert code == 0
+    _, rep, _ = _members(out)
+    task = rep["task"]
+    assert rep["images"] == 14 and task["metric"] == "mAP" and 0 < task["float"] <= 1
+    assert task["drop"] == pytest.approx(task["float"] - task["compiled"], abs=1e-5)
+
+
+def test_mixed_head_trips_the_gate_the_normal_detector_passes(daemon: Any, tmp_path: Path) -> None:
+    """Pixel-scale boxes in the same tensor as the scores (no output cut) crush the scores under one uint8 scale:
+    the job ends failed ACCURACY_GATE, its bundle kept under failed/<job_id>/ and not published; the normal
+    detector with the same images and the default gate succeeds."""
+    calib = valjson(tmp_path / "data", random_labels(40, 3))
+    fields = {"task": "detection", "num_classes": 3, "calib": str(calib), "n_samples": 8}
+    d = daemon()
+    drop(d.inbox, "good", yolox(tmp_path / "good.onnx", size=(64, 64)), fields)
+    drop(d.inbox, "mixed", yolox(tmp_path / "mixed.onnx", size=(64, 64), box_gain=30.0), fields)
+    good, bad = d.wait_job("good"), d.wait_job("mixed")
+    assert good["state"] == "succeeded", good
+    assert bad["state"] == "failed" and bad["error"]["code"] == "ACCURACY_GATE", bad
+    assert "decoded scores cosine" in bad["error"]["message"]
+    assert not (d.outbox / "mixed.host.saigeedge").exists()
+    kept = d.inbox / ".saigeedged" / "failed" / bad["job_id"] / f"{bad['job_id']}.saigeedge"
+    with zipfile.ZipFile(kept) as zf:
+        rep = json.loads(zf.read("accuracy.json"))
+    assert not rep["gate"]["passed"] and rep["task"]["score_cosine"] < 0.95
+    log = (d.outbox / bad["log"]).read_text()
+    assert "accuracy (int8, 16 held-out images)" in log and "FAILED" in log
+    with zipfile.ZipFile(d.outbox / good["bundle"]["path"]) as zf:
+        assert json.loads(zf.read("accuracy.json"))["gate"]["passed"]
