@@ -132,3 +132,39 @@ def test_mixed_head_trips_the_gate_the_normal_detector_passes(daemon: Any, tmp_p
     assert "accuracy (int8, 16 held-out images)" in log and "FAILED" in log
     with zipfile.ZipFile(d.outbox / good["bundle"]["path"]) as zf:
         assert json.loads(zf.read("accuracy.json"))["gate"]["passed"]
+
+
+def test_report_shows_in_status_dashboard_and_table() -> None:
+    """A job's accuracy is in its status file, its dashboard row and the printed table with the gate's verdict."""
+    from saigeedged import accuracytable
+    from saigeedged.adapters import dashboard, outbox
+    from saigeedged.jobs import Job
+
+    acc = {"method": "emulated", "images": 3, "outputs": {"out": {"cosine": 0.91, "cosine_mean": 0.95, "max_abs_error": 2.0}},
+           "task": {"metric": "mAP@0.5", "score_cosine": 0.8, "float": 0.5, "compiled": 0.2, "drop": 0.3},
+           "worst_layers": [], "default_quantization": ["x"], "notes": [],
+           "gate": {"min_cosine": 0.95, "max_map_drop": 0.1, "passed": False, "failures": ["out cosine 0.9100 < 0.95"]}}
+    job = Job("j-1", "j", "mobilint", "detection", {"onnx": "/x/j.onnx"}, "", "/c", "j.yml", state="failed", accuracy=acc)
+    assert outbox.status_doc(job)["accuracy"] == acc
+    assert accuracytable.worst_cosine(acc) == 0.8
+    lines = accuracytable.table(acc)
+    assert lines[0] == "accuracy (emulated, 3 held-out images)" and any("drop 0.3000" in line for line in lines)
+    assert any("FAILED: out cosine 0.9100 < 0.95" in line for line in lines)
+    row = dashboard._recent([job])
+    assert "BELOW THE GATE, cosine ≥ 0.8000" in row and "left at default quantization" in row
+
+
+@pytest.mark.docker
+def test_mobilint_report_is_emulated(tmp_path: Path, docker_config: Path) -> None:
+    """A mobilint bundle carries a report made by the host emulation of its quantization, labelled `emulated`."""
+    src = classifier(tmp_path / "tags.onnx", 3, (224, 224))
+    calib = valjson(tmp_path / "data", random_labels(12, 3))
+    out = tmp_path / "tags.saigeedge"
+    mf = manifest(tmp_path / "tags.yml", task="mlc", num_classes=3, calib=str(calib), target="mobilint",
+                  device="regulus-rb", output=str(out), onnx=str(src), n_samples=4)
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        rep = json.loads(zf.read("accuracy.json"))
+    assert rep["method"] == "emulated" and rep["images"] == 8 and rep["gate"]["passed"]
+    assert "uint8 asymmetric per tensor" in rep["notes"][0] and rep["task"]["metric"] == "mAP"
+    assert rep["outputs"]["scores"]["cosine"] > 0.95
