@@ -168,3 +168,60 @@ def test_mobilint_report_is_emulated(tmp_path: Path, docker_config: Path) -> Non
     assert rep["method"] == "emulated" and rep["images"] == 8 and rep["gate"]["passed"]
     assert "uint8 asymmetric per tensor" in rep["notes"][0] and rep["task"]["metric"] == "mAP"
     assert rep["outputs"]["scores"]["cosine"] > 0.95
+
+
+def _reference_tar(src: Path, folder: Path, held_out: list[str]) -> tuple[bytes, dict[str, list[float]]]:
+    """What the stand-in simulator answers: the float heads of each held-out image (BGR /255 NCHW, as the NBG's
+    preprocess feeds them) rounded to 256 levels per tensor, as .tensor text files keyed by the image's md5; and
+    the cosines those give against the float outputs."""
+    import hashlib
+    import io
+    import tarfile
+
+    ref = _float_heads(src)
+    cos: dict[str, list[float]] = {n: [] for n in DETECTION_HEADS}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in held_out:
+            path = folder / name
+            u8 = images.load_rgb(path, (64, 64), letterbox=True)
+            heads = ref.run(list(DETECTION_HEADS), {"images": (u8[..., ::-1].astype(np.float32) / 255).transpose(2, 0, 1)[None]})
+            digest = hashlib.md5(path.read_bytes()).hexdigest()
+            for head, value in zip(DETECTION_HEADS, heads, strict=True):
+                step = (value.max() - value.min()) / 255
+                got = np.round((value - value.min()) / step) * step + value.min()
+                w, g = value.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+                cos[head].append(float(w @ g / np.linalg.norm(w) / np.linalg.norm(g)))
+                text = "\n".join(f"{v:.6f}" for v in got.ravel()).encode() + b"\n"
+                layer = head.strip("/").replace("/", "_")
+                info = tarfile.TarInfo(f"quantized/{digest}/attach_{layer}_out0_{'_'.join(map(str, value.shape))}.tensor")
+                info.size = len(text)
+                tar.addfile(info, io.BytesIO(text))
+    return buf.getvalue(), {head: [min(c)] for head, c in cos.items()}
+
+
+@pytest.mark.docker
+def test_cubie_report_comes_from_the_simulator(tmp_path: Path, docker_config: Path, docker_client: Any) -> None:
+    """Without simulator answers the cubie report is emulated (and says why); once the image's `pegasus inference`
+    answers, the report is labelled `simulator` and its cosines are those of the .tensor files it wrote."""
+    src = yolox(tmp_path / "det.onnx", size=(64, 64))
+    calib = valjson(tmp_path / "data", random_labels(20, 3))
+    out = tmp_path / "det.saigeedge"
+    mf = manifest(tmp_path / "det.yml", task="detection", num_classes=3, calib=str(calib), target="cubie", output=str(out),
+                  onnx=str(src), n_samples=8, eval_samples=4, cache=False)
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        first = json.loads(zf.read("accuracy.json"))
+    assert first["method"] == "emulated" and any("`pegasus inference` exited 1" in n for n in first["notes"])
+    data, want = _reference_tar(src, tmp_path / "data" / "images", first["held_out"])
+    container = yaml.safe_load(docker_config.read_text())["cubie"]["container"]
+    ctr = docker_client.containers.get(container)
+    ctr.exec_run(["mkdir", "-p", "/standin/tensors"])
+    assert ctr.put_archive("/standin/tensors", data)
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        rep = json.loads(zf.read("accuracy.json"))
+    assert rep["method"] == "simulator" and rep["held_out"] == first["held_out"] and rep["worst_layers"] == []
+    for head in DETECTION_HEADS:
+        assert rep["outputs"][head]["cosine"] == pytest.approx(want[head][0], abs=1e-4)
+    assert rep["default_quantization"] == []  # the stand-in's .quantize has calibrated scales

@@ -216,9 +216,10 @@ def staged_name(image: Path) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", image.name)[-100:].lstrip(".") or "image"
 
 
-def stage(chosen: Sequence[Sample], work_dir: Path) -> Path:
-    """Hard-link (or copy) the images to work_dir/calib/NNNN_<name> and write dataset.txt; return its path."""
-    folder = work_dir / "calib"
+def stage(chosen: Sequence[Sample], work_dir: Path, folder_name: str = "calib", listing: str = "dataset.txt") -> Path:
+    """Hard-link (or copy) the images to work_dir/calib/NNNN_<name> and write dataset.txt; return its path.
+    (The held-out images go to eval/ and eval_dataset.txt, where the cubie container sees them too.)"""
+    folder = work_dir / folder_name
     folder.mkdir(parents=True, exist_ok=True)
     lines = []
     for i, sample in enumerate(chosen):
@@ -229,6 +230,6 @@ def stage(chosen: Sequence[Sample], work_dir: Path) -> Path:
             except OSError:
                 shutil.copyfile(sample.image, dest)
         lines.append(str(dest.resolve()))
-    dataset = work_dir / "dataset.txt"
+    dataset = work_dir / listing
     dataset.write_text("\n".join(lines) + "\n")
     return dataset

@@ -113,29 +113,49 @@ def run(spec: Spec) -> dict[str, Any]:
     pairs = {k: v for k, v in dequantized(compiled).items() if k in float_tensors(float_model) and k not in outputs}
     ref_sess = session(exposed(float_model, list(pairs)))
     got_sess = session(exposed(compiled, list(pairs.values())))
-    layers, outs = _Tally(), _Tally()
+    layers = _Tally()
     ref_out: list[list[NDArray[Any]]] = []
     got_out: list[list[NDArray[Any]]] = []
     for path in spec.images:
         x = {spec.input_name: images.load_rgb(Path(path), spec.size, spec.letterbox)[None]}
         ref = ref_sess.run(outputs + list(pairs), x)
         got = got_sess.run(outputs + list(pairs.values()), x)
-        for i, name in enumerate(outputs):
-            outs.add(name, ref[i], got[i])
         for i, name in enumerate(pairs, start=len(outputs)):
             layers.add(name, ref[i], got[i])
         ref_out.append(ref[: len(outputs)])
         got_out.append(got[: len(outputs)])
     worst = sorted(layers.cos, key=lambda n: (float(np.mean(layers.cos[n])), n))[:WORST_LAYERS]
-    report: dict[str, Any] = {
-        "method": spec.method, "images": len(spec.images), "notes": list(spec.notes),
-        "held_out": [Path(p).name for p in spec.images],
-        "outputs": {n: outs.row(n) for n in outputs if n in outs.cos},
-        "worst_layers": [{"tensor": n, **layers.row(n)} for n in worst],
-        "default_quantization": defaults_left(compiled, spec.input_name),
-    }
-    report["task"] = task_metric(spec, ref_out, got_out)
+    report = compare(spec, outputs, ref_out, got_out)
+    report["worst_layers"] = [{"tensor": n, **layers.row(n)} for n in worst]
+    report["default_quantization"] = defaults_left(compiled, spec.input_name)
     return report
+
+
+def run_given(spec: Spec, got_out: list[list[NDArray[Any]]], defaults: list[str]) -> dict[str, Any]:
+    """In the child: the float model on every held-out image against outputs the compiled model gave elsewhere (the
+    toolkit's simulator), one list per image in the float model's output order; no per-layer table."""
+    float_model = onnx.load(str(spec.float_model))
+    outputs = [o.name for o in float_model.graph.output]
+    ref_sess = session(float_model.SerializeToString())
+    ref_out = [ref_sess.run(outputs, {spec.input_name: images.load_rgb(Path(p), spec.size, spec.letterbox)[None]})
+               for p in spec.images]
+    got = [[g.reshape(r.shape) for r, g in zip(ref, given, strict=True)] for ref, given in zip(ref_out, got_out, strict=True)]
+    report = compare(spec, outputs, ref_out, got)
+    report["worst_layers"], report["default_quantization"] = [], defaults
+    return report
+
+
+def compare(spec: Spec, outputs: list[str], ref_out: list[list[NDArray[Any]]],
+            got_out: list[list[NDArray[Any]]]) -> dict[str, Any]:
+    """Per output over the images: worst and mean cosine, max abs error; then the task metric."""
+    outs = _Tally()
+    for ref, got in zip(ref_out, got_out, strict=True):
+        for name, r, g in zip(outputs, ref, got, strict=True):
+            outs.add(name, r, g)
+    return {"method": spec.method, "images": len(spec.images), "notes": list(spec.notes),
+            "held_out": [Path(p).name for p in spec.images],
+            "outputs": {n: outs.row(n) for n in outputs if n in outs.cos},
+            "task": task_metric(spec, ref_out, got_out)}
 
 
 def task_metric(spec: Spec, ref: list[list[NDArray[Any]]], got: list[list[NDArray[Any]]]) -> dict[str, Any]:

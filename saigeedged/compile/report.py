@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from saigeedged.accuracytable import table as table
-from saigeedged.compile import child, evaluate
-from saigeedged.compile.backends import host
+from saigeedged.compile import child, evaluate, simulate
+from saigeedged.compile.backends import cubie, host
 from saigeedged.profiles import mean_scale
 
 if TYPE_CHECKING:
@@ -53,6 +53,22 @@ def emulated_job(prep: Prepared, emulated: Path, wrapped: Path) -> dict[str, Any
     return evaluate.run(spec(prep, emulated, "emulated", wrapped, notes))
 
 
+def simulated_job(prep: Prepared, wrapped: Path, tensors: list[Any], defaults: list[str], note: str) -> dict[str, Any]:
+    """In the child: the float model wrapped like the board's input against what the simulator gave."""
+    _wrap(prep, wrapped)
+    return evaluate.run_given(spec(prep, wrapped, "simulator", wrapped, (note,)), tensors, defaults)
+
+
+def _simulated(prep: Prepared, ctx: Context, wrapped: Path) -> tuple[Any, tuple[Any, ...]] | str:
+    """cubie: the child job comparing the simulator's outputs, or why the simulator was not used."""
+    tensors, note = simulate.run(prep, ctx)
+    if tensors is None:
+        return note
+    q = cubie.quantized_name(prep.name, prep.entry)
+    defaults = simulate.quantize_defaults((prep.work_dir / f"{q}.quantize").read_text())
+    return simulated_job, (prep, wrapped, tensors, defaults, note)
+
+
 def measure(prep: Prepared, art: Artifact, ctx: Context) -> dict[str, Any] | None:
     """The report of this compile (None: no held-out image, e.g. `eval_samples: 0` or every image calibrated)."""
     if not prep.held_out:
@@ -60,12 +76,20 @@ def measure(prep: Prepared, art: Artifact, ctx: Context) -> dict[str, Any] | Non
     work = prep.work_dir
     wrapped = work / f"{prep.name}.eval-float.onnx"
     memory: tuple[int, Any] = (ctx.config.limits.child_memory_bytes, "ONNX_INVALID")
+    fallback = None
+    job: Any = emulated_job
+    args: tuple[Any, ...] = (prep, work / f"{prep.name}.emulated.onnx", wrapped)
     if prep.entry.target == "host":
-        job: Any = host_job
-        args: tuple[Any, ...] = (prep, art.members[art.model_member], wrapped)
-    else:
-        job, args = emulated_job, (prep, work / f"{prep.name}.emulated.onnx", wrapped)
+        job, args = host_job, (prep, art.members[art.model_member], wrapped)
+    elif prep.entry.target == "cubie":
+        simulated = _simulated(prep, ctx, wrapped)
+        if isinstance(simulated, str):
+            fallback = simulated
+        else:
+            job, args = simulated
     result: dict[str, Any] = child.run(job, args, "accuracy", ctx.step_timeout(), ctx.interrupted, memory)
+    if fallback:
+        result["notes"].append(fallback)
     held = len(prep.held_out)
     if held < prep.entry.eval_samples:
         result["notes"].append(f"{held} held-out images ({prep.entry.eval_samples} asked): the calibration file has no more")
