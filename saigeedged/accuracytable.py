@@ -37,4 +37,20 @@ def table(result: dict[str, Any]) -> list[str]:
         lines.append(f"  gate min_cosine {result['gate']['min_cosine']} max_map_drop {result['gate']['max_map_drop']}: "
                      f"{verdict}")
     lines += [f"  note: {note}" for note in result.get("notes", [])]
+    return lines + variant_lines(result)
+
+
+def variant_lines(result: dict[str, Any]) -> list[str]:
+    """The sweep's table (SPEC §17): every variant, the chosen one marked."""
+    rows = result.get("variants") or []
+    if not rows:
+        return []
+    lines = [f"  variants ({len(rows)}; published: the best that passes the gate)"]
+    for row in rows:
+        mark = "*" if row["variant"] == result.get("chosen") else " "
+        cos = "-" if row["worst_cosine"] is None else f"{row['worst_cosine']:.4f}"
+        drop = "-" if row["map_drop"] is None else f"{row['map_drop']:.4f}"
+        verdict = "passed" if row["passed"] else "below the gate"
+        lines.append(f"  {mark} {row['variant']}. {row['name']:<36} cosine {cos}  mAP drop {drop}  {verdict}"
+                     f"{'  (cache hit)' if row['cache_hit'] else ''}")
     return lines

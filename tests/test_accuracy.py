@@ -225,3 +225,25 @@ def test_cubie_report_comes_from_the_simulator(tmp_path: Path, docker_config: Pa
     for head in DETECTION_HEADS:
         assert rep["outputs"][head]["cosine"] == pytest.approx(want[head][0], abs=1e-4)
     assert rep["default_quantization"] == []  # the stand-in's .quantize has calibrated scales
+
+
+def test_three_variant_sweep_publishes_the_best_and_shows_all(tmp_path: Path, config_path: Path, capsys: Any) -> None:
+    """Three variants are each compiled and evaluated; the bundle is the one with the best cosine that passes the
+    gate (int16 here), the report's table lists all three, and a second run takes all three from the cache."""
+    src = yolox(tmp_path / "det.onnx", size=(64, 64))
+    calib = valjson(tmp_path / "data", random_labels(24, 3))
+    sweep = [{"calibration_method": "minmax"}, {"calibration_method": "kl"},
+             {"name": "int16", "qtype": "int16", "calibration_method": "minmax"}]
+    fields = {"task": "detection", "num_classes": 3, "calib": str(calib), "n_samples": 8, "variants": sweep}
+    assert _compile(tmp_path, config_path, "det", src, **fields)[0] == 0
+    ckpt, rep, model_bytes = _members(tmp_path / "det.saigeedge")
+    rows = rep["variants"]
+    assert [r["name"] for r in rows] == ["calibration_method minmax", "calibration_method kl", "int16"]
+    assert all(r["passed"] and not r["cache_hit"] for r in rows)
+    assert rep["chosen"] == 3 == max(rows, key=lambda r: r["worst_cosine"])["variant"]
+    assert ckpt["quantization"]["activations"] == "uint16"
+    assert any(n.input[0] for n in onnx.load_from_string(model_bytes).graph.node if n.op_type == "QuantizeLinear")
+    log = next((tmp_path / "state" / "logs").iterdir()).read_text()
+    assert "variant 3/3: int16" in log and "* 3. int16" in log
+    assert _compile(tmp_path, config_path, "det", src, **fields)[0] == 0
+    assert all(r["cache_hit"] for r in _members(tmp_path / "det.saigeedge")[1]["variants"])

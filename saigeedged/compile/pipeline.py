@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from saigeedged.adapters.joblog import JobLog
-from saigeedged.compile import backends, bundle, inputs, prepare, report, reuse
+from saigeedged.compile import backends, bundle, inputs, prepare, report, reuse, variants
 from saigeedged.compile.backends import Context
 from saigeedged.compile.inputs import PathPolicy, Prepared
 from saigeedged.errors import SaigeError
@@ -101,11 +101,17 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
         bounded.calibrate(prep)
         job.on_inputs({"calib_samples": len(prep.chosen)})
         job.log.line(f"{len(prep.chosen)} calibration images ({entry.profile.sampler}, seed {entry.seed}) -> {prep.dataset}")
-        made = reuse.compile(prep, ctx, job.job_id, step.skip)
-        job.on_inputs({"cache": made.status()})
+        if entry.variants:
+            prep, made, measured = variants.sweep(prep, ctx, job.job_id, lambda p, a: _judged(job, p, a, ctx))
+            job.on_inputs({"cache": made.status()})
+            step("bundle")
+        else:
+            made = reuse.compile(prep, ctx, job.job_id, step.skip)
+            job.on_inputs({"cache": made.status()})
+            step("bundle")
+            measured = _judged(job, prep, made.art, ctx)
         art = made.art
-        step("bundle")
-        measured = _accuracy(job, prep, art, ctx)
+        _announce(job, measured)
         dest = job.work_dir / f"{job.job_id}.saigeedge"
         texts = made.texts() | ({ACCURACY_MEMBER: json.dumps(measured, indent=1)} if measured else {})
         bundle.write(dest, bundle.checkpoint(prep, art, job.job_id, created_at, made.checkpoint(prep)), art.members,
@@ -128,19 +134,25 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
 ACCURACY_MEMBER = "accuracy.json"
 
 
-def _accuracy(job: Job, prep: Prepared, art: backends.Artifact, ctx: Context) -> dict[str, Any] | None:
-    """The accuracy report with the gate's verdict (SPEC §17), logged as a table and told to `on_inputs`."""
+def _judged(job: Job, prep: Prepared, art: backends.Artifact, ctx: Context) -> dict[str, Any] | None:
+    """The accuracy report with the gate's verdict (SPEC §17); None without a held-out image."""
     measured = report.measure(prep, art, ctx)
     if measured is None:
-        job.log.line("accuracy: no held-out image (eval_samples 0, or calibration used every image): no report, no gate")
         return None
     gate = report.thresholds(prep, job.config)
     failures = report.judge(measured, gate)
     measured["gate"] = {**gate, "passed": not failures, "failures": failures}
+    return measured
+
+
+def _announce(job: Job, measured: dict[str, Any] | None) -> None:
+    """The report as a table in the job log, and to `on_inputs` (the status file's `accuracy`)."""
+    if measured is None:
+        job.log.line("accuracy: no held-out image (eval_samples 0, or calibration used every image): no report, no gate")
+        return
     for line in report.table(measured):
         job.log.line(line)
     job.on_inputs({"accuracy": measured})
-    return measured
 
 
 def _refused(job: Job, dest: Path, measured: dict[str, Any]) -> SaigeError:
