@@ -152,7 +152,7 @@ def _gate(path: Path, value: dict[str, Any]) -> None:
     """`accuracy: {min_cosine, max_map_drop}`: numbers in [0, 1]."""
     for key, bound in value.items():
         if key not in GATE_KEYS:
-            raise invalid(path, f"unknown key `accuracy.{safeyaml.shown(key)}` (allowed: {', '.join(GATE_KEYS)})")
+            raise invalid(path, f"unknown key `accuracy.{guards.printable(str(key)[:80])}` (allowed: {', '.join(GATE_KEYS)})")
         if not isinstance(bound, (int, float)) or isinstance(bound, bool) or not 0.0 <= bound <= 1.0:
             raise invalid(path, f"`accuracy.{key}` must be a number in [0, 1], got {safeyaml.shown(bound)}")
 
@@ -166,7 +166,8 @@ def _variants(path: Path, value: list[Any]) -> None:
             raise invalid(path, f"`variants[{i}]` must be a mapping of {', '.join(VARIANT_KEYS)}")
         for key, item in variant.items():
             if key not in VARIANT_KEYS:
-                raise invalid(path, f"`variants[{i}]`: unknown key `{safeyaml.shown(key)}` (allowed: {', '.join(VARIANT_KEYS)})")
+                raise invalid(path, f"`variants[{i}]`: unknown key `{guards.printable(str(key)[:80])}` "
+                              f"(allowed: {', '.join(VARIANT_KEYS)})")
             _check_field(path, key, item)
 
 

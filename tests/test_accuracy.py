@@ -247,3 +247,22 @@ def test_three_variant_sweep_publishes_the_best_and_shows_all(tmp_path: Path, co
     assert "variant 3/3: int16" in log and "* 3. int16" in log
     assert _compile(tmp_path, config_path, "det", src, **fields)[0] == 0
     assert all(r["cache_hit"] for r in _members(tmp_path / "det.saigeedge")[1]["variants"])
+
+
+@pytest.mark.parametrize(("fields", "text"), [
+    ({"accuracy": {"min_cosine": 1.5}}, "`accuracy.min_cosine` must be a number in [0, 1]"),
+    ({"accuracy": {"min_cos": 0.9}}, "unknown key `accuracy.min_cos`"),
+    ({"variants": [{"qtype": "int16"}] * 9}, "`variants` must list 1 to 8 variants, got 9"),
+    ({"variants": [{"platform": "t527"}]}, "`variants[0]`: unknown key `platform`"),
+    ({"variants": [{"qtype": "int4"}]}, "`qtype` must be one of"),
+    ({"eval_samples": -1}, "`eval_samples` must be >= 0"),
+])
+def test_gate_and_variants_are_validated(tmp_path: Path, fields: dict[str, Any], text: str) -> None:
+    """A bad gate, too many variants or a variant key that is not a quantization setting is MANIFEST_INVALID."""
+    from saigeedged import manifest as manifestmod
+    from saigeedged.errors import SaigeError
+
+    mf = manifest(tmp_path / "m.yml", task="mlc", num_classes=3, calib="val.json", **fields)
+    with pytest.raises(SaigeError) as err:
+        manifestmod.load(mf)
+    assert err.value.code == "MANIFEST_INVALID" and text in err.value.message

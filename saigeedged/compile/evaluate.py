@@ -163,8 +163,12 @@ def task_metric(spec: Spec, ref: list[list[NDArray[Any]]], got: list[list[NDArra
     the labels; mlc: mAP against the labels on both models; reid: nothing beyond the output cosine."""
     if not ref:
         return {}
-    if spec.task == "detection" and len(ref[0]) == 3:
-        return _detection(spec, ref, got)
+    if spec.task == "detection":
+        heads = ref[0]
+        if len(heads) == 3 and all(h.ndim == 4 and h.shape[0] == 1 and h.shape[1] == 5 + spec.num_classes for h in heads):
+            return _detection(spec, ref, got)
+        return {"metric": None, "labels": f"the outputs are not three YOLOX heads [1, {5 + spec.num_classes}, h, w]: "
+                "no decoded scores, no mAP"}
     if spec.task == "mlc":
         labels = np.zeros((len(ref), spec.num_classes), bool)
         for i, (_, classes) in enumerate(spec.truth):
