@@ -63,7 +63,10 @@ DEFAULTS: dict[str, Any] = {
         "calibration_method": "ema",
         "n_samples": 100,
         "seed": 1337,
+        "eval_samples": 16,  # held-out images of the accuracy report (SPEC §17)
     },
+    # the accuracy gate (SPEC §17): a compile below it ends failed ACCURACY_GATE and is never published
+    "accuracy": {"min_cosine": 0.95, "max_map_drop": 0.1},
     "cache": {"max_bytes": 10 * 1024**3},  # compiled artifacts under <state_dir>/cache/ (SPEC §12); 0 turns it off
     "keep_work": False,
     "log": {"format": "auto", "level": "info"},
@@ -143,9 +146,19 @@ class Defaults:
     calibration_method: str
     n_samples: int
     seed: int
+    eval_samples: int = 16
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """The gate (SPEC §17): the worst output cosine may not fall below `min_cosine`, nor the compiled model's mAP@0.5
+    below the float model's by more than `max_map_drop` (where it is measured); a manifest's `accuracy:` wins."""
+
+    min_cosine: float = 0.95
+    max_map_drop: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -195,6 +208,7 @@ class Config:
     raw: dict[str, Any] = field(repr=False)
     source: Path | None = None
     named_dirs: bool = False
+    accuracy: Accuracy = Accuracy()
 
     def section(self, name: str) -> dict[str, Any]:
         """Deprecated: read the typed sections (`config.limits.max_attempts`); kept until the last callers move."""
@@ -263,6 +277,7 @@ def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> C
         raw=raw,
         source=source,
         named_dirs="inbox" in user and "outbox" in user,
+        accuracy=_typed(Accuracy, raw["accuracy"]),
     )
 
 
