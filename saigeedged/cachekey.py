@@ -15,7 +15,8 @@ from saigeedged.manifest import Entry
 # bundle's checkpoint.yaml says (runtime_overrides, the bundle is built per job), and what other key inputs already
 # cover (the ONNX and calibration paths and sha256: their digests are in the key)
 NOT_IN_KEY = frozenset({"output", "password", "request_id", "priority", "stem", "manifest", "onnx", "calib", "sha256",
-                        "runtime_overrides", "cache"})
+                        # the accuracy report is made per job; a variant is keyed by its own fields
+                        "runtime_overrides", "cache", "eval_samples", "accuracy", "variants"})
 KEY_SCHEMA = 2  # bump when the key's inputs change meaning
 
 

@@ -45,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "mobilint": {
         "container": "saige-mobilint",
         "image": "mobilint/qbcompiler:1.3-cpu-ubuntu22.04",
+        "device": "auto",
     },
     "limits": {
         "step_timeout_s": 3600,
@@ -55,13 +56,17 @@ DEFAULTS: dict[str, Any] = {
         "publish_patience_s": 3600.0,
         "engine_timeout_s": 120.0,
         "prepare_ahead": True,
+        "mobilint_parser_workers": 0,
     },
     "defaults": {
         "target": "cubie",
         "calibration_method": "ema",
         "n_samples": 100,
         "seed": 1337,
+        "eval_samples": 16,  # held-out images of the accuracy report (SPEC §17)
     },
+    # the accuracy gate (SPEC §17): a compile below it ends failed ACCURACY_GATE and is never published
+    "accuracy": {"min_cosine": 0.95, "max_map_drop": 0.1},
     "cache": {"max_bytes": 10 * 1024**3},  # compiled artifacts under <state_dir>/cache/ (SPEC §12); 0 turns it off
     "keep_work": False,
     "log": {"format": "auto", "level": "info"},
@@ -78,6 +83,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "log.format": ("auto", "journal", "json", "console"),
     "log.level": ("debug", "info", "warning", "error"),
     "defaults.target": ("cubie", "mobilint", "host"),
+    "mobilint.device": ("auto", "cpu", "gpu"),
     "defaults.calibration_method": ("ema", "minmax", "kl", "normal", "auto"),
 }
 
@@ -113,6 +119,13 @@ class Cubie(Target):
 
 
 @dataclass(frozen=True)
+class Mobilint(Target):
+    """The mobilint section: `device` is where qbcompiler computes (auto: cpu for a `-cpu-` image tag)."""
+
+    device: str
+
+
+@dataclass(frozen=True)
 class Limits:
     step_timeout_s: int
     job_timeout_s: int
@@ -122,6 +135,7 @@ class Limits:
     publish_patience_s: float
     engine_timeout_s: float
     prepare_ahead: bool
+    mobilint_parser_workers: int  # MBLT_HL_PARSER_NUM_WORK; 0: the host's CPUs minus one
 
 
 @dataclass(frozen=True)
@@ -132,9 +146,19 @@ class Defaults:
     calibration_method: str
     n_samples: int
     seed: int
+    eval_samples: int = 16
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """The gate (SPEC §17): the worst output cosine may not fall below `min_cosine`, nor the compiled model's mAP@0.5
+    below the float model's by more than `max_map_drop` (where it is measured); a manifest's `accuracy:` wins."""
+
+    min_cosine: float = 0.95
+    max_map_drop: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -170,7 +194,7 @@ class Config:
     allowed_roots: tuple[Path, ...]
     watch: Watch
     cubie: Cubie
-    mobilint: Target
+    mobilint: Mobilint
     limits: Limits
     defaults: Defaults
     cache: Cache
@@ -184,6 +208,7 @@ class Config:
     raw: dict[str, Any] = field(repr=False)
     source: Path | None = None
     named_dirs: bool = False
+    accuracy: Accuracy = Accuracy()
 
     def section(self, name: str) -> dict[str, Any]:
         """Deprecated: read the typed sections (`config.limits.max_attempts`); kept until the last callers move."""
@@ -243,7 +268,7 @@ def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> C
         outbox=path(raw["outbox"]),
         state_dir=path(raw["state_dir"]),
         allowed_roots=tuple(path(str(p)) for p in raw["allowed_roots"]),
-        watch=_typed(Watch, raw["watch"]), cubie=_typed(Cubie, raw["cubie"]), mobilint=_typed(Target, raw["mobilint"]),
+        watch=_typed(Watch, raw["watch"]), cubie=_typed(Cubie, raw["cubie"]), mobilint=_typed(Mobilint, raw["mobilint"]),
         limits=_typed(Limits, raw["limits"]), defaults=_typed(Defaults, raw["defaults"]), cache=_typed(Cache, raw["cache"]),
         log=_typed(Log, raw["log"]), metrics=_typed(Metrics, raw["metrics"]), notify=tuple(raw["notify"]),
         retention=_typed(Retention, raw["retention"]), dashboard=raw["dashboard"],
@@ -252,6 +277,7 @@ def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> C
         raw=raw,
         source=source,
         named_dirs="inbox" in user and "outbox" in user,
+        accuracy=_typed(Accuracy, raw["accuracy"]),
     )
 
 

@@ -72,9 +72,26 @@ def report(status: dict[str, object], root: Path) -> None:
         for name, row in rep["outputs"].items():
             flag = "  FLAGGED" if row["flagged"] else ""
             print(f"  {name:<28} cosine {row['cosine']:.4f}  max abs error {row['max_abs_error']:.4g}{flag}")
+    if isinstance(bundle, dict):
+        accuracy(root / "outbox" / bundle["path"])
     error = status.get("error")
     if error:
         print(f"\nerror    {error}")
+
+
+
+def accuracy(path: Path) -> None:
+    """The bundle's accuracy report (SPEC §17), as the job log prints it."""
+    import zipfile
+
+    from saigeedged import accuracytable
+
+    with zipfile.ZipFile(path) as zf:
+        if "accuracy.json" not in zf.namelist():
+            return
+        result = json.loads(zf.read("accuracy.json"))
+    print()
+    print("\n".join(accuracytable.table(result)))
 
 
 if __name__ == "__main__":

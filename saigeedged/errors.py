@@ -10,7 +10,7 @@ Code = Literal[
     "INPUT_SIZE_MISMATCH", "SURGERY_OUTPUTS_NOT_FOUND", "CALIB_INVALID",
     "DOCKER_UNAVAILABLE", "IMAGE_NOT_FOUND", "CONTAINER_FAILED", "CONTAINER_LOST", "ENGINE_LOST",
     "STEP_FAILED", "QUANTIZE_NO_OUTPUT", "EXPORT_FAILED", "NBG_INVALID", "TIMEOUT", "PUBLISH_FAILED", "CANCELLED",
-    "INTERNAL",
+    "INTERNAL", "ACCURACY_GATE",
 ]
 CODES: tuple[Code, ...] = get_args(Code)
 
@@ -55,6 +55,9 @@ HINTS: dict[Code, str] = {
     "PUBLISH_FAILED": "the outbox is full or not writable; the job is retried",
     "CANCELLED": "the job was cancelled; `saigeedged retry JOB_ID` runs it again",
     "INTERNAL": "a bug in saigeedged: please report it with the job log",
+    "ACCURACY_GATE": "the compiled model is too far from the float ONNX (the report is in the job log and the status "
+    "file; the bundle is kept under <inbox>/.saigeedged/failed/<job_id>/): try another calibration_method, more "
+    "varied calibration images, hybrid layers, qtype int16, or lower the manifest's `accuracy:` gate",
 }
 
 FATAL_HINTS: dict[int, str] = {

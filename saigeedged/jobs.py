@@ -58,6 +58,7 @@ class Job:
     onnx_sha256: str | None = None
     calib_samples: int | None = None
     report: dict[str, Any] | None = None
+    accuracy: dict[str, Any] | None = None  # the accuracy report and gate verdict (SPEC §17), once measured
     progress: dict[str, Any] | None = None
     cache: dict[str, Any] | None = None  # {hit, key, source_job_id} once the compile key is known (SPEC §12)
     engine: str | None = None  # the engine of the current/last attempt (SPEC §11); None for host jobs

@@ -49,7 +49,13 @@ SCHEMA: dict[str, tuple[tuple[type, ...], tuple[Any, ...] | None]] = {
     "request_id": ((str,), None),  # set by `saigeedged submit` to find its job's status file
     "cache": ((bool,), None),  # false: compile even when the cache holds this compile (SPEC §12)
     "input_channels": ((str,), CHANNEL_ORDERS),  # the channel order the model was trained on (SPEC §14)
+    "eval_samples": ((int,), None),  # held-out images the accuracy report runs on (SPEC §17); 0: no report
+    "accuracy": ((dict,), None),  # the gate {min_cosine, max_map_drop} over the config's (SPEC §17)
+    "variants": ((list,), None),  # quantization settings to sweep; the best that passes the gate is published
 }
+MAX_VARIANTS = 8
+VARIANT_KEYS = ("name", "calibration_method", "qtype", "quantizer", "hybrid_topn", "hybrid_dtype")
+GATE_KEYS = ("min_cosine", "max_map_drop")
 REQUIRED = ("task", "num_classes", "calib")
 NAME_MAX = 255  # bytes in one file name (Linux filesystems)
 MAX_MODELS = 256  # entries of one multi-model manifest: each is a job, claimed and announced in one go
@@ -89,6 +95,9 @@ class Entry:
     request_id: str | None = None
     cache: bool = True
     input_channels: str | None = None  # None: the task profile's default
+    eval_samples: int = 16
+    accuracy: dict[str, float] | None = None  # gate values over the config's `accuracy:` (None: the config's)
+    variants: list[dict[str, Any]] | None = None  # SPEC §17: each overrides some of VARIANT_KEYS
 
     @property
     def profile(self) -> TaskProfile:
@@ -130,9 +139,36 @@ def _check_field(path: Path, key: str, value: Any) -> None:
         raise invalid(path, f"`{key}` must be one of {', '.join(map(str, choices))}, got {got}")
     if isinstance(value, int) and not -INT_LIMIT < value < (2 * INT_LIMIT if key == "seed" else INT_LIMIT):
         raise invalid(path, f"`{key}` is out of range, got {safeyaml.shown(value)}")
-    minimum = {"num_classes": 1, "n_samples": 1, "hybrid_topn": 0}.get(key)
+    if key == "accuracy" and isinstance(value, dict):
+        _gate(path, value)
+    if key == "variants" and isinstance(value, list):
+        _variants(path, value)
+    minimum = {"num_classes": 1, "n_samples": 1, "hybrid_topn": 0, "eval_samples": 0}.get(key)
     if minimum is not None and isinstance(value, int) and value < minimum:
         raise invalid(path, f"`{key}` must be {'positive' if minimum else '>= 0'}, got {value}")
+
+
+def _gate(path: Path, value: dict[str, Any]) -> None:
+    """`accuracy: {min_cosine, max_map_drop}`: numbers in [0, 1]."""
+    for key, bound in value.items():
+        if key not in GATE_KEYS:
+            raise invalid(path, f"unknown key `accuracy.{guards.printable(str(key)[:80])}` (allowed: {', '.join(GATE_KEYS)})")
+        if not isinstance(bound, (int, float)) or isinstance(bound, bool) or not 0.0 <= bound <= 1.0:
+            raise invalid(path, f"`accuracy.{key}` must be a number in [0, 1], got {safeyaml.shown(bound)}")
+
+
+def _variants(path: Path, value: list[Any]) -> None:
+    """At most MAX_VARIANTS mappings of VARIANT_KEYS, each value checked like the entry's own field."""
+    if not value or len(value) > MAX_VARIANTS:
+        raise invalid(path, f"`variants` must list 1 to {MAX_VARIANTS} variants, got {len(value)}")
+    for i, variant in enumerate(value):
+        if not isinstance(variant, dict):
+            raise invalid(path, f"`variants[{i}]` must be a mapping of {', '.join(VARIANT_KEYS)}")
+        for key, item in variant.items():
+            if key not in VARIANT_KEYS:
+                raise invalid(path, f"`variants[{i}]`: unknown key `{guards.printable(str(key)[:80])}` "
+                              f"(allowed: {', '.join(VARIANT_KEYS)})")
+            _check_field(path, key, item)
 
 
 def _input_size(path: Path, value: list[Any]) -> tuple[int, int]:
@@ -185,6 +221,8 @@ def build_entry(path: Path, data: dict[str, Any], stem: str, *, drop: bool) -> E
     kwargs["input_size"] = _input_size(path, data["input_size"]) if "input_size" in data else None
     kwargs["surgery_outputs"] = _surgery(path, data["surgery"]) if "surgery" in data else None
     kwargs.pop("surgery", None)
+    if "accuracy" in data:
+        kwargs["accuracy"] = {k: float(v) for k, v in data["accuracy"].items()}
     return Entry(calib=_resolve(path, data["calib"]), onnx=onnx, stem=safe_stem(stem), manifest=path, **kwargs)
 
 

@@ -35,13 +35,20 @@ PROFILES: dict[str, TaskProfile] = {
                         "reid", "classification", "rgb"),
 }
 
-# platform -> (--optimize target string, NBG chip id)
-PLATFORMS: dict[str, tuple[str, int]] = {
-    "a733": ("VIP9000NANODI_PLUS_PID0X1000003B", 0x1000003B),
-    "t527": ("VIP9000NANOSI_PLUS_PID0X10000016", 0x10000016),
-    "a527": ("VIP9000NANOSI_PLUS_PID0X10000016", 0x10000016),
-    "v853": ("VIP9000PICO_PID0XEE", 0xEE),
+# platform -> the --optimize target spellings to look for in the image, in order of preference. Public sources
+# disagree on `_PLUS_` (notes/pegasus.md "Wave 3 facts": Allwinner's pegasus_setup.sh v3 spells _PLUS_, three
+# board-verified A733 ports used the non-_PLUS_ .config their ubuntu-npu:v2.0.10.x image ships), so the cubie backend
+# passes the first one whose `<name>.config` the image's VIV SDK has (compile/vivsdk.py).
+TARGET_CANDIDATES: dict[str, tuple[str, ...]] = {
+    "a733": ("VIP9000NANODI_PLUS_PID0X1000003B", "VIP9000NANODI_PID0X1000003B"),
+    "t527": ("VIP9000NANOSI_PLUS_PID0X10000016", "VIP9000NANOSI_PID0X10000016"),
+    "a527": ("VIP9000NANOSI_PLUS_PID0X10000016", "VIP9000NANOSI_PID0X10000016"),
+    "v853": ("VIP9000PICO_PID0XEE",),
 }
+CHIP_IDS: dict[str, int] = {"a733": 0x1000003B, "t527": 0x10000016, "a527": 0x10000016, "v853": 0xEE}
+
+# platform -> (preferred --optimize target string, NBG chip id)
+PLATFORMS: dict[str, tuple[str, int]] = {name: (TARGET_CANDIDATES[name][0], chip) for name, chip in CHIP_IDS.items()}
 
 CHANNEL_ORDERS = ("rgb", "bgr")
 

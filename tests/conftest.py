@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,9 @@ def config(config_path: Path) -> configmod.Config:
     return configmod.load(config_path)
 
 
-STANDIN_ACUITY = "saigeedged-standin/acuity:test"
-STANDIN_MOBILINT = "saigeedged-standin/qbcompiler:test"
+# the shared tags; a run that changed tests/images names its own tags here (built from the checkout when missing)
+STANDIN_ACUITY = os.environ.get("SAIGEEDGED_STANDIN_ACUITY", "saigeedged-standin/acuity:test")
+STANDIN_MOBILINT = os.environ.get("SAIGEEDGED_STANDIN_MOBILINT", "saigeedged-standin/qbcompiler:test")
 IMAGES = Path(__file__).parent / "images"
 
 
@@ -71,14 +73,20 @@ def docker_client() -> Any:
 def fresh_acuity(docker_client: Any) -> Any:
     """A stand-in ACUITY image built for this session under its own tag (tests/images as checked out: the call
     record, every cfg folder), so a rebuild of the shared tag by another run cannot change it mid-test."""
-    import subprocess
     import uuid
 
     tag = f"saigeedged-standin/acuity:session-{uuid.uuid4().hex[:8]}"
-    subprocess.run([str(IMAGES / "build.sh"), tag, str(IMAGES / "common"), str(IMAGES / "acuity")], check=True,
-                   stdout=subprocess.DEVNULL)
-    yield tag
+    yield build_variant(tag, "common", "acuity")
     docker_client.images.remove(tag, force=True)
+
+
+def build_variant(tag: str, *overlays: str) -> str:
+    """Build a stand-in image from tests/images overlays (later ones win, see build.sh) under `tag`."""
+    import subprocess
+
+    subprocess.run([str(IMAGES / "build.sh"), tag, *[str(IMAGES / o) for o in overlays]], check=True,
+                   stdout=subprocess.DEVNULL)
+    return tag
 
 
 @pytest.fixture

@@ -57,18 +57,22 @@ def test_other_external_weights_behind_the_same_onnx_bytes_miss(tmp_path: Path, 
 @pytest.mark.docker
 def test_another_viv_sdk_folder_is_another_compile(tmp_path: Path, docker_config: Path, capsys: Any,
                                                    det_inputs: dict[str, Any]) -> None:
-    """cubie.viv_sdk is in the export's argv: after it changes, the same drop compiles again (here the new folder is
-    missing, so the export fails as it must) instead of reusing what the old SDK made."""
+    """cubie.viv_sdk is in the export's argv: after it changes, the same drop compiles again instead of reusing what
+    the old SDK made; a folder without the platform's .config fails CONTAINER_FAILED before any compiler step."""
     mf = manifest(tmp_path / "det.yml", **det_inputs["manifest"], onnx=str(det_inputs["onnx"]),
                   output=str(tmp_path / "det.saigeedge"))
     assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
     assert "cache hit" not in capsys.readouterr().out
     data = yaml.safe_load(docker_config.read_text())
+    data["cubie"]["viv_sdk"] = "/root/Vivante_IDE/VivanteIDE5.8.2/cmdtools"
+    docker_config.write_text(yaml.safe_dump(data))
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    assert "cache hit" not in capsys.readouterr().out
     data["cubie"]["viv_sdk"] = "/root/Vivante_IDE/VivanteIDE9.9.9/cmdtools"
     docker_config.write_text(yaml.safe_dump(data))
-    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 1
-    out = capsys.readouterr().out
-    assert "cache hit" not in out and "EXPORT_FAILED" in out
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 3
+    captured = capsys.readouterr()
+    assert "cache hit" not in captured.out and "CONTAINER_FAILED" in captured.err and ": import" not in captured.out
 
 
 def stored(tmp_path: Path, key: str, payload: bytes) -> Cache:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import STANDIN_ACUITY
 from factory import manifest, random_labels, valjson, yolox
 
 from saigeedged import config as configmod
@@ -41,9 +42,10 @@ def test_detector_compiles_to_an_a733_bundle(tmp_path: Path, docker_config: Path
     assert ckpt["task"] == "detection_yolox" and ckpt["target"] == "cubie" and ckpt["model"] == "best_surgery.nb"
     assert ckpt["output_shapes"] == [[1, 8, 8, 8], [1, 8, 4, 4], [1, 8, 2, 2]]
     assert ckpt["mean"] == [0.0, 0.0, 0.0] and ckpt["scale"] == [pytest.approx(1 / 255)] * 3
-    assert ckpt["platform"] == {"name": "a733", "optimize": "VIP9000NANODI_PLUS_PID0X1000003B"}
+    assert ckpt["platform"] == {"name": "a733", "optimize": "VIP9000NANODI_PLUS_PID0X1000003B", "optimize_source": "image",
+                                "optimize_candidates": ["VIP9000NANODI_PLUS_PID0X1000003B", "VIP9000NANODI_PID0X1000003B"]}
     assert ckpt["quantization"]["algorithm"] == "moving_average" and ckpt["quantization"]["n_samples"] == 10
-    assert ckpt["build"]["image"] == "saigeedged-standin/acuity:test" and ckpt["build"]["image_id"].startswith("sha256:")
+    assert ckpt["build"]["image"] == STANDIN_ACUITY and ckpt["build"]["image_id"].startswith("sha256:")
     assert ckpt["source"]["surgery"][0] == "/head/Concat_output_0"
     assert nbg[:4] == b"VPMN" and nbg[8:12] == bytes([0x3B, 0, 0, 0x10])
     ctr = container(docker_client, docker_config)

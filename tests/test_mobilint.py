@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from conftest import STANDIN_MOBILINT
 from factory import classifier, manifest, random_labels, valjson, yolox
 
 from saigeedged.cli import main as cli
@@ -30,6 +31,9 @@ def test_argv_and_presets() -> None:
     assert mobilint.parse_args("m", "aries-rb") == ["parse", "--model", "m.onnx", "--backend", "onnx",
                                                     "--target-device", "aries-rb", "--output", "m.mblt"]
     assert mobilint.quantize_args("m", "regulus-rb", "detection")[-2:] == ["--config-preset", "detection"]
+    argv = mobilint.quantize_args("m", "regulus-rb", None, "cpu")
+    assert argv[-4:] == ["--device", "cpu", "--config-save-path", "m_config.yaml"]
+    assert mobilint.parse_args("m", "aries-rb", "cpu")[-2:] == ["--device", "cpu"]
 
 
 def test_output_events_are_read() -> None:
@@ -62,11 +66,13 @@ def setup(tmp_path: Path, name: str, task: str = "mlc", device: str = "regulus-r
 
 @pytest_docker
 def test_classifier_to_mxq(tmp_path: Path, docker_config: Path) -> None:
-    """A regulus-rb classifier compiles to a bundle with the .mxq (and .mblt with keep_mblt)."""
+    """A regulus-rb classifier compiles to a bundle with the .mxq, the saved compiler config and the info JSON
+    (and .mblt with keep_mblt)."""
     assert cli.main(["compile", str(setup(tmp_path, "tags", keep_mblt=True)), "-c", str(docker_config)]) == 0
     with zipfile.ZipFile(tmp_path / "tags.saigeedge") as zf:
         ckpt = yaml.safe_load(zf.read("checkpoint.yaml"))
-        assert sorted(zf.namelist()) == ["calib_digests.txt", "checkpoint.yaml", "tags.mblt", "tags.mxq"]
+        assert sorted(zf.namelist()) == ["calib_digests.txt", "checkpoint.yaml", "tags.mblt", "tags.mxq",
+                                         "tags_config.yaml", "tags_info.json"]
         assert zf.read("tags.mxq").startswith(b"MXQ1regulus-rb")
     assert ckpt["target"] == "mobilint" and ckpt["model"] == "tags.mxq" and ckpt["platform"] == {"device": "regulus-rb"}
     assert ckpt["quantization"]["preset"] == "classification" and ckpt["task"] == "mlc"
@@ -113,4 +119,5 @@ def test_check_reports_qbcompiler(docker_config: Path, capsys: Any) -> None:
     """check finds the qbcompiler image and its entry point."""
     assert cli.main(["check", "-c", str(docker_config)]) == 0
     out = capsys.readouterr().out
-    assert "mobilint saigeedged-standin/qbcompiler:test" in out and "python3 -m qbcompiler" in out
+    assert f"mobilint {STANDIN_MOBILINT}" in out and "python3 -m qbcompiler" in out
+    assert "qb Compiler 1.3.0" in out

@@ -21,10 +21,44 @@ def test_no_warning_when_every_platform_and_override_is_there() -> None:
 
 
 def test_a_missing_platform_target_and_a_missing_override_are_each_named() -> None:
-    """An SDK without the _PLUS_ names: a733, t527 and a527 warn; an override the image lacks warns once."""
+    """An SDK with only the non-_PLUS_ A733 name: a733 is served by it, t527 and a527 (neither NANOSI spelling)
+    warn; an override the image lacks warns once."""
     warnings = vivsdk.missing(["VIP9000NANODI_PID0X1000003B", "VIP9000PICO_PID0XEE"], ["X_PID0X1", "X_PID0X1"])
-    assert [w.split(":")[0] for w in warnings] == ["platform a733", "platform t527", "platform a527", "optimize"]
-    assert "X_PID0X1" in warnings[-1] and len(warnings) == 4
+    assert [w.split(":")[0] for w in warnings] == ["platform t527", "platform a527", "optimize"]
+    assert "VIP9000NANOSI_PLUS_PID0X10000016 or VIP9000NANOSI_PID0X10000016: neither" in warnings[0]
+    assert "X_PID0X1" in warnings[-1] and len(warnings) == 3
+
+
+def test_each_platform_gets_the_first_candidate_the_image_has() -> None:
+    """_PLUS_ first when both are there, the non-_PLUS_ one when only it is, None when neither is."""
+    both = ["VIP9000NANODI_PID0X1000003B", "VIP9000NANODI_PLUS_PID0X1000003B"]
+    assert vivsdk.choose("a733", both) == "VIP9000NANODI_PLUS_PID0X1000003B"
+    assert vivsdk.choose("a733", both[:1]) == "VIP9000NANODI_PID0X1000003B"
+    assert vivsdk.choose("a733", ["VIP9000PICO_PID0XEE"]) is None
+    assert vivsdk.choose("v853", ["VIP9000PICO_PID0XEE"]) == "VIP9000PICO_PID0XEE"
+
+
+def test_versions_come_from_the_folder_names() -> None:
+    """The wheel folder gives ACUITY's version and the VIV SDK path VivanteIDE's; an unknown layout gives None."""
+    line = "/root/acuity-toolkit-whl-6.21.16 /root/Vivante_IDE/VivanteIDE5.8.2/cmdtools"
+    assert vivsdk.versions(line) == {"acuity": "6.21.16", "vivante_ide": "5.8.2"}
+    assert vivsdk.versions(" /opt/sdk/cmdtools") == {"acuity": None, "vivante_ide": None}
+
+
+def test_the_choice_and_version_scripts_run_in_a_real_shell(tmp_path: Path) -> None:
+    """The choice snippet prints the first candidate with a .config (exit 1, nothing printed, for none); the
+    version snippet names the SDK folder (here a folder with a space, passed as one path)."""
+    import subprocess
+
+    sdk = tmp_path / "Vivante IDE" / "VivanteIDE5.11.0" / "cmdtools"
+    (sdk / "common" / "cfg").mkdir(parents=True)
+    (sdk / "common" / "cfg" / "B.config").write_text("")
+    run = subprocess.run(["sh", "-c", vivsdk.choose_script(str(sdk), ["A", "B"])], capture_output=True, text=True)
+    assert (run.returncode, run.stdout) == (0, "B\n")
+    run = subprocess.run(["sh", "-c", vivsdk.choose_script(str(sdk), ["A"])], capture_output=True, text=True)
+    assert (run.returncode, run.stdout) == (1, "")
+    run = subprocess.run(["sh", "-c", vivsdk.version_script(str(sdk))], capture_output=True, text=True)
+    assert vivsdk.versions(run.stdout)["vivante_ide"] == "5.11.0" and str(sdk) in run.stdout
 
 
 def test_overrides_without_a_queue_are_none(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from saigeedged import __version__
+from saigeedged import __version__, accuracytable
 from saigeedged.errors import HINTS
 from saigeedged.jobs import Job
 
@@ -160,6 +160,19 @@ def _report(report: dict[str, Any] | None) -> str:
             f'{"<br>".join(lines)}</details></td>')
 
 
+def _accuracy(job: Job) -> str:
+    """The accuracy report (SPEC §17): the worst cosine and the gate's verdict, the whole table when opened."""
+    if not job.accuracy:
+        return '<td data-label="accuracy"></td>'
+    gate = job.accuracy.get("gate") or {}
+    worst = accuracytable.worst_cosine(job.accuracy)
+    verdict = "gate passed" if gate.get("passed") else "BELOW THE GATE"
+    css = "" if gate.get("passed") else ' class="flag"'
+    summary = f"{verdict}, cosine ≥ {worst:.4f}" if worst is not None else verdict
+    return (f'<td data-label="accuracy"><details><summary{css}>{_e(summary)}</summary>'
+            f'{"<br>".join(_e(line) for line in accuracytable.table(job.accuracy))}</details></td>')
+
+
 def _links(job: Job) -> str:
     links = [_link(job.bundle["path"], "bundle")] if job.bundle else []
     links += [_link(f"logs/{job.job_id}.log", "log"), _link(f"status/{job.job_id}.json", "status")]
@@ -170,8 +183,10 @@ def _recent(jobs: list[Job]) -> str:
     if not jobs:
         return '<p class="muted">no job has ended yet</p>'
     rows = [f'<tr id="{_e(j.job_id)}">{_name(j)}<td data-label="target">{_e(j.target)}</td>{_state(j)}'
-            f'<td data-label="ended">{_when(j.finished_at)}</td>{_error(j)}{_report(j.report)}{_links(j)}</tr>' for j in jobs]
-    head = "".join(f"<th>{h}</th>" for h in ("job", "target", "state", "ended", "error", "hint", "quantization", "files"))
+            f'<td data-label="ended">{_when(j.finished_at)}</td>{_error(j)}{_report(j.report)}{_accuracy(j)}{_links(j)}</tr>'
+            for j in jobs]
+    head = "".join(f"<th>{h}</th>" for h in ("job", "target", "state", "ended", "error", "hint", "quantization",
+                                              "accuracy", "files"))
     return f'<table class="jobs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 

@@ -17,13 +17,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, write_to_textfile
 from prometheus_client.registry import Collector
 
-from saigeedged import __version__
+from saigeedged import __version__, accuracytable
 from saigeedged.adapters.ends import Ends
 from saigeedged.adapters.store import Store
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import QUEUED, RUNNING, SUCCEEDED, Job
 
 TARGETS = ("cubie", "mobilint", "host")
+TASKS = ("detection", "mlc", "reid")
 JOB_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, float("inf"))
 STEP_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, float("inf"))
 
@@ -77,6 +78,8 @@ class Metrics:
         self.cache_hits = Counter("saigeedged_cache_hits", "Jobs whose compile came from the cache", registry=r)
         self.last_success = Gauge("saigeedged_last_success_timestamp_seconds", "When a job of the target last succeeded",
                                   ["target"], registry=r)
+        self.accuracy_cosine = Gauge("saigeedged_accuracy_cosine", "Worst float-vs-compiled cosine of the last measured job",
+                                     ["target", "task"], registry=r)
         Gauge("saigeedged_build_info", "The running saigeedged", ["version"], registry=r).labels(__version__).set(1)
         self._ends = Ends(store)  # its first look returns every end in the queue: the counts after a restart
         self._last: dict[str, float] = {}  # target -> newest success
@@ -106,6 +109,9 @@ class Metrics:
             self.last_success.labels(target).set(self._last[target])
         if (job.cache or {}).get("hit"):
             self.cache_hits.inc()
+        worst = accuracytable.worst_cosine(job.accuracy) if job.accuracy else None
+        if worst is not None and job.task in TASKS:  # tasks from the manifest schema: a bounded label set
+            self.accuracy_cosine.labels(target, job.task).set(worst)
         for attempt in job.attempts:  # engine names come from the config (or "host"): a bounded label set
             self.engine_attempts.labels(attempt["engine"], attempt.get("error") or "").inc()
 

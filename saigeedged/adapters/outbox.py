@@ -49,7 +49,7 @@ def status_doc(job: Job) -> dict[str, Any]:
         "inputs": {"onnx": printable(Path(job.entry["onnx"]).name), "onnx_sha256": job.onnx_sha256, "manifest": job.manifest,
                    "calib_samples": job.calib_samples},
         "bundle": job.bundle, "log": f"logs/{job.job_id}.log", "progress": job.progress,
-        "quantization_report": job.report, "cache": job.cache,
+        "quantization_report": job.report, "cache": job.cache, "accuracy": job.accuracy,
         "created_at": job.created_at, "started_at": job.started_at, "finished_at": job.finished_at,
         "updated_at": job.updated_at, "error": job.error, "host": socket.gethostname(), "version": __version__,
         "engine": job.engine, "attempts": job.attempts,

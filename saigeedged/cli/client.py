@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from saigeedged import files
+from saigeedged import accuracytable, files
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.cli.enginestatus import attempt_lines, engine_lines, pool_configured
@@ -136,6 +136,8 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
 
             doc = status_doc(job)
         print(json.dumps(doc, indent=1) if as_json else _row(job), file=out)
+        if doc.get("accuracy") and not as_json:
+            print(printable("\n".join(accuracytable.table(doc["accuracy"]))), file=out)
         if pool_configured(config) and not as_json:
             print("\n".join(attempt_lines(job)), file=out)
         return 0

@@ -19,12 +19,12 @@ import requests
 from saigeedged.adapters.docker import connect, pick_runtime
 from saigeedged.adapters.docker.api import ImageNotFound
 from saigeedged.compile import vivsdk
-from saigeedged.compile.backends import cubie
+from saigeedged.compile.backends import cubie, mobilint
 from saigeedged.config import Config
 from saigeedged.engines import EngineSpec, engine_specs
 
 CHECK_TIMEOUT_S = 15.0  # a check must not sit out the daemon's long engine timeout on each hung engine
-MOBILINT_PROBE = "command -v qbcompiler || { python3 -m qbcompiler --help >/dev/null 2>&1 && echo 'python3 -m qbcompiler'; }"
+MOBILINT_PROBE = mobilint.PROBE
 TOOLS = {"cubie": ("pegasus", cubie.PROBE), "mobilint": ("qbcompiler", MOBILINT_PROBE)}
 LOAD_HINT = {"cubie": "docker load -i ubuntu-npu_v2.0.10.1.tar on that host",
              "mobilint": "docker load the qbcompiler image on that host"}
@@ -40,6 +40,7 @@ class Probe:
     lacks: list[str] = field(default_factory=list)
     fatal: bool = False
     viv: tuple[str, ...] | None = None  # the --optimize targets of the cubie image's VIV SDK, once probed
+    versions: list[str] = field(default_factory=list)  # "ACUITY 6.30.22, VivanteIDE 5.11.0", "qb Compiler 1.3.0"
 
     def lack(self, what: str, fatal: bool = True) -> None:
         self.lacks.append(what)
@@ -109,6 +110,11 @@ def _target(probe: Probe, api: Any, config: Config, target: str) -> None:
     probe.found.append(f"{target} {image} ({tool} {entry.splitlines()[-1]})")
     if target == "cubie":
         probe.viv = tuple(vivsdk.targets(run_probe(api, image, vivsdk.list_script(config.cubie.viv_sdk))))
+        found = vivsdk.versions(run_probe(api, image, vivsdk.version_script(config.cubie.viv_sdk)) + " " + entry)
+        probe.versions.append(f"ACUITY {found['acuity'] or 'unknown'}, VivanteIDE {found['vivante_ide'] or 'unknown'}")
+    else:
+        version = mobilint.VERSION.search(run_probe(api, image, mobilint.VERSION_PROBE))
+        probe.versions.append(f"qb Compiler {version.group(1) if version else 'unknown'}")
 
 
 def probe_engine(config: Config, spec: EngineSpec, timeout_s: float,

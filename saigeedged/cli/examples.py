@@ -20,13 +20,18 @@ def const(name: str, array: np.ndarray) -> onnx.TensorProto:
 
 
 def yolox(path: Path, num_classes: int = 3, size: tuple[int, int] = (64, 64), *, batch: int | str = 1,
-          head_prefix: str = "/head/Concat", seed: int = 0) -> Path:
-    """A tiny YOLOX-like detector: three stride heads named like the real export, then the decode tail."""
+          head_prefix: str = "/head/Concat", seed: int = 0, box_gain: float = 1.0) -> Path:
+    """A tiny YOLOX-like detector: three stride heads named like the real export, then the decode tail.
+
+    `box_gain` scales the box channels of each head (an export that put pixel-scale boxes next to 0-1 scores in one
+    tensor, as a head without the output-cut surgery does): one uint8 scale per tensor then crushes the scores.
+    """
     rng = np.random.default_rng(seed)
     ch = 5 + num_classes
     nodes, inits, flats = [], [], []
     for i, stride in enumerate((8, 16, 32)):
         suffix = "" if i == 0 else f"_{i}"
+        box = f"rg{i}" if box_gain != 1.0 else f"r{i}"
         w = rng.normal(0, 0.05, (4, 3, stride, stride))
         inits += [const(f"w{i}", w), const(f"reg{i}", rng.normal(0, 0.5, (4, 4, 1, 1))),
                   const(f"obj{i}", rng.normal(0, 0.5, (1, 4, 1, 1))),
@@ -39,12 +44,15 @@ def yolox(path: Path, num_classes: int = 3, size: tuple[int, int] = (64, 64), *,
             helper.make_node("Sigmoid", [f"o{i}"], [f"os{i}"]),
             helper.make_node("Conv", [f"act{i}", f"cls{i}"], [f"c{i}"]),
             helper.make_node("Sigmoid", [f"c{i}"], [f"cs{i}"]),
-            helper.make_node("Concat", [f"r{i}", f"os{i}", f"cs{i}"], [f"{head_prefix}{suffix}_output_0"], axis=1,
+            *([helper.make_node("Mul", [f"r{i}", "box_gain"], [f"rg{i}"])] if box_gain != 1.0 else []),
+            helper.make_node("Concat", [box, f"os{i}", f"cs{i}"], [f"{head_prefix}{suffix}_output_0"], axis=1,
                              name=f"{head_prefix}{suffix}"),
             helper.make_node("Reshape", [f"{head_prefix}{suffix}_output_0", "flat_shape"], [f"flat{i}"]),
         ]
         flats.append(f"flat{i}")
     inits.append(numpy_helper.from_array(np.array([1, ch, -1], dtype=np.int64), "flat_shape"))
+    if box_gain != 1.0:
+        inits.append(const("box_gain", np.array(box_gain)))
     nodes += [helper.make_node("Concat", flats, ["cat"], axis=2),
               helper.make_node("Transpose", ["cat"], ["output"], perm=[0, 2, 1])]
     h, w_ = size

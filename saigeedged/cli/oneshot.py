@@ -15,6 +15,7 @@ from saigeedged.adapters.docker import Containers
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.adapters.outbox import place_file
 from saigeedged.compile import calibration, inputs, pipeline
+from saigeedged.compile.backends import cubie
 from saigeedged.config import Config
 from saigeedged.errors import ENVIRONMENT_CODES, INPUT_CODES, SaigeError
 from saigeedged.manifest import Entry
@@ -53,6 +54,8 @@ def describe(config: Config, entry: Entry, out: TextIO) -> None:
           (f"  (cut at {', '.join(prep.surgery)})" if prep.surgery else ""), file=out)
     print(f"  steps       {' '.join(pipeline.plan_steps(entry))}", file=out)
     print(f"  output      {output_path(entry)}", file=out)
+    for text in cubie.precision_warnings(entry):
+        print(f"  warning     {text}", file=out)
 
 
 def validate(config: Config, path: Path, out: TextIO | None = None) -> int:

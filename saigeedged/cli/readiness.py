@@ -13,10 +13,11 @@ from saigeedged.adapters.docker.api import ImageNotFound, NotFound
 from saigeedged.cli.engineprobe import MOBILINT_PROBE, probe_all, run_probe
 from saigeedged.cli.enginestatus import pool_configured
 from saigeedged.compile import vivsdk
-from saigeedged.compile.backends import cubie
+from saigeedged.compile.backends import cubie, mobilint
 from saigeedged.config import Config
 from saigeedged.engines import DEFAULT
 from saigeedged.errors import SaigeError
+from saigeedged.profiles import TARGET_CANDIDATES
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -66,13 +67,20 @@ def _cubie(report: Report, api: DockerAPI, config: Config) -> None:
         return
     entry = section.pegasus if section.pegasus != "auto" else run_probe(api, spec.image, cubie.PROBE)
     report(OK if entry else FAIL, "pegasus", entry.splitlines()[0] if entry else "no pegasus on PATH nor pegasus.py in the image")
+    found = vivsdk.versions(run_probe(api, spec.image, vivsdk.version_script(section.viv_sdk)) + " " + entry)
+    report(OK if all(found.values()) else WARN, "versions",
+           f"ACUITY {found['acuity'] or 'unknown'}, VivanteIDE {found['vivante_ide'] or 'unknown'}")
     _viv_sdk(report, config, vivsdk.targets(run_probe(api, spec.image, vivsdk.list_script(section.viv_sdk))))
 
 
 def _viv_sdk(report: Report, config: Config, configs: list[str], where: str = "") -> None:
-    """The --optimize targets the image's VIV SDK has, and the platforms or queued overrides it lacks."""
+    """The --optimize targets the image's VIV SDK has, the one each platform gets, and the platforms or queued
+    overrides it lacks."""
     report(OK if configs else FAIL, "viv_sdk", f"{config.cubie.viv_sdk}: --optimize targets "
            f"{', '.join(configs) or 'none (no target .config files)'}{where}")
+    chosen = {platform: vivsdk.choose(platform, configs) for platform in TARGET_CANDIDATES}
+    if any(chosen.values()):
+        report(OK, "optimize", ", ".join(f"{p} -> {t}" for p, t in chosen.items() if t) + where)
     for warning in vivsdk.missing(configs, vivsdk.overrides_in_use(config.state_dir)) if configs else []:
         report(WARN, "optimize", warning)
 
@@ -83,6 +91,13 @@ def _mobilint(report: Report, api: DockerAPI, config: Config) -> None:
         return
     entry = run_probe(api, spec.image, MOBILINT_PROBE)
     report(OK if entry else FAIL, "qbcompiler", entry.splitlines()[-1] if entry else "no qbcompiler in the image")
+    if not entry:
+        return
+    version = mobilint.VERSION.search(run_probe(api, spec.image, mobilint.VERSION_PROBE))
+    report(OK if version else WARN, "versions", f"qb Compiler {version.group(1) if version else 'unknown'}")
+    device = mobilint.compile_device(config.mobilint.device, spec.image)
+    report(OK, "device", f"qbcompiler --device {device} (mobilint.device {config.mobilint.device}), "
+           f"{mobilint.PARSER_WORKERS_ENV}={mobilint.parser_workers(config.limits.mobilint_parser_workers)}")
 
 
 def _docker(report: Report, config: Config) -> None:
@@ -127,6 +142,12 @@ def _engines(report: Report, config: Config) -> None:
             sdks.setdefault(probe.viv, []).append(probe.name)
     for configs, names in sdks.items():
         _viv_sdk(report, config, list(configs), f" (engine {', '.join(names)})")
+    tools: dict[str, list[str]] = {}  # one line per distinct toolchain version, naming the engines that have it
+    for probe in probes:
+        for text in probe.versions:
+            tools.setdefault(text, []).append(probe.name)
+    for text, names in tools.items():
+        report(OK, "versions", f"{text} (engine {', '.join(names)})")
 
 
 def main(config: Config, out: TextIO | None = None) -> int:

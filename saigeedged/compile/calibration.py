@@ -24,6 +24,7 @@ MAX_NAMED = 3  # offenders named in one message
 class Sample:
     image: Path
     labels: tuple[int, ...]
+    boxes: tuple[tuple[float, float, float, float], ...] | None = None  # COCO only: xyxy pixels, one per label
 
 
 @dataclass(frozen=True)
@@ -56,11 +57,29 @@ def _from_coco(path: Path, data: dict[str, Any], base: Path) -> tuple[list[Sampl
     categories = sorted(data["categories"], key=lambda c: c["id"])
     index = {c["id"]: i for i, c in enumerate(categories)}
     labels: dict[Any, list[int]] = {img["id"]: [] for img in data["images"]}
+    boxes: dict[Any, list[tuple[float, float, float, float]] | None] = {img["id"]: [] for img in data["images"]}
     for ann in data["annotations"]:
         if ann.get("image_id") in labels:
             labels[ann["image_id"]].append(index.get(ann.get("category_id"), -1))
-    samples = [Sample(base / img["file_name"], tuple(labels[img["id"]])) for img in data["images"]]
+            boxes[ann["image_id"]] = _box(ann, boxes[ann["image_id"]])
+    samples = [Sample(base / img["file_name"], tuple(labels[img["id"]]), _boxes(boxes[img["id"]]))
+               for img in data["images"]]
     return samples, [str(c.get("name", c["id"])) for c in categories], len(categories)
+
+
+def _box(ann: dict[str, Any], found: list[tuple[float, float, float, float]] | None
+         ) -> list[tuple[float, float, float, float]] | None:
+    """COCO `bbox` [x, y, w, h] appended as xyxy; an annotation without one leaves the image without boxes."""
+    bbox = ann.get("bbox")
+    if found is None or not (isinstance(bbox, list) and len(bbox) == 4
+                             and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox)):
+        return None
+    x, y, w, h = (float(v) for v in bbox)
+    return [*found, (x, y, x + w, y + h)]
+
+
+def _boxes(found: list[tuple[float, float, float, float]] | None) -> tuple[tuple[float, float, float, float], ...] | None:
+    return tuple(found) if found is not None else None
 
 
 def read(path: Path, num_classes: int, check_path: Callable[[Path], None] | None = None) -> CalibSet:
@@ -168,6 +187,14 @@ def pick(calib: CalibSet, n: int, seed: int, sampler: str) -> list[Sample]:
     return sample(calib.samples, n, seed)
 
 
+def held_out(calib: CalibSet, chosen: Sequence[Sample], n: int, seed: int, sampler: str) -> list[Sample]:
+    """Up to `n` images calibration did not use, by the same seeded sampler (SPEC §17): disjoint from `chosen`,
+    deterministic, every image there is when fewer remain."""
+    used = {s.image for s in chosen}
+    rest = [s for s in calib.samples if s.image not in used]
+    return pick(CalibSet(calib.source, tuple(rest), calib.class_names), n, seed, sampler) if rest and n > 0 else []
+
+
 def check_decodes(source: Path, chosen: Sequence[Sample]) -> None:
     """Every chosen image decodes (JPEG/PNG/BMP), else CALIB_INVALID naming the first that do not."""
     broken = []
@@ -189,9 +216,10 @@ def staged_name(image: Path) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", image.name)[-100:].lstrip(".") or "image"
 
 
-def stage(chosen: Sequence[Sample], work_dir: Path) -> Path:
-    """Hard-link (or copy) the images to work_dir/calib/NNNN_<name> and write dataset.txt; return its path."""
-    folder = work_dir / "calib"
+def stage(chosen: Sequence[Sample], work_dir: Path, folder_name: str = "calib", listing: str = "dataset.txt") -> Path:
+    """Hard-link (or copy) the images to work_dir/calib/NNNN_<name> and write dataset.txt; return its path.
+    (The held-out images go to eval/ and eval_dataset.txt, where the cubie container sees them too.)"""
+    folder = work_dir / folder_name
     folder.mkdir(parents=True, exist_ok=True)
     lines = []
     for i, sample in enumerate(chosen):
@@ -202,6 +230,6 @@ def stage(chosen: Sequence[Sample], work_dir: Path) -> Path:
             except OSError:
                 shutil.copyfile(sample.image, dest)
         lines.append(str(dest.resolve()))
-    dataset = work_dir / "dataset.txt"
+    dataset = work_dir / listing
     dataset.write_text("\n".join(lines) + "\n")
     return dataset

@@ -48,6 +48,7 @@ class Prepared:
     surgery: tuple[str, ...] | None = None
     chosen: Sequence[Sample] = ()
     dataset: Path | None = None
+    held_out: tuple[Sample, ...] = ()  # the evaluation images calibration did not use (SPEC §17)
 
 
 def validate(entry: Entry, work_dir: Path, policy: PathPolicy, max_onnx_bytes: int | None = None,

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from saigeedged.adapters.joblog import JobLog
-from saigeedged.compile import backends, bundle, inputs, prepare, resume, reuse
-from saigeedged.compile.backends import Context
-from saigeedged.compile.inputs import PathPolicy
+from saigeedged.compile import backends, bundle, inputs, prepare, report, resume, reuse, variants
+from saigeedged.compile.backends import Context, cubie
+from saigeedged.compile.inputs import PathPolicy, Prepared
 from saigeedged.errors import SaigeError
 from saigeedged.manifest import Entry
 
@@ -53,6 +58,7 @@ class Result:
     onnx_sha256: str
     calib_samples: int
     report: dict[str, Any] | None
+    accuracy: dict[str, Any] | None = None  # SPEC §17 (None: no held-out image)
 
 
 class _Steps:
@@ -80,6 +86,14 @@ class _Steps:
         self.names = [n for n in self.names if n not in names]
 
 
+def _warn(job: Job, warnings: list[str]) -> None:
+    """Warnings about an entry that still compiles: a job log line and a `job.warning` journal event each."""
+    for text in warnings:
+        job.log.line(f"warning: {text}")
+        structlog.get_logger().warning("job.warning", job_id=job.job_id, job_name=job.entry.stem, step="validate",
+                                       message=text)
+
+
 def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
     """Run every step; `publish(bundle_path)` moves the finished bundle where its readers look for it."""
     entry = job.entry
@@ -90,6 +104,7 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
         step("validate")
         prep = bounded.validate(entry, job.work_dir, job.policy, job.config.limits.max_onnx_bytes,
                                 lambda digest: job.on_inputs({"onnx_sha256": digest}))
+        _warn(job, cubie.precision_warnings(entry))
         if inputs.needs_surgery(entry):
             step("surgery")
             prep = bounded.surgery(prep)
@@ -100,13 +115,23 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
         job.log.line(f"{len(prep.chosen)} calibration images ({entry.profile.sampler}, seed {entry.seed}) -> {prep.dataset}")
         if entry.target != "host":  # a container job's attempt outlives the daemon: a resume starts from here
             resume.save(prep, job.work_dir)
-        made = reuse.compile(prep, ctx, job.job_id, step.skip)
-        job.on_inputs({"cache": made.status()})
+        if entry.variants:
+            prep, made, measured = variants.sweep(prep, ctx, job.job_id, lambda p, a: _judged(job, p, a, ctx))
+            job.on_inputs({"cache": made.status()})
+            step("bundle")
+        else:
+            made = reuse.compile(prep, ctx, job.job_id, step.skip)
+            job.on_inputs({"cache": made.status()})
+            step("bundle")
+            measured = _judged(job, prep, made.art, ctx)
         art = made.art
-        step("bundle")
+        _announce(job, measured)
         dest = job.work_dir / f"{job.job_id}.saigeedge"
+        texts = made.texts() | ({ACCURACY_MEMBER: json.dumps(measured, indent=1)} if measured else {})
         bundle.write(dest, bundle.checkpoint(prep, art, job.job_id, created_at, made.checkpoint(prep)), art.members,
-                     entry.password, made.texts())
+                     entry.password, texts)
+        if measured and not measured["gate"]["passed"]:
+            raise _refused(job, dest, measured)
         step("publish")
         publish(dest)
         job.log.end()
@@ -117,4 +142,44 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
     except Exception as exc:
         job.log.end("failed INTERNAL")
         raise SaigeError("INTERNAL", f"{type(exc).__name__}: {exc}", step=step.current) from exc
-    return Result(dest, prep.onnx_sha256, len(prep.chosen), art.report)
+    return Result(dest, prep.onnx_sha256, len(prep.chosen), art.report, measured)
+
+
+ACCURACY_MEMBER = "accuracy.json"
+
+
+def _judged(job: Job, prep: Prepared, art: backends.Artifact, ctx: Context) -> dict[str, Any] | None:
+    """The accuracy report with the gate's verdict (SPEC §17); None without a held-out image."""
+    measured = report.measure(prep, art, ctx)
+    if measured is None:
+        return None
+    gate = report.thresholds(prep, job.config)
+    failures = report.judge(measured, gate)
+    measured["gate"] = {**gate, "passed": not failures, "failures": failures}
+    return measured
+
+
+def _announce(job: Job, measured: dict[str, Any] | None) -> None:
+    """The report as a table in the job log, and to `on_inputs` (the status file's `accuracy`)."""
+    if measured is None:
+        job.log.line("accuracy: no held-out image (eval_samples 0, or calibration used every image): no report, no gate")
+        return
+    for line in report.table(measured):
+        job.log.line(line)
+    job.on_inputs({"accuracy": measured})
+
+
+def _refused(job: Job, dest: Path, measured: dict[str, Any]) -> SaigeError:
+    """ACCURACY_GATE: the bundle is kept beside the claimed inputs (the first root of a drop's path policy), which the
+    service moves under <inbox>/.saigeedged/failed/<job_id>/; it is never published."""
+    kept = "not kept (no claimed folder)"
+    if job.policy.roots:
+        target = job.policy.roots[0] / dest.name
+        try:
+            os.link(dest, target)
+        except OSError:
+            shutil.copyfile(dest, target)
+        kept = f"kept as {dest.name} with the job's inputs under failed/"
+    failures = "; ".join(measured["gate"]["failures"])
+    return SaigeError("ACCURACY_GATE", f"below the accuracy gate ({measured['method']}, {measured['images']} "
+                      f"held-out images): {failures}; the bundle was {kept}", accuracy=measured)

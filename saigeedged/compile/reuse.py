@@ -52,23 +52,39 @@ class Made:
 
 
 def toolchain(target: str, ctx: Context) -> dict[str, Any]:
-    """The compiler's identity: the image the target's container runs (reference and ID), or onnxruntime's version."""
+    """The compiler's identity: the image the target's container runs (reference and ID) and the versions of the
+    vendor tools in it (ACUITY and VivanteIDE, or qb Compiler), or onnxruntime's version."""
+    from saigeedged.compile.backends import cubie, mobilint
+
     if target == "host":
         return {"onnxruntime": importlib.metadata.version("onnxruntime")}
     assert ctx.container is not None
     ctr = ctx.container(target)
-    return {"image": ctr.spec.image, "image_id": ctr.image_id}
+    found = cubie.versions(ctr, ctx.config) if target == "cubie" else {"qbcompiler": mobilint.version(ctr)}
+    return {"image": ctr.spec.image, "image_id": ctr.image_id, **found}
 
 
-def resolved(prep: Prepared) -> dict[str, Any]:
-    """The compile-relevant values the inputs and profiles decide (defaults that live outside the Entry)."""
+def decided(prep: Prepared, ctx: Context) -> dict[str, Any]:
+    """What the image decides before any compiler step: cubie's --optimize target (in the key, and in the job log)."""
+    from saigeedged.compile.backends import cubie
+
+    if prep.entry.target != "cubie":
+        return {}
+    assert ctx.container is not None
+    target = cubie.choose_target(prep.entry, ctx.container("cubie"), ctx.config.cubie.viv_sdk)
+    ctx.log.line(target.describe(ctx.config.cubie.viv_sdk))
+    return {"optimize": target.name}
+
+
+def resolved(prep: Prepared, chosen: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The compile-relevant values the inputs, profiles and (`chosen`, see decided) the image decide."""
     from saigeedged.compile.backends import cubie, mobilint
 
     entry = prep.entry
     values: dict[str, Any] = {"input_size": list(prep.input_size), "input_channels": entry.channels,
                               "surgery_outputs": list(prep.surgery) if prep.surgery else None}
     if entry.target == "cubie":
-        values["optimize"] = cubie.optimize_target(entry)
+        values["optimize"] = (chosen or {}).get("optimize") or cubie.optimize_target(entry)
     if entry.target == "mobilint":
         values["preset"] = mobilint.preset(entry)
     return values
@@ -77,9 +93,13 @@ def resolved(prep: Prepared) -> dict[str, Any]:
 def host_side(target: str, config: Config) -> dict[str, Any]:
     """What else decides the artifact besides the compiler image: the host libraries that prepare its inputs and,
     for cubie, the daemon's choice of pegasus entry point and VIV SDK folder inside the image (both in its argv)."""
+    from saigeedged.compile.backends import mobilint
+
     found: dict[str, Any] = {name: importlib.metadata.version(name) for name in HOST_LIBRARIES}
     if target == "cubie":
         found.update(pegasus=config.cubie.pegasus, viv_sdk=config.cubie.viv_sdk)
+    if target == "mobilint":  # qbcompiler's --device: cpu and gpu need not compute the same numbers
+        found.update(device=mobilint.compile_device(config.mobilint.device, config.mobilint.image))
     return found
 
 
@@ -89,13 +109,15 @@ def external_data(path: Path) -> list[tuple[str, str]]:
     return [(name, sha256_file(path.parent / name)) for name in names]
 
 
-def key_inputs(prep: Prepared, tools: dict[str, Any], config: Config, rows: list[tuple[str, str]]) -> cachekey.KeyInputs:
-    """The key's inputs of a prepared job compiled with `tools` (see cachekey; rows: the calibration digests)."""
+def key_inputs(prep: Prepared, tools: dict[str, Any], config: Config, rows: list[tuple[str, str]],
+               chosen: dict[str, Any] | None = None) -> cachekey.KeyInputs:
+    """The key's inputs of a prepared job compiled with `tools` (see cachekey; rows: the calibration digests;
+    chosen: what the image decided, see decided)."""
     onnx_id = prep.onnx_sha256
     data = external_data(prep.entry.onnx)
     if data:
         onnx_id = cachekey.canonical({"onnx": onnx_id, "external_data": data})
-    return cachekey.KeyInputs(onnx_id, cachekey.compile_fields(prep.entry, resolved(prep)), [d for d, _ in rows],
+    return cachekey.KeyInputs(onnx_id, cachekey.compile_fields(prep.entry, resolved(prep, chosen)), [d for d, _ in rows],
                               {**tools, "host": host_side(prep.entry.target, config)}, __version__)
 
 
@@ -136,7 +158,7 @@ def compile(prep: Prepared, ctx: Context, job_id: str, skip: Callable[[list[str]
     entry = prep.entry
     tools = toolchain(entry.target, ctx)
     rows = [(sha256_file(s.image), str(s.image)) for s in prep.chosen]
-    key = cachekey.compile_key(key_inputs(prep, tools, ctx.config, rows))
+    key = cachekey.compile_key(key_inputs(prep, tools, ctx.config, rows, decided(prep, ctx)))
     store = cache.for_config(ctx.config)
     backend = backends.get(entry.target)
     if not (entry.cache and store.enabled):

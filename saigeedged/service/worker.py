@@ -214,6 +214,7 @@ class Worker(threading.Thread):
             job.onnx_sha256 = facts.get("onnx_sha256", job.onnx_sha256)
             job.calib_samples = facts.get("calib_samples", job.calib_samples)
             job.cache = facts.get("cache", job.cache)
+            job.accuracy = facts.get("accuracy", job.accuracy)
 
         def on_progress(progress: dict[str, Any]) -> None:
             job.progress = progress

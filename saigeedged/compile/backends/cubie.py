@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from saigeedged.compile import vivsdk
 from saigeedged.compile.backends import Artifact, Context
 from saigeedged.compile.backends.steps import StepRunner
 from saigeedged.errors import FATAL_HINTS, SaigeError
-from saigeedged.profiles import PLATFORMS, mean_scale
+from saigeedged.profiles import PLATFORMS, TARGET_CANDIDATES, mean_scale
 
 if TYPE_CHECKING:
     from saigeedged.adapters.docker import Container
     from saigeedged.compile.inputs import Prepared
+    from saigeedged.config import Config
     from saigeedged.manifest import Entry
 
 ALGORITHMS = {"ema": "moving_average", "minmax": "normal", "normal": "normal", "kl": "kl_divergence", "auto": "auto"}
@@ -26,6 +29,9 @@ PROBE = "command -v pegasus || ls /root/acuity-toolkit-whl-*/bin/pegasus.py"
 NBG_MAGIC = b"VPMN"
 FATAL_RE = re.compile(rb"Fatal model generation error: (-?\d+)")
 MIN_QUANTIZE_BYTES = 64  # a ~30 byte .quantize means calibration silently failed
+# notes/pegasus.md "Wave 3 facts": on an A733 board an FP16 NBG ran ~29x slower than INT16 (the NANO-DI MAC arrays
+# are integer only) and INT16 kept the accuracy: dynamic_fixed_point-i16 is the accuracy path there
+FP16_WARNING = "A733 runs FP16 ~29x slower than INT16: use qtype int16 / dynamic_fixed_point-i16 hybrid"
 
 
 def steps(entry: Entry) -> list[str]:
@@ -33,7 +39,72 @@ def steps(entry: Entry) -> list[str]:
 
 
 def optimize_target(entry: Entry) -> str:
+    """The target before any look at the image: the manifest's `optimize:`, else the platform's first candidate."""
     return entry.optimize or PLATFORMS[entry.platform][0]
+
+
+@dataclass(frozen=True)
+class Target:
+    """The --optimize target a job passes and how it was chosen (checkpoint.yaml `platform`, the job log)."""
+
+    name: str
+    source: str  # "manifest": its optimize:, never probed | "image": the first candidate the image has a .config for
+    candidates: tuple[str, ...] = ()
+
+    def platform(self, platform: str) -> dict[str, Any]:
+        """checkpoint.yaml's `platform` mapping."""
+        out: dict[str, Any] = {"name": platform, "optimize": self.name, "optimize_source": self.source}
+        return out | ({"optimize_candidates": list(self.candidates)} if self.candidates else {})
+
+    def describe(self, viv_sdk: str) -> str:
+        if self.source == "manifest":
+            return f"optimize: {self.name} (the manifest's optimize:, not looked up in the image)"
+        return (f"optimize: {self.name} (the first of {', '.join(self.candidates)} with a .config in "
+                f"{viv_sdk}/common/cfg)")
+
+
+def choose_target(entry: Entry, ctr: Container, viv_sdk: str) -> Target:
+    """The --optimize target for this entry in this container's image, probed once per container start.
+
+    notes/pegasus.md "Wave 3 facts": Allwinner's pegasus_setup.sh v3 spells the A733 target
+    VIP9000NANODI_PLUS_PID0X1000003B, while three board-verified A733 ports used the VIP9000NANODI_PID0X1000003B
+    .config that ubuntu-npu:v2.0.10.x ships; which one v2.0.10.1 carries is unverified. So the image decides: the
+    first of the platform's candidates (profiles.TARGET_CANDIDATES) whose `<name>.config` is in the VIV SDK.
+    """
+    if entry.optimize:  # the operator's word wins and is passed as written
+        return Target(entry.optimize, "manifest")
+    candidates = TARGET_CANDIDATES[entry.platform]
+    found = ctr.entry_point(f"optimize:{entry.platform}", vivsdk.choose_script(viv_sdk, candidates))
+    if found:
+        return Target(found, "image", candidates)
+    cfg = f"{viv_sdk}/common/cfg"
+    have = vivsdk.targets(ctr.probe(vivsdk.list_script(viv_sdk))[1])
+    raise SaigeError("CONTAINER_FAILED", f"image {ctr.spec.image} has no .config for platform {entry.platform}: "
+                     f"none of {', '.join(f'{c}.config' for c in candidates)} in {cfg} "
+                     f"(it has {', '.join(have) or 'no .config files'})",
+                     hint="set cubie.viv_sdk to the image's VivanteIDE<ver>/cmdtools folder, or `optimize:` in the "
+                     "manifest to a target the image has (`saigeedged check` lists them)")
+
+
+def versions(ctr: Container, config: Config) -> dict[str, str | None]:
+    """The ACUITY and VivanteIDE versions in this container's image (folder names), probed once per start."""
+    text = ctr.entry_point("cubie-versions", vivsdk.version_script(config.cubie.viv_sdk))
+    found = vivsdk.versions(text)
+    if found["acuity"] is None and config.cubie.pegasus != "auto":  # a configured entry point may name its wheel
+        found["acuity"] = vivsdk.versions(config.cubie.pegasus)["acuity"]
+    return found
+
+
+def precision_warnings(entry: Entry) -> list[str]:
+    """The FP16 warning for a cubie a733 entry asking for float16 layers (all of them, or hybrid ones)."""
+    if entry.target != "cubie" or entry.platform != "a733":
+        return []
+    asks = []
+    if entry.quantizer == "float16" or entry.qtype == "float16":
+        asks.append(f"quantizer {entry.quantizer} / qtype {entry.qtype}")
+    if entry.hybrid_topn > 0 and entry.hybrid_dtype.split("-")[0] == "float16":
+        asks.append(f"hybrid_dtype {entry.hybrid_dtype} for hybrid_topn {entry.hybrid_topn}")
+    return [f"{FP16_WARNING} (the manifest asks for {' and '.join(asks)})"] if asks else []
 
 
 def quantized_name(name: str, entry: Entry) -> str:
@@ -65,14 +136,14 @@ def quantize_args(name: str, entry: Entry, iterations: int, *, hybrid: bool = Fa
     return argv
 
 
-def export_args(name: str, entry: Entry, viv_sdk: str) -> list[str]:
+def export_args(name: str, entry: Entry, viv_sdk: str, target: str | None = None) -> list[str]:
     q = quantized_name(name, entry)
     model = f"{q}.quantize.json" if entry.hybrid_topn else f"{name}.json"
     return ["export", "ovxlib", "--model", model, "--model-data", f"{name}.data", "--dtype", "quantized",
             "--model-quantize", f"{q}.quantize", "--target-ide-project", "linux64",
             "--with-input-meta", f"{name}_inputmeta.yml", "--postprocess-file", f"{name}_postprocess_file.yml",
             "--output-path", f"wksp/{q}/{q}", "--batch-size", "1", "--pack-nbg-unify",
-            "--optimize", optimize_target(entry), "--viv-sdk", viv_sdk]
+            "--optimize", target or optimize_target(entry), "--viv-sdk", viv_sdk]
 
 
 def patch_inputmeta(text: str, dataset: Path, mean: list[float], scale: list[float], channels: str = "rgb") -> str:
@@ -209,7 +280,8 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
         quantize_file.write_text(add_hybrid_layers(quantize_file.read_text(), hybrid, entry.hybrid_dtype))
         _quantize(run, prep, len(prep.chosen), hybrid=True)
     ctx.step("export")
-    run(export_args(name, entry, ctx.config.cubie.viv_sdk))
+    target = choose_target(entry, ctr, ctx.config.cubie.viv_sdk)  # probed before the cache key: no probe here
+    run(export_args(name, entry, ctx.config.cubie.viv_sdk, target.name))
     nbg = locate_nbg(work, quantized_name(name, entry))
     with nbg.open("rb") as fh:
         check_nbg(fh.read(12), entry.platform)
@@ -219,5 +291,5 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     if hybrid:
         quant["hybrid_dtype"], quant["hybrid_layers"] = entry.hybrid_dtype, hybrid
     member = f"{name}.nb"
-    return Artifact(member, {member: nbg}, quant, platform={"name": entry.platform, "optimize": optimize_target(entry)},
+    return Artifact(member, {member: nbg}, quant, platform=target.platform(entry.platform),
                     image=ctr.spec.image, image_id=ctr.image_id)

@@ -45,6 +45,8 @@ def wrap_uint8(model: onnx.ModelProto, input_name: str, size: tuple[int, int],
             raise ValueError("the input is also an output")
     old = next(i for i in graph.input if i.name == input_name)
     graph.input.remove(old)
+    for stale in [v for v in graph.value_info if v.name == input_name]:  # the cut model's float NCHW shape of it
+        graph.value_info.remove(stale)
     height, width = size
     graph.input.insert(0, helper.make_tensor_value_info(input_name, TensorProto.UINT8, [1, height, width, 3]))
     graph.initializer.extend([
@@ -87,9 +89,9 @@ def wrap_job(model: Path, wrapped: Path, input_name: str, size: tuple[int, int],
     onnx.save(wrap_uint8(onnx.load(str(model)), input_name, size, mean, scale, bgr), str(wrapped))
 
 
-def quantize_job(float_path: Path, int8_path: Path, input_name: str, calib: Calib, method: str) -> None:
+def quantize_job(float_path: Path, int8_path: Path, input_name: str, calib: Calib, method: str, bits: int = 8) -> None:
     """Step `quantize`, run in the child process."""
-    quantize(float_path, int8_path, input_name, calib.batches(), method)
+    quantize(float_path, int8_path, input_name, calib.batches(), method, bits)
 
 
 def report_job(float_path: Path, int8_path: Path, input_name: str, calib: Calib) -> dict[str, Any]:
@@ -113,16 +115,21 @@ class _Reader:
         pass
 
 
-def quantize(float_path: Path, int8_path: Path, input_name: str, batches: list[NDArray[np.uint8]], method: str) -> None:
+def quantize(float_path: Path, int8_path: Path, input_name: str, batches: list[NDArray[np.uint8]], method: str,
+             bits: int = 8, keep_float: Sequence[str] = ()) -> None:
+    """QDQ static quantization, asymmetric per tensor; `bits` 16 for int16 activations and weights (the emulation of
+    a board's int16 qtype), `keep_float` the node names left in float (hybrid layers)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     calib_method, moving = METHODS[method]
+    act, weight = (QuantType.QUInt8, QuantType.QInt8) if bits == 8 else (QuantType.QUInt16, QuantType.QInt16)
     logging.disable(logging.WARNING)  # onnxruntime logs "consider pre-processing" advice to the root logger
     try:
         quantize_static(str(float_path), str(int8_path), _Reader(input_name, batches),
-                        quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        calibrate_method=getattr(CalibrationMethod, calib_method),
-                        extra_options={"CalibMovingAverage": moving})
+                        quant_format=QuantFormat.QDQ, activation_type=act, weight_type=weight,
+                        calibrate_method=getattr(CalibrationMethod, calib_method), nodes_to_exclude=list(keep_float),
+                        # 16-bit Q/DQ needs opset 21; below it onnxruntime's own (com.microsoft) Q/DQ ops take them
+                        extra_options={"CalibMovingAverage": moving, "UseQDQContribOps": bits == 16})
     finally:
         logging.disable(logging.NOTSET)
 
@@ -176,7 +183,8 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     calib = Calib(tuple(str(s.image) for s in prep.chosen), prep.input_size, entry.profile.letterbox)
     int8 = prep.work_dir / f"{prep.name}.int8.onnx"
     ctx.step("quantize")
-    child.run(quantize_job, (wrapped, int8, prep.info.input_name, calib, entry.calibration_method), "quantize",
+    bits = 16 if entry.qtype == "int16" else 8  # a variant's `qtype: int16` (SPEC §17); uint8 otherwise
+    child.run(quantize_job, (wrapped, int8, prep.info.input_name, calib, entry.calibration_method, bits), "quantize",
               ctx.step_timeout(), ctx.interrupted, memory)
     ctx.log.line(f"quantized {len(calib.images)} calibration images ({entry.calibration_method}) -> {int8.name}")
     ctx.step("report")
@@ -185,7 +193,8 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     for name, row in result["outputs"].items():
         flag = "  << FLAGGED: INT8 output diverges" if row["flagged"] else ""
         ctx.log.line(f"report {name}: cosine {row['cosine']:.4f} max_abs_error {row['max_abs_error']:.4g}{flag}")
-    quant = {"format": "QDQ", "activations": "uint8", "weights": "int8", "method": METHODS[entry.calibration_method][0],
-             "calibration_method": entry.calibration_method, "n_samples": len(prep.chosen), "seed": entry.seed}
+    quant = {"format": "QDQ", "activations": f"uint{bits}", "weights": f"int{bits}",
+             "method": METHODS[entry.calibration_method][0], "calibration_method": entry.calibration_method,
+             "n_samples": len(prep.chosen), "seed": entry.seed}
     return Artifact(int8.name, {int8.name: int8}, quant, platform={"name": "host", "runtime": "onnxruntime"},
                     report=result)

@@ -2,6 +2,9 @@
 # Stand-in for Mobilint qb Compiler 1.3 (`python3 -m qbcompiler`, tests only). It checks argv and the exact
 # target-device strings like the real CLI, reads calib.txt and every .npy it lists, writes .mblt/.mxq where
 # asked, and with QBCOMPILER_JSONL=1 reports as JSON lines (status, progress, result, log, error).
+# Like 1.3 it answers `--version`, takes `--device cpu|gpu` (its config's device defaults to gpu), writes the
+# resolved config where `--config-save-path` says before compiling, reads MBLT_HL_PARSER_NUM_WORK (a positive
+# integer; recorded in that config) and prints a .mblt's provenance as JSON for `info --mblt F`.
 # Failure modes, chosen by a word in the model name: qbfail (an `error` event, exit 1), qbnooutput (exit 0,
 # no output file), qbhang (never returns), slow (3 s per step).
 set -u
@@ -16,8 +19,10 @@ cmd="${1:-}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
   --help|-h|"") echo "usage: qbcompiler {compile,parse,quantize,dump-config,presets,info,check} ..."; exit 0 ;;
-  parse) allowed="--model --backend --target-device --config-preset --output" ;;
-  quantize) allowed="--mblt --calib-data-path --target-device --config-preset --compile-config --output" ;;
+  --version) echo "qbcompiler 1.3.0"; exit 0 ;;
+  parse) allowed="--model --backend --target-device --config-preset --output --device" ;;
+  quantize) allowed="--mblt --calib-data-path --target-device --config-preset --compile-config --output --device --config-save-path" ;;
+  info) allowed="--mblt" ;;
   *) error ARGUMENT_ERROR "unknown command '$cmd'" 2 ;;
 esac
 while [ $# -gt 0 ]; do
@@ -29,6 +34,25 @@ while [ $# -gt 0 ]; do
     *) error ARGUMENT_ERROR "unrecognized arguments: $flag" 2 ;;
   esac
 done
+workers="${MBLT_HL_PARSER_NUM_WORK:-}"
+case "$workers" in
+  "") workers=default ;;
+  *[!0-9]*|0) error INTERNAL_ERROR "ValueError: MBLT_HL_PARSER_NUM_WORK must be a positive integer, got '$workers'" ;;
+esac
+if [ "$cmd" = info ]; then
+  mblt=$(get mblt)
+  [ -f "$mblt" ] || error ARGUMENT_ERROR "no such file: '$mblt'" 2
+  [ "$(head -c 4 "$mblt")" = MBLT ] || error ARGUMENT_ERROR "not a .mblt file: '$mblt'" 2
+  printf '{"file": "%s", "format": "mblt", "bytes": %s, "qbcompiler": "1.3.0", "backend": "onnx"}\n' \
+    "$(basename "$mblt")" "$(wc -c < "$mblt" | tr -d ' ')"
+  exit 0
+fi
+run_on=$(get device)
+case "$run_on" in
+  "") run_on=gpu ;;
+  cpu|gpu) ;;
+  *) error ARGUMENT_ERROR "argument --device: invalid choice: '$run_on' (choose from 'cpu', 'gpu')" 2 ;;
+esac
 device=$(get target_device)
 case "$device" in
   aries-rb|regulus-ra|regulus-rb|regulus-rb-usb) ;;
@@ -53,6 +77,12 @@ if [ "$cmd" = parse ]; then
   case "$src" in *qbnooutput*) exit 0 ;; esac
   { printf 'MBLT'; cat "$src"; } > "$out"
 else
+  saved=$(get config_save_path)
+  if [ -n "$saved" ]; then  # written before compiling: kept even when the compile fails
+    printf 'device: %s\ntarget_device: %s\nconfig_preset: %s\ncalib_data_path: %s\nparser_num_work: %s\n' \
+      "$run_on" "$device" "${preset:-null}" "$(get calib_data_path)" "$workers" > "$saved" \
+      || error OUTPUT_WRITE_ERROR "cannot write $saved"
+  fi
   calib=$(get calib_data_path)
   [ -f "$calib" ] || error ARGUMENT_ERROR "No calibration dataset is provided" 2
   n=0

@@ -1,0 +1,56 @@
+"""The accuracy report (SPEC §17) as text: the job log, `saigeedged status JOB` and the demo print the same lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def worst_cosine(result: dict[str, Any]) -> float | None:
+    """The lowest cosine the gate reads: every output's worst image and, for detection, the decoded scores."""
+    values = [float(row["cosine"]) for row in result.get("outputs", {}).values()]
+    score = (result.get("task") or {}).get("score_cosine")
+    values += [float(score)] if score is not None else []
+    return min(values) if values else None
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    """The report as the job log and `saigeedged status JOB` print it."""
+    lines = [f"accuracy ({result['method']}, {result['images']} held-out images)"]
+    lines += [f"  output {name:<28} cosine {row['cosine']:.4f}  max abs {row['max_abs_error']:.4g}"
+              for name, row in result["outputs"].items()]
+    task = result.get("task") or {}
+    if task.get("score_cosine") is not None:
+        lines.append(f"  decoded scores                      cosine {task['score_cosine']:.4f}")
+    if task.get("map50_vs_float") is not None:
+        lines.append(f"  {task['metric']} against the float model's detections {task['map50_vs_float']:.4f}")
+    if task.get("drop") is not None:
+        lines.append(f"  {task['metric']} float {task['float']:.4f}  compiled {task['compiled']:.4f}  "
+                     f"drop {task['drop']:.4f}")
+    elif task.get("labels"):
+        lines.append(f"  {task['labels']}")
+    lines += [f"  layer {row['tensor']:<29} cosine {row['cosine_mean']:.4f}  max abs {row['max_abs_error']:.4g}"
+              for row in result.get("worst_layers", [])[:3]]
+    if result.get("default_quantization"):
+        lines.append(f"  left at default quantization (scale 1, zero point 0): {', '.join(result['default_quantization'])}")
+    if result.get("gate"):
+        verdict = "passed" if result["gate"]["passed"] else "FAILED: " + "; ".join(result["gate"]["failures"])
+        lines.append(f"  gate min_cosine {result['gate']['min_cosine']} max_map_drop {result['gate']['max_map_drop']}: "
+                     f"{verdict}")
+    lines += [f"  note: {note}" for note in result.get("notes", [])]
+    return lines + variant_lines(result)
+
+
+def variant_lines(result: dict[str, Any]) -> list[str]:
+    """The sweep's table (SPEC §17): every variant, the chosen one marked."""
+    rows = result.get("variants") or []
+    if not rows:
+        return []
+    lines = [f"  variants ({len(rows)}; published: the best that passes the gate)"]
+    for row in rows:
+        mark = "*" if row["variant"] == result.get("chosen") else " "
+        cos = "-" if row["worst_cosine"] is None else f"{row['worst_cosine']:.4f}"
+        drop = "-" if row["map_drop"] is None else f"{row['map_drop']:.4f}"
+        verdict = "passed" if row["passed"] else "below the gate"
+        lines.append(f"  {mark} {row['variant']}. {row['name']:<36} cosine {cos}  mAP drop {drop}  {verdict}"
+                     f"{'  (cache hit)' if row['cache_hit'] else ''}")
+    return lines

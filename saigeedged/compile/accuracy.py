@@ -1,0 +1,146 @@
+"""Accuracy metrics (SPEC §17), pure numpy: cosine, max abs error, YOLOX decode + NMS, mAP@0.5, multi-label mAP."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+STRIDES = (8, 16, 32)
+IOU_NMS = 0.45
+IOU_MATCH = 0.5
+CONF = 0.01  # low on purpose: mAP integrates over every score, the postprocess threshold is the application's
+MAX_DETECTIONS = 100
+MAX_LOG_WH = 10.0  # exp() of a wild regression stays finite
+
+Floats = NDArray[np.float64]
+
+
+def cosine(a: NDArray[np.floating], b: NDArray[np.floating]) -> float:
+    """Cosine similarity of two flattened tensors; two zero tensors are identical."""
+    x, y = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    nx, ny = np.linalg.norm(x), np.linalg.norm(y)
+    if nx == 0 or ny == 0:
+        return 1.0 if nx == ny else 0.0
+    return float(np.clip(np.dot(x, y) / (nx * ny), -1.0, 1.0))
+
+
+def max_abs(a: NDArray[np.floating], b: NDArray[np.floating]) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)), initial=0.0))
+
+
+@dataclass(frozen=True)
+class Detections:
+    """One image's detections: boxes xyxy in input pixels, scores, class ids."""
+
+    boxes: Floats
+    scores: Floats
+    classes: NDArray[np.int64]
+
+
+def yolox_scores(heads: Sequence[NDArray[np.floating]]) -> Floats:
+    """obj * cls of every cell of the three head maps [1, 5+C, h, w], as [cells, C]."""
+    rows = [np.asarray(h, np.float64)[0].reshape(h.shape[1], -1).T for h in heads]
+    cells = np.concatenate(rows)
+    scores: Floats = cells[:, 4:5] * cells[:, 5:]
+    return scores
+
+
+def decode_yolox(heads: Sequence[NDArray[np.floating]], conf: float = CONF, iou: float = IOU_NMS) -> Detections:
+    """The YOLOX head (strides 8/16/32: xy = (reg + grid) * stride, wh = exp(reg) * stride), obj*cls scores, NMS."""
+    boxes, scores = [], []
+    for head, stride in zip(heads, STRIDES, strict=True):
+        h = np.asarray(head, np.float64)[0]
+        height, width = h.shape[1:]
+        gy, gx = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
+        cx, cy = (h[0] + gx) * stride, (h[1] + gy) * stride
+        w, hh = (np.exp(np.clip(h[i], -MAX_LOG_WH, MAX_LOG_WH)) * stride for i in (2, 3))
+        boxes.append(np.stack([cx - w / 2, cy - hh / 2, cx + w / 2, cy + hh / 2], -1).reshape(-1, 4))
+        scores.append((h[4:5] * h[5:]).reshape(h.shape[0] - 5, -1).T)
+    box, score = np.concatenate(boxes), np.concatenate(scores)
+    cls = score.argmax(1)
+    best = score[np.arange(len(cls)), cls]
+    keep = best >= conf
+    return nms(box[keep], best[keep], cls[keep], iou)
+
+
+def iou_matrix(a: Floats, b: Floats) -> Floats:
+    """Pairwise IoU of xyxy boxes [n, 4] x [m, 4]."""
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(rb - lt, 0, None), axis=2)
+    union = _area(a)[:, None] + _area(b)[None, :] - inter
+    out: Floats = np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+    return out
+
+
+def _area(boxes: Floats) -> Floats:
+    area: Floats = np.prod(np.clip(boxes[:, 2:] - boxes[:, :2], 0, None), axis=1)
+    return area
+
+
+def nms(boxes: Floats, scores: Floats, classes: NDArray[np.int64], iou: float = IOU_NMS) -> Detections:
+    """Per-class greedy non-maximum suppression, best first, at most MAX_DETECTIONS kept."""
+    order = np.argsort(-scores, kind="stable")
+    kept: list[int] = []
+    suppressed = np.zeros(len(order), bool)
+    overlaps = iou_matrix(boxes[order], boxes[order])
+    same = classes[order][:, None] == classes[order][None, :]
+    for i in range(len(order)):
+        if suppressed[i]:
+            continue
+        kept.append(int(order[i]))
+        if len(kept) == MAX_DETECTIONS:
+            break
+        suppressed |= (overlaps[i] > iou) & same[i]
+    idx = np.asarray(kept, np.int64)
+    return Detections(boxes[idx].reshape(-1, 4), scores[idx], classes[idx])
+
+
+def _average_precision(hits: list[tuple[float, bool]], n_truth: int) -> float:
+    """VOC-style all-point interpolated AP from (score, true positive) pairs."""
+    if n_truth == 0:
+        return 0.0
+    hits.sort(key=lambda h: -h[0])
+    tp = np.cumsum([h[1] for h in hits], dtype=np.float64)
+    fp = np.cumsum([not h[1] for h in hits], dtype=np.float64)
+    recall = np.concatenate([[0.0], tp / n_truth, [1.0]])
+    precision = np.concatenate([[1.0], tp / np.maximum(tp + fp, 1e-12), [0.0]])
+    precision = np.maximum.accumulate(precision[::-1])[::-1]
+    steps = np.nonzero(np.diff(recall))[0]
+    return float(np.sum((recall[steps + 1] - recall[steps]) * precision[steps + 1]))
+
+
+def map50(found: Sequence[Detections], truth: Sequence[tuple[Floats, NDArray[np.int64]]],
+          num_classes: int) -> float | None:
+    """mAP@0.5 over the classes that have ground truth (None: no box at all); per image, detections best first take
+    the unmatched box of their class they overlap most."""
+    hits: dict[int, list[tuple[float, bool]]] = {c: [] for c in range(num_classes)}
+    totals = dict.fromkeys(range(num_classes), 0)
+    for det, (gt_boxes, gt_classes) in zip(found, truth, strict=True):
+        for c in gt_classes.tolist():
+            totals[c] += 1
+        overlaps = iou_matrix(det.boxes, gt_boxes) if len(gt_boxes) else np.zeros((len(det.scores), 0))
+        taken = np.zeros(len(gt_boxes), bool)
+        for i in np.argsort(-det.scores, kind="stable"):
+            cls = int(det.classes[i])
+            candidates = np.where((gt_classes == cls) & ~taken, overlaps[i], -1.0)
+            j = int(np.argmax(candidates)) if len(candidates) else -1
+            ok = j >= 0 and candidates[j] >= IOU_MATCH
+            if ok:
+                taken[j] = True
+            hits[cls].append((float(det.scores[i]), ok))
+    present = [c for c in range(num_classes) if totals[c]]
+    return float(np.mean([_average_precision(hits[c], totals[c]) for c in present])) if present else None
+
+
+def multilabel_map(scores: Floats, labels: NDArray[np.bool_]) -> float | None:
+    """Mean over classes with a positive image of the average precision of ranking the images by score."""
+    aps = []
+    for c in range(labels.shape[1]):
+        if labels[:, c].any():
+            aps.append(_average_precision([(float(s), bool(y)) for s, y in zip(scores[:, c], labels[:, c], strict=True)],
+                                          int(labels[:, c].sum())))
+    return float(np.mean(aps)) if aps else None

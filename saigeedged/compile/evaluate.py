@@ -1,0 +1,230 @@
+"""The accuracy report (SPEC §17): float ONNX against the compiled model on held-out images, run in the bounded child."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from numpy.typing import NDArray
+from onnx import numpy_helper
+
+from saigeedged.compile import accuracy, images
+
+WORST_LAYERS = 10
+Truth = tuple[tuple[tuple[float, float, float, float], ...] | None, tuple[int, ...]]  # (boxes xyxy or None, labels)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What one evaluation needs (picklable): both models taking uint8 NHWC RGB, the held-out images and labels."""
+
+    float_model: Path  # the wrapped float ONNX (same uint8 input contract as the board)
+    compiled: Path  # a QDQ ONNX: the host's INT8 model or the emulation of a board's quantization
+    method: str  # "int8" (host) | "emulated" | "simulator"
+    input_name: str
+    images: tuple[str, ...]
+    truth: tuple[Truth, ...]
+    size: tuple[int, int]
+    letterbox: bool
+    task: str
+    num_classes: int
+    conf: float = 0.25  # the task's postprocess threshold: what the float model "detects" for the agreement mAP
+    notes: tuple[str, ...] = field(default=())
+
+
+def session(path: Path | bytes) -> Any:
+    """An onnxruntime session that does not spin idle threads (a small compile host runs the daemon beside it)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return ort.InferenceSession(path if isinstance(path, bytes) else str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def float_tensors(model: onnx.ModelProto) -> dict[str, str]:
+    """Every float activation of the float model, as {name in the float model: same name}."""
+    inits = {i.name for i in model.graph.initializer}
+    return {o: o for n in model.graph.node for o in n.output if o and o not in inits and n.op_type != "Constant"}
+
+
+def dequantized(model: onnx.ModelProto) -> dict[str, str]:
+    """{float tensor name: its DequantizeLinear output} for every quantized activation of a QDQ model."""
+    quantized = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    return {quantized[n.input[0]]: n.output[0] for n in model.graph.node
+            if n.op_type == "DequantizeLinear" and n.input[0] in quantized}
+
+
+def defaults_left(model: onnx.ModelProto, input_name: str) -> list[str]:
+    """Tensors whose quantization parameters stayed at defaults (scale 1.0, zero point 0): calibration never saw them.
+
+    The wrapper's raw-pixel tensors (`<input>__*`, [0, 255] in uint8) have exactly that scale by right: not listed.
+    """
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    left = []
+    for node in model.graph.node:
+        if node.op_type != "QuantizeLinear" or node.input[0] in inits or node.input[0].startswith(f"{input_name}__") \
+                or node.input[0] == input_name:
+            continue
+        scale = inits.get(node.input[1])
+        zero = inits.get(node.input[2]) if len(node.input) > 2 else np.zeros(1)
+        if scale is not None and zero is not None and np.all(scale == 1.0) and np.all(zero == 0):
+            left.append(node.input[0])
+    return left
+
+
+def exposed(model: onnx.ModelProto, names: Sequence[str]) -> bytes:
+    """The model with `names` added as graph outputs (onnxruntime infers their types)."""
+    have = {o.name for o in model.graph.output}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.output.extend([onnx.ValueInfoProto(name=n) for n in names if n not in have])
+    data: bytes = out.SerializeToString()
+    return data
+
+
+class _Tally:
+    """Per tensor over the images: worst and mean cosine, max abs error."""
+
+    def __init__(self) -> None:
+        self.cos: dict[str, list[float]] = {}
+        self.err: dict[str, float] = {}
+
+    def add(self, name: str, ref: NDArray[Any], got: NDArray[Any]) -> None:
+        if ref.shape != got.shape or not np.issubdtype(ref.dtype, np.floating):
+            return
+        self.cos.setdefault(name, []).append(accuracy.cosine(ref, got))
+        self.err[name] = max(self.err.get(name, 0.0), accuracy.max_abs(ref, got))
+
+    def row(self, name: str) -> dict[str, float]:
+        return {"cosine": round(min(self.cos[name]), 6), "cosine_mean": round(float(np.mean(self.cos[name])), 6),
+                "max_abs_error": round(self.err[name], 6)}
+
+
+def run(spec: Spec) -> dict[str, Any]:
+    """In the child: both models on every held-out image; per output and per layer errors, the task metric."""
+    float_model, compiled = onnx.load(str(spec.float_model)), onnx.load(str(spec.compiled))
+    outputs = [o.name for o in float_model.graph.output]
+    pairs = {k: v for k, v in dequantized(compiled).items() if k in float_tensors(float_model) and k not in outputs}
+    ref_sess = session(exposed(float_model, list(pairs)))
+    got_sess = session(exposed(compiled, list(pairs.values())))
+    layers = _Tally()
+    ref_out: list[list[NDArray[Any]]] = []
+    got_out: list[list[NDArray[Any]]] = []
+    for path in spec.images:
+        x = {spec.input_name: images.load_rgb(Path(path), spec.size, spec.letterbox)[None]}
+        ref = ref_sess.run(outputs + list(pairs), x)
+        got = got_sess.run(outputs + list(pairs.values()), x)
+        for i, name in enumerate(pairs, start=len(outputs)):
+            layers.add(name, ref[i], got[i])
+        ref_out.append(ref[: len(outputs)])
+        got_out.append(got[: len(outputs)])
+    worst = sorted(layers.cos, key=lambda n: (float(np.mean(layers.cos[n])), n))[:WORST_LAYERS]
+    report = compare(spec, outputs, ref_out, got_out)
+    report["worst_layers"] = [{"tensor": n, **layers.row(n)} for n in worst]
+    report["default_quantization"] = defaults_left(compiled, spec.input_name)
+    return report
+
+
+def run_given(spec: Spec, got_out: list[list[NDArray[Any]]], defaults: list[str]) -> dict[str, Any]:
+    """In the child: the float model on every held-out image against outputs the compiled model gave elsewhere (the
+    toolkit's simulator), one list per image in the float model's output order; no per-layer table."""
+    float_model = onnx.load(str(spec.float_model))
+    outputs = [o.name for o in float_model.graph.output]
+    ref_sess = session(float_model.SerializeToString())
+    ref_out = [ref_sess.run(outputs, {spec.input_name: images.load_rgb(Path(p), spec.size, spec.letterbox)[None]})
+               for p in spec.images]
+    got = [[g.reshape(r.shape) for r, g in zip(ref, given, strict=True)] for ref, given in zip(ref_out, got_out, strict=True)]
+    report = compare(spec, outputs, ref_out, got)
+    report["worst_layers"], report["default_quantization"] = [], defaults
+    return report
+
+
+def compare(spec: Spec, outputs: list[str], ref_out: list[list[NDArray[Any]]],
+            got_out: list[list[NDArray[Any]]]) -> dict[str, Any]:
+    """Per output over the images: worst and mean cosine, max abs error; then the task metric."""
+    outs = _Tally()
+    for ref, got in zip(ref_out, got_out, strict=True):
+        for name, r, g in zip(outputs, ref, got, strict=True):
+            outs.add(name, r, g)
+    return {"method": spec.method, "images": len(spec.images), "notes": list(spec.notes),
+            "held_out": [Path(p).name for p in spec.images],
+            "outputs": {n: outs.row(n) for n in outputs if n in outs.cos},
+            "task": task_metric(spec, ref_out, got_out)}
+
+
+def task_metric(spec: Spec, ref: list[list[NDArray[Any]]], got: list[list[NDArray[Any]]]) -> dict[str, Any]:
+    """Detection: decoded-score cosine, mAP@0.5 against the float model's detections and, with boxes, against
+    the labels; mlc: mAP against the labels on both models; reid: nothing beyond the output cosine."""
+    if not ref:
+        return {}
+    if spec.task == "detection":
+        heads = ref[0]
+        if len(heads) == 3 and all(h.ndim == 4 and h.shape[0] == 1 and h.shape[1] == 5 + spec.num_classes for h in heads):
+            return _detection(spec, ref, got)
+        return {"metric": None, "labels": f"the outputs are not three YOLOX heads [1, {5 + spec.num_classes}, h, w]: "
+                "no decoded scores, no mAP"}
+    if spec.task == "mlc":
+        labels = np.zeros((len(ref), spec.num_classes), bool)
+        for i, (_, classes) in enumerate(spec.truth):
+            labels[i, list(classes)] = True
+        float_map = accuracy.multilabel_map(np.concatenate([r[0].reshape(1, -1) for r in ref]), labels)
+        comp_map = accuracy.multilabel_map(np.concatenate([g[0].reshape(1, -1) for g in got]), labels)
+        return {"metric": "mAP", **_both(float_map, comp_map)}
+    return {}
+
+
+def _both(float_map: float | None, comp_map: float | None) -> dict[str, Any]:
+    """The metric on both models and its drop (None where nothing could be measured)."""
+    if float_map is None or comp_map is None:
+        return {"float": None, "compiled": None, "drop": None}
+    return {"float": round(float_map, 6), "compiled": round(comp_map, 6), "drop": round(float_map - comp_map, 6)}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
+def _detection(spec: Spec, ref: list[list[NDArray[Any]]], got: list[list[NDArray[Any]]]) -> dict[str, Any]:
+    scores = [accuracy.cosine(*_centred(accuracy.yolox_scores(r), accuracy.yolox_scores(g)))
+              for r, g in zip(ref, got, strict=True)]
+    found_ref = [accuracy.decode_yolox(r) for r in ref]
+    found_got = [accuracy.decode_yolox(g) for g in got]
+    agreed = [(d.boxes[d.scores >= spec.conf], d.classes[d.scores >= spec.conf]) for d in found_ref]
+    out: dict[str, Any] = {"metric": "mAP@0.5", "score_cosine": round(min(scores), 6),
+                           "map50_vs_float": _round(accuracy.map50(found_got, agreed, spec.num_classes))}
+    if all(boxes is not None for boxes, _ in spec.truth):
+        truth = [(_letterboxed(spec, path, boxes or ()), np.asarray(labels, np.int64))
+                 for path, (boxes, labels) in zip(spec.images, spec.truth, strict=True)]
+        out.update(_both(accuracy.map50(found_ref, truth, spec.num_classes),
+                         accuracy.map50(found_got, truth, spec.num_classes)))
+    else:
+        out.update(_both(None, None))
+        out["labels"] = "the calibration file has no boxes (val.json): mAP against labels not measured"
+    return out
+
+
+def _centred(ref: NDArray[np.float64], got: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Both score maps less the float one's mean: scores are all positive, and the cosine of two positive vectors
+    stays high even when one is quantized to a few levels (so this is the correlation, on the float's centre)."""
+    centre = float(ref.mean())
+    return ref - centre, got - centre
+
+
+def _letterboxed(spec: Spec, path: str, boxes: Sequence[tuple[float, float, float, float]]) -> NDArray[np.float64]:
+    """Ground-truth boxes in the model's input pixels: the letterbox scales by one ratio and pads right and bottom."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        width, height = img.size
+    if spec.letterbox:
+        rx = ry = min(spec.size[0] / height, spec.size[1] / width)
+    else:
+        rx, ry = spec.size[1] / width, spec.size[0] / height
+    arr: NDArray[np.float64] = np.asarray(boxes, np.float64).reshape(-1, 4) * np.array([rx, ry, rx, ry])
+    return arr

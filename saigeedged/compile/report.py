@@ -1,0 +1,123 @@
+"""A job's accuracy phase (SPEC §17): how each target's compiled model is run, the gate, the report's log table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from saigeedged.accuracytable import table as table
+from saigeedged.compile import child, evaluate, simulate
+from saigeedged.compile.backends import cubie, host
+from saigeedged.profiles import mean_scale
+
+if TYPE_CHECKING:
+    from saigeedged.compile.backends import Artifact, Context
+    from saigeedged.compile.inputs import Prepared
+    from saigeedged.config import Config
+
+FLOAT_QTYPES = ("float16", "qbfloat16")  # a board run in float: the emulation is the float model itself
+
+
+def spec(prep: Prepared, compiled: Path, method: str, wrapped: Path, notes: tuple[str, ...] = ()) -> evaluate.Spec:
+    entry = prep.entry
+    return evaluate.Spec(wrapped, compiled, method, prep.info.input_name, tuple(str(s.image) for s in prep.held_out),
+                         tuple((s.boxes, s.labels) for s in prep.held_out), prep.input_size, entry.profile.letterbox,
+                         entry.task, entry.num_classes, float(entry.profile.postprocess.get("conf_threshold", 0.25)),
+                         notes)
+
+
+def _wrap(prep: Prepared, wrapped: Path) -> None:
+    mean, scale = mean_scale(prep.entry.profile)
+    host.wrap_job(prep.model, wrapped, prep.info.input_name, prep.input_size, mean, scale, prep.entry.channels == "bgr")
+
+
+def host_job(prep: Prepared, compiled: Path, wrapped: Path) -> dict[str, Any]:
+    """In the child: the float model wrapped like the bundle's, then both on the held-out images."""
+    _wrap(prep, wrapped)
+    return evaluate.run(spec(prep, compiled, "int8", wrapped))
+
+
+def emulated_job(prep: Prepared, emulated: Path, wrapped: Path) -> dict[str, Any]:
+    """In the child: the board's quantization reproduced with onnxruntime (QDQ, asymmetric per tensor, the manifest's
+    algorithm like §6c, int16 for qtype int16), then both on the held-out images."""
+    entry = prep.entry
+    _wrap(prep, wrapped)
+    if entry.qtype in FLOAT_QTYPES:
+        return evaluate.run(spec(prep, wrapped, "emulated", wrapped, (f"qtype {entry.qtype}: emulated in float32",)))
+    calib = host.Calib(tuple(str(s.image) for s in prep.chosen), prep.input_size, entry.profile.letterbox)
+    bits = 16 if entry.qtype == "int16" else 8
+    host.quantize(wrapped, emulated, prep.info.input_name, calib.batches(), entry.calibration_method, bits)
+    notes: tuple[str, ...] = (f"onnxruntime QDQ uint{bits} asymmetric per tensor, {host.METHODS[entry.calibration_method][0]}",)
+    if entry.hybrid_topn:
+        notes += (f"hybrid_topn {entry.hybrid_topn}: the board's hybrid layers are chosen by pegasus and not emulated",)
+    return evaluate.run(spec(prep, emulated, "emulated", wrapped, notes))
+
+
+def simulated_job(prep: Prepared, wrapped: Path, folders: list[Path], defaults: list[str], note: str) -> dict[str, Any]:
+    """In the child: the float model wrapped like the board's input against what the simulator wrote."""
+    try:
+        tensors = [simulate.read_tensors(folder, prep.info.output_shapes) for folder in folders]
+    except (OSError, ValueError) as exc:  # a simulator output this reader does not know: the emulation instead
+        result = emulated_job(prep, wrapped.with_name(f"{prep.name}.emulated.onnx"), wrapped)
+        result["notes"].append(f"`pegasus inference` output unreadable ({exc})")
+        return result
+    _wrap(prep, wrapped)
+    return evaluate.run_given(spec(prep, wrapped, "simulator", wrapped, (note,)), list(tensors), defaults)
+
+
+def _simulated(prep: Prepared, ctx: Context, wrapped: Path) -> tuple[Any, tuple[Any, ...]] | str:
+    """cubie: the child job comparing the simulator's outputs, or why the simulator was not used."""
+    folders, note = simulate.run(prep, ctx)
+    if folders is None:
+        return note
+    q = cubie.quantized_name(prep.name, prep.entry)
+    defaults = simulate.quantize_defaults((prep.work_dir / f"{q}.quantize").read_text())
+    return simulated_job, (prep, wrapped, folders, defaults, note)
+
+
+def measure(prep: Prepared, art: Artifact, ctx: Context) -> dict[str, Any] | None:
+    """The report of this compile (None: no held-out image, e.g. `eval_samples: 0` or every image calibrated)."""
+    if not prep.held_out:
+        return None
+    work = prep.work_dir
+    wrapped = work / f"{prep.name}.eval-float.onnx"
+    memory: tuple[int, Any] = (ctx.config.limits.child_memory_bytes, "ONNX_INVALID")
+    fallback = None
+    job: Any = emulated_job
+    args: tuple[Any, ...] = (prep, work / f"{prep.name}.emulated.onnx", wrapped)
+    if prep.entry.target == "host":
+        job, args = host_job, (prep, art.members[art.model_member], wrapped)
+    elif prep.entry.target == "cubie":
+        simulated = _simulated(prep, ctx, wrapped)
+        if isinstance(simulated, str):
+            fallback = simulated
+        else:
+            job, args = simulated
+    result: dict[str, Any] = child.run(job, args, "accuracy", ctx.step_timeout(), ctx.interrupted, memory)
+    if fallback:
+        result["notes"].append(fallback)
+    held = len(prep.held_out)
+    if held < prep.entry.eval_samples:
+        result["notes"].append(f"{held} held-out images ({prep.entry.eval_samples} asked): the calibration file has no more")
+    return result
+
+
+def thresholds(prep: Prepared, config: Config) -> dict[str, float]:
+    """The gate: the config's `accuracy:` with the manifest's values over it."""
+    gate = {"min_cosine": config.accuracy.min_cosine, "max_map_drop": config.accuracy.max_map_drop}
+    gate.update(prep.entry.accuracy or {})
+    return gate
+
+
+def judge(result: dict[str, Any], gate: dict[str, float]) -> list[str]:
+    """Why the report is below the gate (empty: it passes). The worst image's cosine of every output, for detection
+    also of the decoded scores (a box channel in pixels hides collapsed scores in its output's cosine), and the mAP
+    drop where labels allowed one."""
+    failures = [f"{name} cosine {row['cosine']:.4f} < {gate['min_cosine']}"
+                for name, row in result["outputs"].items() if row["cosine"] < gate["min_cosine"]]
+    task = result.get("task") or {}
+    if task.get("score_cosine") is not None and task["score_cosine"] < gate["min_cosine"]:
+        failures.append(f"decoded scores cosine {task['score_cosine']:.4f} < {gate['min_cosine']}")
+    if task.get("drop") is not None and task["drop"] > gate["max_map_drop"]:
+        failures.append(f"{task['metric']} drop {task['drop']:.4f} > {gate['max_map_drop']}")
+    return failures

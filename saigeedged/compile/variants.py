@@ -1,0 +1,78 @@
+"""Variant sweeps (SPEC §17): each variant compiled through the cache in its own folder and evaluated; the best one
+that passes the gate is the one published."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from saigeedged import accuracytable
+from saigeedged.compile import reuse
+from saigeedged.compile.backends import Artifact, Context
+from saigeedged.compile.inputs import Prepared
+
+Judge = Callable[[Prepared, Artifact], "dict[str, Any] | None"]
+
+
+def label(index: int, overrides: dict[str, Any]) -> str:
+    """A variant's name: its own `name`, else its overrides."""
+    shown = ", ".join(f"{k} {v}" for k, v in overrides.items() if k != "name")
+    return str(overrides.get("name") or shown or f"variant {index + 1}")
+
+
+def _linked(src: Path, dest: Path) -> None:
+    """The job's top-level input files (the models, external data, dataset.txt) in the variant's folder: the
+    compilers find them by relative name in their working directory."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in src.iterdir():
+        if item.is_file() and not (dest / item.name).exists():
+            try:
+                os.link(item, dest / item.name)
+            except OSError:
+                shutil.copyfile(item, dest / item.name)
+
+
+def prepared(prep: Prepared, index: int, overrides: dict[str, Any]) -> Prepared:
+    """The prepared inputs of one variant: its entry (the overrides applied, no variants) in work/variantN/."""
+    entry = dataclasses.replace(prep.entry, variants=None, **{k: v for k, v in overrides.items() if k != "name"})
+    work = prep.work_dir / f"variant{index + 1}"
+    _linked(prep.work_dir, work)
+    model = work / prep.model.name
+    return dataclasses.replace(prep, entry=entry, work_dir=work, model=model,
+                               info=dataclasses.replace(prep.info, path=model))
+
+
+def score(measured: dict[str, Any] | None) -> tuple[bool, float, float]:
+    """How variants rank: passing first, then the worst cosine, then the smallest mAP drop."""
+    if measured is None:
+        return False, 0.0, 0.0
+    drop = (measured.get("task") or {}).get("drop")
+    return bool(measured["gate"]["passed"]), accuracytable.worst_cosine(measured) or 0.0, -(drop or 0.0)
+
+
+def _row(index: int, overrides: dict[str, Any], made: reuse.Made, measured: dict[str, Any] | None) -> dict[str, Any]:
+    task = (measured or {}).get("task") or {}
+    return {"variant": index + 1, "name": label(index, overrides), "overrides": overrides,
+            "cache_hit": made.hit, "worst_cosine": accuracytable.worst_cosine(measured) if measured else None,
+            "map_drop": task.get("drop"), "passed": bool(measured and measured["gate"]["passed"])}
+
+
+def sweep(prep: Prepared, ctx: Context, job_id: str, judge: Judge) -> tuple[Prepared, reuse.Made, dict[str, Any] | None]:
+    """Compile and evaluate every variant; (the chosen variant's prep, its compile, its report with the table)."""
+    variants = prep.entry.variants or []
+    results = []
+    for i, overrides in enumerate(variants):
+        ctx.log.line(f"variant {i + 1}/{len(variants)}: {label(i, overrides)}")
+        vprep = prepared(prep, i, overrides)
+        made = reuse.compile(vprep, ctx, job_id, lambda names: None)  # the steps stay: the next variant runs them
+        results.append((vprep, made, judge(vprep, made.art)))
+    ranked = max(range(len(results)), key=lambda i: (score(results[i][2]), -i))
+    vprep, made, measured = results[ranked]
+    if measured is not None:
+        measured["variants"] = [_row(i, variants[i], r[1], r[2]) for i, r in enumerate(results)]
+        measured["chosen"] = ranked + 1
+    return vprep, made, measured

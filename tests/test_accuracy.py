@@ -1,0 +1,268 @@
+"""The accuracy report and gate (SPEC §17): held-out images, float vs compiled numbers, the gate, its surfaces."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import yaml
+from factory import classifier, manifest, random_labels, valjson, yolox
+from harness import drop
+
+from saigeedged.cli import main as cli
+from saigeedged.compile import accuracy, calibration, images
+from saigeedged.compile.calibration import CalibSet, Sample
+from saigeedged.profiles import DETECTION_HEADS
+
+
+def _set(labels: list[list[int]]) -> CalibSet:
+    return CalibSet(Path("val.json"), tuple(Sample(Path(f"/d/{i}.jpg"), tuple(lab)) for i, lab in enumerate(labels)), None)
+
+
+def test_held_out_images_are_disjoint_deterministic_and_balanced() -> None:
+    """The held-out images are none of the calibration images, the same on every call, and cover every class."""
+    calib = _set(random_labels(60, 4, seed=3))
+    chosen = calibration.pick(calib, 20, 7, "balanced")
+    held = calibration.held_out(calib, chosen, 16, 7, "balanced")
+    assert len(held) == 16 and not {s.image for s in held} & {s.image for s in chosen}
+    assert held == calibration.held_out(calib, chosen, 16, 7, "balanced")
+    assert {c for s in held for c in s.labels} == {0, 1, 2, 3}
+    few = calibration.held_out(calib, calibration.pick(calib, 55, 7, "balanced"), 16, 7, "balanced")
+    assert len(few) == 5  # fewer remain: what there is
+
+
+def test_map_and_nms_on_known_boxes() -> None:
+    """mAP@0.5 is 1 for exact boxes, 0.5 when one class of two is missed, and NMS drops an overlapping duplicate."""
+    truth = [(np.array([[0, 0, 10, 10], [20, 20, 30, 30]], float), np.array([0, 1]))]
+    exact = accuracy.Detections(truth[0][0], np.array([0.9, 0.8]), np.array([0, 1]))
+    assert accuracy.map50([exact], truth, 2) == pytest.approx(1.0)
+    half = accuracy.Detections(truth[0][0][:1], np.array([0.9]), np.array([0]))
+    assert accuracy.map50([half], truth, 2) == pytest.approx(0.5)
+    dup = accuracy.nms(np.array([[0, 0, 10, 10], [1, 1, 10, 10], [50, 50, 60, 60]], float), np.array([0.9, 0.8, 0.7]),
+                       np.array([0, 0, 0]))
+    assert dup.scores.tolist() == [0.9, 0.7]
+
+
+def _compile(tmp_path: Path, config_path: Path, name: str, onnx_path: Path, **fields: Any) -> tuple[int, Path]:
+    out = tmp_path / f"{name}.saigeedge"
+    mf = manifest(tmp_path / f"{name}.yml", target="host", output=str(out), onnx=str(onnx_path), **fields)
+    return cli.main(["compile", str(mf), "-c", str(config_path)]), out
+
+
+def _members(path: Path) -> tuple[dict[str, Any], dict[str, Any], bytes]:
+    with zipfile.ZipFile(path) as zf:
+        ckpt = yaml.safe_load(zf.read("checkpoint.yaml"))
+        return ckpt, json.loads(zf.read("accuracy.json")), zf.read(ckpt["model"])
+
+
+def _float_heads(src: Path) -> ort.InferenceSession:
+    """The float ONNX with its three head tensors as outputs (what the surgery keeps), built here with onnx."""
+    model = onnx.load(str(src))
+    model.graph.output.extend([onnx.ValueInfoProto(name=n) for n in DETECTION_HEADS])
+    return ort.InferenceSession(model.SerializeToString())
+
+
+def test_host_report_is_what_onnxruntime_gives(tmp_path: Path, config_path: Path) -> None:
+    """Every per-output cosine and max abs error of accuracy.json is recomputed from the float ONNX and the INT8
+    model on the held-out images, fed as the board is (uint8 RGB to the bundle, BGR /255 NCHW to the float model)."""
+    src = yolox(tmp_path / "det.onnx", size=(64, 64))
+    calib = valjson(tmp_path / "data", random_labels(30, 3))
+    code, out = _compile(tmp_path, config_path, "det", src, task="detection", num_classes=3, calib=str(calib),
+                         n_samples=8, eval_samples=12)
+    assert code == 0
+    ckpt, rep, model_bytes = _members(out)
+    assert rep["method"] == "int8" and rep["images"] == 12 and len(rep["worst_layers"]) == 10
+    assert rep["gate"]["passed"] and rep["task"]["labels"].startswith("the calibration file has no boxes")
+    staged = {Path(p).name for p in (tmp_path / "data" / "images").iterdir()}
+    assert set(rep["held_out"]) <= staged
+    ref, int8 = _float_heads(src), ort.InferenceSession(model_bytes)
+    cos: dict[str, list[float]] = {n: [] for n in DETECTION_HEADS}
+    err = dict.fromkeys(DETECTION_HEADS, 0.0)
+    for name in rep["held_out"]:
+        u8 = images.load_rgb(tmp_path / "data" / "images" / name, (64, 64), letterbox=True)
+        want = ref.run(list(DETECTION_HEADS), {"images": (u8[..., ::-1].astype(np.float32) / 255).transpose(2, 0, 1)[None]})
+        got = int8.run(list(DETECTION_HEADS), {"images": u8[None]})
+        for head, w, g in zip(DETECTION_HEADS, want, got, strict=True):
+            w64, g64 = w.astype(np.float64).ravel(), g.astype(np.float64).ravel()
+            cos[head].append(float(w64 @ g64 / np.linalg.norm(w64) / np.linalg.norm(g64)))
+            err[head] = max(err[head], float(np.abs(w64 - g64).max()))
+    for head in DETECTION_HEADS:
+        assert rep["outputs"][head]["cosine"] == pytest.approx(min(cos[head]), abs=1e-4)
+        assert rep["outputs"][head]["max_abs_error"] == pytest.approx(err[head], abs=1e-3)
+    assert ckpt["quantization_report"]  # the §6c report stays
+
+
+def test_mlc_report_has_map_on_both_models(tmp_path: Path, config_path: Path) -> None:
+    """A classifier's report holds mAP against the labels for the float and the INT8 model, and their drop."""
+    src = classifier(tmp_path / "cls.onnx", 4, (224, 224))
+    calib = valjson(tmp_path / "data", random_labels(20, 4))
+    code, out = _compile(tmp_path, config_path, "cls", src, task="mlc", num_classes=4, calib=str(calib), n_samples=6)
+    assert code == 0
+    _, rep, _ = _members(out)
+    task = rep["task"]
+    assert rep["images"] == 14 and task["metric"] == "mAP" and 0 < task["float"] <= 1
+    assert task["drop"] == pytest.approx(task["float"] - task["compiled"], abs=1e-5)
+
+
+def test_mixed_head_trips_the_gate_the_normal_detector_passes(daemon: Any, tmp_path: Path) -> None:
+    """Pixel-scale boxes in the same tensor as the scores (no output cut) crush the scores under one uint8 scale:
+    the job ends failed ACCURACY_GATE, its bundle kept under failed/<job_id>/ and not published; the normal
+    detector with the same images and the default gate succeeds."""
+    calib = valjson(tmp_path / "data", random_labels(40, 3))
+    fields = {"task": "detection", "num_classes": 3, "calib": str(calib), "n_samples": 8}
+    d = daemon()
+    drop(d.inbox, "good", yolox(tmp_path / "good.onnx", size=(64, 64)), fields)
+    drop(d.inbox, "mixed", yolox(tmp_path / "mixed.onnx", size=(64, 64), box_gain=30.0), fields)
+    good, bad = d.wait_job("good"), d.wait_job("mixed")
+    assert good["state"] == "succeeded", good
+    assert bad["state"] == "failed" and bad["error"]["code"] == "ACCURACY_GATE", bad
+    assert "decoded scores cosine" in bad["error"]["message"]
+    assert not (d.outbox / "mixed.host.saigeedge").exists()
+    kept = d.inbox / ".saigeedged" / "failed" / bad["job_id"] / f"{bad['job_id']}.saigeedge"
+    with zipfile.ZipFile(kept) as zf:
+        rep = json.loads(zf.read("accuracy.json"))
+    assert not rep["gate"]["passed"] and rep["task"]["score_cosine"] < 0.95
+    log = (d.outbox / bad["log"]).read_text()
+    assert "accuracy (int8, 16 held-out images)" in log and "FAILED" in log
+    with zipfile.ZipFile(d.outbox / good["bundle"]["path"]) as zf:
+        assert json.loads(zf.read("accuracy.json"))["gate"]["passed"]
+
+
+def test_report_shows_in_status_dashboard_and_table() -> None:
+    """A job's accuracy is in its status file, its dashboard row and the printed table with the gate's verdict."""
+    from saigeedged import accuracytable
+    from saigeedged.adapters import dashboard, outbox
+    from saigeedged.jobs import Job
+
+    acc = {"method": "emulated", "images": 3, "outputs": {"out": {"cosine": 0.91, "cosine_mean": 0.95, "max_abs_error": 2.0}},
+           "task": {"metric": "mAP@0.5", "score_cosine": 0.8, "float": 0.5, "compiled": 0.2, "drop": 0.3},
+           "worst_layers": [], "default_quantization": ["x"], "notes": [],
+           "gate": {"min_cosine": 0.95, "max_map_drop": 0.1, "passed": False, "failures": ["out cosine 0.9100 < 0.95"]}}
+    job = Job("j-1", "j", "mobilint", "detection", {"onnx": "/x/j.onnx"}, "", "/c", "j.yml", state="failed", accuracy=acc)
+    assert outbox.status_doc(job)["accuracy"] == acc
+    assert accuracytable.worst_cosine(acc) == 0.8
+    lines = accuracytable.table(acc)
+    assert lines[0] == "accuracy (emulated, 3 held-out images)" and any("drop 0.3000" in line for line in lines)
+    assert any("FAILED: out cosine 0.9100 < 0.95" in line for line in lines)
+    row = dashboard._recent([job])
+    assert "BELOW THE GATE, cosine ≥ 0.8000" in row and "left at default quantization" in row
+
+
+@pytest.mark.docker
+def test_mobilint_report_is_emulated(tmp_path: Path, docker_config: Path) -> None:
+    """A mobilint bundle carries a report made by the host emulation of its quantization, labelled `emulated`."""
+    src = classifier(tmp_path / "tags.onnx", 3, (224, 224))
+    calib = valjson(tmp_path / "data", random_labels(12, 3))
+    out = tmp_path / "tags.saigeedge"
+    mf = manifest(tmp_path / "tags.yml", task="mlc", num_classes=3, calib=str(calib), target="mobilint",
+                  device="regulus-rb", output=str(out), onnx=str(src), n_samples=4)
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        rep = json.loads(zf.read("accuracy.json"))
+    assert rep["method"] == "emulated" and rep["images"] == 8 and rep["gate"]["passed"]
+    assert "uint8 asymmetric per tensor" in rep["notes"][0] and rep["task"]["metric"] == "mAP"
+    assert rep["outputs"]["scores"]["cosine"] > 0.95
+
+
+def _reference_tar(src: Path, folder: Path, held_out: list[str]) -> tuple[bytes, dict[str, list[float]]]:
+    """What the stand-in simulator answers: the float heads of each held-out image (BGR /255 NCHW, as the NBG's
+    preprocess feeds them) rounded to 256 levels per tensor, as .tensor text files keyed by the image's md5; and
+    the cosines those give against the float outputs."""
+    import hashlib
+    import io
+    import tarfile
+
+    ref = _float_heads(src)
+    cos: dict[str, list[float]] = {n: [] for n in DETECTION_HEADS}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in held_out:
+            path = folder / name
+            u8 = images.load_rgb(path, (64, 64), letterbox=True)
+            heads = ref.run(list(DETECTION_HEADS), {"images": (u8[..., ::-1].astype(np.float32) / 255).transpose(2, 0, 1)[None]})
+            digest = hashlib.md5(path.read_bytes()).hexdigest()
+            for head, value in zip(DETECTION_HEADS, heads, strict=True):
+                step = (value.max() - value.min()) / 255
+                got = np.round((value - value.min()) / step) * step + value.min()
+                w, g = value.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+                cos[head].append(float(w @ g / np.linalg.norm(w) / np.linalg.norm(g)))
+                text = "\n".join(f"{v:.6f}" for v in got.ravel()).encode() + b"\n"
+                layer = head.strip("/").replace("/", "_")
+                info = tarfile.TarInfo(f"quantized/{digest}/attach_{layer}_out0_{'_'.join(map(str, value.shape))}.tensor")
+                info.size = len(text)
+                tar.addfile(info, io.BytesIO(text))
+    return buf.getvalue(), {head: [min(c)] for head, c in cos.items()}
+
+
+@pytest.mark.docker
+def test_cubie_report_comes_from_the_simulator(tmp_path: Path, docker_config: Path, docker_client: Any) -> None:
+    """Without simulator answers the cubie report is emulated (and says why); once the image's `pegasus inference`
+    answers, the report is labelled `simulator` and its cosines are those of the .tensor files it wrote."""
+    src = yolox(tmp_path / "det.onnx", size=(64, 64))
+    calib = valjson(tmp_path / "data", random_labels(20, 3))
+    out = tmp_path / "det.saigeedge"
+    mf = manifest(tmp_path / "det.yml", task="detection", num_classes=3, calib=str(calib), target="cubie", output=str(out),
+                  onnx=str(src), n_samples=8, eval_samples=4, cache=False)
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        first = json.loads(zf.read("accuracy.json"))
+    assert first["method"] == "emulated" and any("`pegasus inference` exited 1" in n for n in first["notes"])
+    data, want = _reference_tar(src, tmp_path / "data" / "images", first["held_out"])
+    container = yaml.safe_load(docker_config.read_text())["cubie"]["container"]
+    ctr = docker_client.containers.get(container)
+    ctr.exec_run(["mkdir", "-p", "/standin/tensors"])
+    assert ctr.put_archive("/standin/tensors", data)
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        rep = json.loads(zf.read("accuracy.json"))
+    assert rep["method"] == "simulator" and rep["held_out"] == first["held_out"] and rep["worst_layers"] == []
+    for head in DETECTION_HEADS:
+        assert rep["outputs"][head]["cosine"] == pytest.approx(want[head][0], abs=1e-4)
+    assert rep["default_quantization"] == []  # the stand-in's .quantize has calibrated scales
+
+
+def test_three_variant_sweep_publishes_the_best_and_shows_all(tmp_path: Path, config_path: Path, capsys: Any) -> None:
+    """Three variants are each compiled and evaluated; the bundle is the one with the best cosine that passes the
+    gate (int16 here), the report's table lists all three, and a second run takes all three from the cache."""
+    src = yolox(tmp_path / "det.onnx", size=(64, 64))
+    calib = valjson(tmp_path / "data", random_labels(24, 3))
+    sweep = [{"calibration_method": "minmax"}, {"calibration_method": "kl"},
+             {"name": "int16", "qtype": "int16", "calibration_method": "minmax"}]
+    fields = {"task": "detection", "num_classes": 3, "calib": str(calib), "n_samples": 8, "variants": sweep}
+    assert _compile(tmp_path, config_path, "det", src, **fields)[0] == 0
+    ckpt, rep, model_bytes = _members(tmp_path / "det.saigeedge")
+    rows = rep["variants"]
+    assert [r["name"] for r in rows] == ["calibration_method minmax", "calibration_method kl", "int16"]
+    assert all(r["passed"] and not r["cache_hit"] for r in rows)
+    assert rep["chosen"] == 3 == max(rows, key=lambda r: r["worst_cosine"])["variant"]
+    assert ckpt["quantization"]["activations"] == "uint16"
+    assert any(n.input[0] for n in onnx.load_from_string(model_bytes).graph.node if n.op_type == "QuantizeLinear")
+    log = next((tmp_path / "state" / "logs").iterdir()).read_text()
+    assert "variant 3/3: int16" in log and "* 3. int16" in log
+    assert _compile(tmp_path, config_path, "det", src, **fields)[0] == 0
+    assert all(r["cache_hit"] for r in _members(tmp_path / "det.saigeedge")[1]["variants"])
+
+
+@pytest.mark.parametrize(("fields", "text"), [
+    ({"accuracy": {"min_cosine": 1.5}}, "`accuracy.min_cosine` must be a number in [0, 1]"),
+    ({"accuracy": {"min_cos": 0.9}}, "unknown key `accuracy.min_cos`"),
+    ({"variants": [{"qtype": "int16"}] * 9}, "`variants` must list 1 to 8 variants, got 9"),
+    ({"variants": [{"platform": "t527"}]}, "`variants[0]`: unknown key `platform`"),
+    ({"variants": [{"qtype": "int4"}]}, "`qtype` must be one of"),
+    ({"eval_samples": -1}, "`eval_samples` must be >= 0"),
+])
+def test_gate_and_variants_are_validated(tmp_path: Path, fields: dict[str, Any], text: str) -> None:
+    """A bad gate, too many variants or a variant key that is not a quantization setting is MANIFEST_INVALID."""
+    from saigeedged import manifest as manifestmod
+    from saigeedged.errors import SaigeError
+
+    mf = manifest(tmp_path / "m.yml", task="mlc", num_classes=3, calib="val.json", **fields)
+    with pytest.raises(SaigeError) as err:
+        manifestmod.load(mf)
+    assert err.value.code == "MANIFEST_INVALID" and text in err.value.message
