@@ -199,6 +199,16 @@ class Engine:
     def cont(self) -> None:
         os.kill(self.pid, signal.SIGCONT)
 
+    def kill_sshd(self) -> None:
+        """kill -9 every sshd of this host, the listener and its sessions: open ssh transports die mid-connection and
+        new ones are refused (start_sshd() brings it back)."""
+        for pid in netns.pids(self.netns.name):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "sshd":
+                    os.kill(pid, signal.SIGKILL)
+        if self.sshd is not None:
+            self.sshd.wait(10)
+
     def restart(self, timeout: float = READY_S) -> None:
         """Stop dockerd (SIGTERM, or nothing when it was killed) and start it again, same files and flags."""
         if self.proc is not None and self.proc.poll() is None:

@@ -280,3 +280,22 @@ def test_daemon_restart_resumes_the_jobs_of_every_engine(pool: Any, engine_hosts
     assert len(d.statuses()) == 3 and len(bundles(d)) == 3
     assert not d.events("job.requeued")
     assert {e["job_id"] for e in d.events("job.reattached")} == {s["job_id"] for s in running}
+
+
+def test_an_ssh_engine_whose_transport_dies_comes_back_without_a_restart(pool: Any, engine_hosts: Any,
+                                                                      det_inputs: dict[str, Any]) -> None:
+    """Every sshd of the ssh engine killed (its open transport dies, new ones are refused) and started again: the
+    engine is marked down, then up again with a new client, and a cubie job runs there, all in one daemon."""
+    ssh = engine_hosts["ssh"]
+    d = pool([{**LOCAL, "targets": ["mobilint"]}, *entries(engine_hosts, "ssh")], limits={"engine_timeout_s": 3},
+             log={"format": "journal"})
+    journal_event(d, "engine.ready", engine="ssh")
+    ssh.kill_sshd()
+    try:
+        down = journal_event(d, "engine.down", engine="ssh")
+    finally:
+        ssh.start_sshd()
+    journal_event(d, "engine.up", after=down, engine="ssh")
+    drop(d.inbox, "afterssh", det_inputs["onnx"], {**det_inputs["manifest"], "cache": False})
+    done = d.wait_job("afterssh", timeout=JOB_S)
+    assert (done["state"], done["engine"], done["attempt"]) == ("succeeded", "ssh", 1), done
