@@ -199,7 +199,7 @@ def test_compile_waits_for_the_container_lock(tmp_path: Path, docker_config: Pat
 
     from saigeedged.adapters.hostlock import HostLock
 
-    lock = HostLock(tmp_path / "state")
+    lock = HostLock(tmp_path / "state", yaml.safe_load(docker_config.read_text())["cubie"]["container"])
     lock.acquire()
     mf = setup_det(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "saigeedged", "compile", str(mf), "-c", str(docker_config)],

@@ -209,7 +209,7 @@ def test_waiting_for_the_container_lock_ends_on_sigterm(cubie_daemon: Any, det_i
     from saigeedged.adapters.hostlock import HostLock
 
     d = cubie_daemon()
-    lock = HostLock(d.state_dir)
+    lock = HostLock(d.state_dir, yaml.safe_load(d.config.read_text())["cubie"]["container"])
     lock.acquire()
     try:
         drop(d.inbox, "blocked", det_inputs["onnx"], det_inputs["manifest"])

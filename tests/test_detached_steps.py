@@ -74,15 +74,17 @@ def test_a_step_that_ended_unseen_gives_its_code_without_running_again(docker_co
     assert ctr.run_step(["sh", "-c", "echo one >> runs.txt"], work, 60, lambda chunk: None) == 0
     stopping = threading.Event()
     stopping.set()  # the daemon stops as soon as step 2 has started
+    two = f"echo two >> runs.txt; while [ ! -e {work / 'go'} ]; do sleep 0.1; done; exit 3"
     with pytest.raises(SaigeError) as stopped:
-        ctr.run_step(["sh", "-c", "echo two >> runs.txt; exit 3"], work, 60, lambda chunk: None, stopping=stopping.is_set)
+        ctr.run_step(["sh", "-c", two], work, 60, lambda chunk: None, stopping=stopping.is_set)
     assert stopped.value.fields.get("reason") == "stop"
     first.release()
+    (work / "go").touch()
     wait_for(lambda: (work / ".steps" / "2.rc").exists(), 30, "step 2 ending on its own")
 
     again = Containers(config).get("cubie")
     assert again.run_step(["sh", "-c", "echo one >> runs.txt"], work, 60, lambda chunk: None) == 0
-    assert again.run_step(["sh", "-c", "echo two >> runs.txt; exit 3"], work, 60, lambda chunk: None) == 3
+    assert again.run_step(["sh", "-c", two], work, 60, lambda chunk: None) == 3
     assert (work / "runs.txt").read_text() == "one\ntwo\n"
 
 
