@@ -153,3 +153,30 @@ def test_sigterm_on_a_hung_engine_exits_in_time_and_the_job_runs_again(cubie_dae
     d.start()
     done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=90)
     assert (done["state"], done["attempt"]) == ("succeeded", 1) and d.events("job.reattached")
+
+
+def test_a_frozen_engine_holds_the_job_which_reattaches_when_it_answers(cubie_daemon: Any,  # noqa: F811
+                                                                       docker_client: Any, tmp_path: Path,
+                                                                       det_inputs: dict[str, Any]) -> None:
+    """The only engine stops answering mid-step for longer than limits.engine_timeout_s (a hung dockerd): the job
+    waits running with DOCKER_UNAVAILABLE and its first attempt, STATUS= says the engine is unreachable while the
+    watchdog pings go on; once the engine answers the job re-attaches to the step that ran on and succeeds, the
+    step run once."""
+    from test_daemon_docker import calls
+
+    proxy = EngineProxy(tmp_path / "engine.sock")
+    proxy.up()
+    d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host, "WATCHDOG_USEC": "2000000"},
+                     limits={"engine_timeout_s": 2.0})
+    job = in_quantize(d, docker_client, tmp_path, "slowfrozen", det_inputs["manifest"])
+    proxy.hang()
+    held = wait_for(lambda: (s := d.status(job["job_id"])) and s["error"] and s, 30, "the job held")
+    assert (held["state"], held["attempt"], held["error"]["code"]) == ("running", 1, "DOCKER_UNAVAILABLE")
+    seen = len(d.messages)
+    d.expect("Docker engine unreachable", 10, after=seen)
+    d.expect("WATCHDOG=1", 10, after=seen)  # the main loop stays healthy while the engine hangs
+    proxy.resume()
+    done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=90)
+    assert (done["state"], done["attempt"], done["error"]) == ("succeeded", 1, None), done
+    assert [e["job_id"] for e in d.events("job.reattached")] == [job["job_id"]]
+    assert len(calls(docker_client, d, "quantize")) == 1
