@@ -12,7 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from saigeedged.jobid import iso, utc_now
-from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job, TransitionError, check_transition
+from saigeedged.jobs import (
+    QUEUED,
+    RUNNING,
+    TERMINAL,
+    Attempt,
+    CancelWins,
+    Job,
+    Superseded,
+    TransitionError,
+    begin_attempt,
+    check_transition,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -39,6 +50,13 @@ CREATE TABLE IF NOT EXISTS engines (
 """
 # columns added after the first release: (table, column, declaration, backfill from the row's doc or None)
 MIGRATIONS = (("jobs", "engine", "TEXT", "json_extract(doc, '$.engine')"),)
+# the row still names this attempt (jobs.Attempt): its number, how many times the job was taken, its engine
+FENCE = ("json_extract(doc, '$.attempt') = ? AND json_array_length(doc, '$.attempts') = ? "
+         "AND json_extract(doc, '$.attempts[#-1].engine') = ?")
+
+
+def _fence_args(fence: Attempt) -> tuple[object, ...]:
+    return (fence.attempt, fence.take, fence.engine)
 
 
 @dataclass(frozen=True)
@@ -155,21 +173,57 @@ class Store:
         jobs = self._jobs("SELECT doc FROM jobs WHERE job_id = ?", (job_id,))
         return jobs[0] if jobs else None
 
-    def save(self, job: Job, expect: str | None = None) -> None:
-        """Write `job`; when its state changes, the stored state must be `expect` (or any allowed predecessor)."""
+    def save(self, job: Job, expect: str | None = None, fence: Attempt | None = None) -> None:
+        """Write `job`; when its state changes, the stored state must be `expect` (or any allowed predecessor).
+
+        `fence`: a write of that attempt, made only while the row still names it and is `expect` (default running),
+        else Superseded. A running row flagged by `saigeedged cancel` never goes back to the queue: CancelWins.
+        """
         with self._tx() as db:
-            row = db.execute("SELECT state FROM jobs WHERE job_id = ?", (job.job_id,)).fetchone()
+            row = db.execute("SELECT state, cancel FROM jobs WHERE job_id = ?", (job.job_id,)).fetchone()
             if row is None:
                 raise KeyError(job.job_id)
-            stored = row[0]
+            stored, flagged = str(row[0]), bool(row[1])
+            if fence is not None and stored != (expect or RUNNING):
+                raise Superseded(f"job {job.job_id} is {stored}: attempt {fence.attempt} on {fence.engine} is over")
             if expect is not None and stored != expect:
                 raise TransitionError(f"job {job.job_id} is {stored}, expected {expect}")
             if stored != job.state:
                 check_transition(stored, job.state)
+            if stored == RUNNING and job.state == QUEUED and flagged:
+                raise CancelWins(f"job {job.job_id} was cancelled while running: it is not requeued")
             cancel = 0 if job.state != stored else None  # a new state clears a pending cancel request
-            db.execute("UPDATE jobs SET state = ?, priority = ?, claim_dir = ?, doc = ?, cancel = COALESCE(?, cancel), "
-                       "engine = ? WHERE job_id = ?", (job.state, job.priority, job.claim_dir, json.dumps(job.to_doc()),
-                                                       cancel, job.engine, job.job_id))
+            where, args = ("job_id = ?", (job.job_id,)) if fence is None else \
+                (f"job_id = ? AND {FENCE}", (job.job_id, *_fence_args(fence)))
+            changed = db.execute(f"UPDATE jobs SET state = ?, priority = ?, claim_dir = ?, doc = ?, "
+                                 f"cancel = COALESCE(?, cancel), engine = ? WHERE {where}",
+                                 (job.state, job.priority, job.claim_dir, json.dumps(job.to_doc()), cancel, job.engine,
+                                  *args)).rowcount
+            if not changed:
+                raise Superseded(f"job {job.job_id} is on another attempt than {fence}")
+
+    def take(self, job_id: str, engine: str, now_iso: str) -> Job | None:
+        """Move a queued job to running on `engine`, its new attempt opened; None if it is no longer queued (another
+        slot took it, it was cancelled). One conditional write: of the slots that saw the job, one runs it."""
+        with self._tx() as db:
+            row = db.execute("SELECT doc FROM jobs WHERE job_id = ? AND state = ? AND cancel = 0",
+                             (job_id, QUEUED)).fetchone()
+            if row is None:
+                return None
+            job = Job.from_doc(json.loads(str(row[0])))
+            takes = len(job.attempts)
+            job.state, job.started_at, job.updated_at, job.step, job.error, job.progress = \
+                RUNNING, now_iso, now_iso, None, None, None
+            begin_attempt(job, engine, now_iso)
+            taken = db.execute("UPDATE jobs SET state = ?, doc = ?, engine = ? WHERE job_id = ? AND state = ? "
+                               "AND cancel = 0 AND json_array_length(doc, '$.attempts') = ? RETURNING doc",
+                               (RUNNING, json.dumps(job.to_doc()), job.engine, job_id, QUEUED, takes)).fetchone()
+        return None if taken is None else Job.from_doc(json.loads(str(taken[0])))
+
+    def still_current(self, fence: Attempt) -> bool:
+        """Does the row still name this attempt, running?"""
+        return bool(self._rows(f"SELECT 1 FROM jobs WHERE job_id = ? AND state = ? AND {FENCE}",
+                               (fence.job_id, RUNNING, *_fence_args(fence))))
 
     def next_queued(self, skip_targets: tuple[str, ...] = ()) -> Job | None:
         """The job to run next: highest priority, then first in (jobs for `skip_targets` wait)."""
@@ -209,10 +263,11 @@ class Store:
         """Every job whose inputs live in this claimed folder (the entries of one multi-model drop)."""
         return self._jobs("SELECT doc FROM jobs WHERE claim_dir = ? ORDER BY seq", (claim_dir,))
 
-    def request_cancel(self, job_id: str) -> None:
-        """Flag a running job for the daemon to cancel (a column of its own: the worker rewrites the doc)."""
+    def request_cancel(self, job_id: str) -> bool:
+        """Flag a running job for the daemon to cancel (a column of its own: the worker rewrites the doc); False when
+        it is not running (any more): only a running row carries the flag, so a queued one is always takeable."""
         with self._tx() as db:
-            db.execute("UPDATE jobs SET cancel = 1 WHERE job_id = ?", (job_id,))
+            return bool(db.execute("UPDATE jobs SET cancel = 1 WHERE job_id = ? AND state = ?", (job_id, RUNNING)).rowcount)
 
     def cancel_requested(self, job_id: str) -> bool:
         rows = self._rows("SELECT cancel FROM jobs WHERE job_id = ?", (job_id,))

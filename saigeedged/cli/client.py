@@ -20,7 +20,7 @@ from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.files import sha256_file
 from saigeedged.guards import printable
-from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, check_transition
+from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, TransitionError, check_transition
 from saigeedged.manifest import safe_stem
 
 CLAIM_WAIT_S = 60.0  # `submit` gives up (exit 3) when no daemon claims the drop within this (or --timeout)
@@ -182,26 +182,38 @@ def retry(config: Config, job_id: str, out: TextIO) -> int:
     return 0
 
 
+CANCEL_TRIES = 5  # a job racing between states (taken, requeued) settles within a few reads
+
+
 def cancel(config: Config, job_id: str, out: TextIO) -> int:
-    """A queued job is cancelled at once; a running one is flagged and its step killed by the daemon."""
+    """A queued job is cancelled at once; a running one is flagged and its step killed by the daemon.
+
+    The daemon may move the job meanwhile (a slot takes it, an attempt is requeued): read it again and act on its new
+    state, so the operator gets one line, never a traceback.
+    """
     store = _store(config)
-    job = store.get(job_id)
-    if job is None:
-        raise SaigeError("INPUT_NOT_FOUND", f"no job {job_id}")
-    if job.state == RUNNING:
-        store.request_cancel(job_id)
-        print(f"{job_id}: cancel requested", file=out)
-        return 0
-    if job.state != QUEUED:
-        raise SaigeError("MANIFEST_INVALID", f"job {job_id} is already {job.state}", hint="nothing to cancel")
     from saigeedged.service.lifecycle import Jobs, Places  # docker-py and structlog: only the commands that need them
 
-    places = Places(config.inbox, config.state_dir)
-    jobs = Jobs(store, Outbox(config.outbox), places)
-    jobs.end(job, CANCELLED, SaigeError("CANCELLED", "cancelled while queued"), expect=QUEUED,
-             announce=False)  # no journal here: this is the operator's shell
-    print(f"{job_id}: cancelled", file=out)
-    return 0
+    jobs = Jobs(store, Outbox(config.outbox), Places(config.inbox, config.state_dir))
+    for _ in range(CANCEL_TRIES):
+        job = store.get(job_id)
+        if job is None:
+            raise SaigeError("INPUT_NOT_FOUND", f"no job {job_id}")
+        if job.state in TERMINAL:
+            raise SaigeError("MANIFEST_INVALID", f"job {job_id} is already {job.state}", hint="nothing to cancel")
+        if job.state == RUNNING and store.request_cancel(job_id):
+            print(f"{job_id}: cancel requested", file=out)
+            return 0
+        if job.state == QUEUED:
+            try:
+                jobs.end(job, CANCELLED, SaigeError("CANCELLED", "cancelled while queued"), expect=QUEUED,
+                         announce=False)  # no journal here: this is the operator's shell
+            except TransitionError:
+                continue  # taken by the daemon meanwhile: flag it running
+            print(f"{job_id}: cancelled", file=out)
+            return 0
+    raise SaigeError("INTERNAL", f"job {job_id} kept changing state: not cancelled",
+                     hint="run `saigeedged cancel` again")
 
 
 def prune(config: Config, dry_run: bool, out: TextIO) -> int:
