@@ -60,3 +60,18 @@ def test_timeout_kills_the_child(tmp_path: object) -> None:
         child.run(pid_then_sleep, (str(pidfile), 60), "quantize", 1, lambda: None)
     assert err.value.code == "TIMEOUT"
     assert gone(int(pidfile.read_text()))
+
+
+def test_a_memory_bound_above_the_hard_limit_takes_the_hard_limit(tmp_path: object) -> None:
+    """Under `prlimit --as=6000000000` (LimitAS=, ulimit -v) a child with a larger configured bound still runs, bound
+    by the hard limit instead of failing to raise it."""
+    import subprocess
+    import sys
+
+    code = ("import resource; from saigeedged.compile import child\n"
+            "print(child.run(resource.getrlimit, (resource.RLIMIT_AS,), 'limits', 60, lambda: None,"
+            " memory=(25769803776, 'ONNX_INVALID')))")
+    done = subprocess.run(["prlimit", "--as=6000000000", sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(6000000000, 6000000000)"
