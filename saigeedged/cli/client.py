@@ -43,7 +43,13 @@ def _place(src: Path, dest: Path, data: bytes | None = None) -> None:
         files.write_bytes(dest, data, tmp=tmp)
 
 
-def _submitted_manifest(manifest: Path, model: Path, request_id: str) -> tuple[str, bytes]:
+def _submitted_manifest(manifest: Path, model: Path, request_id: str) -> tuple[str, str, bytes]:
+    """(stem, the submission's own file stem, the manifest to drop).
+
+    Each submission gets files of its own, `<stem>.<request id>.onnx`/`.yml` (the manifest's `onnx:` names its own
+    model), so parallel submits of one name never overwrite each other; `name: <stem>` keeps the job's name, its
+    output and `status NAME` as the user expects.
+    """
     try:
         data = yaml.safe_load(manifest.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -54,11 +60,10 @@ def _submitted_manifest(manifest: Path, model: Path, request_id: str) -> tuple[s
     calib = data.get("calib")
     if isinstance(calib, str) and not Path(calib).is_absolute():
         data["calib"] = str((manifest.parent / calib).resolve())  # the manifest moves; its calib does not
-    data.pop("onnx", None)
-    data["sha256"] = sha256_file(model)
-    data["request_id"] = request_id
     stem = safe_stem(str(data.get("name") or manifest.stem))
-    return stem, yaml.safe_dump(data, sort_keys=False).encode()
+    own = f"{stem}.{request_id[:8]}"
+    data.update(name=stem, onnx=f"{own}.onnx", sha256=sha256_file(model), request_id=request_id)
+    return stem, own, yaml.safe_dump(data, sort_keys=False).encode()
 
 
 def _find_status(outbox: Outbox, stem: str, request_id: str) -> dict[str, Any] | None:
@@ -83,11 +88,11 @@ def submit(config: Config, args: argparse.Namespace, out: TextIO) -> int:
     if ".." in Path(args.subdir).parts or Path(args.subdir).is_absolute():
         raise SaigeError("MANIFEST_INVALID", f"--subdir {args.subdir!r} must be relative to the inbox, without `..`")
     request_id = uuid.uuid4().hex
-    stem, text = _submitted_manifest(args.manifest, args.model, request_id)
+    stem, own, text = _submitted_manifest(args.manifest, args.model, request_id)
     folder = config.inbox / args.subdir
     folder.mkdir(parents=True, exist_ok=True)
-    _place(args.model, folder / f"{stem}.onnx")
-    _place(args.manifest, folder / f"{stem}.yml", text)
+    _place(args.model, folder / f"{own}.onnx")
+    _place(args.manifest, folder / f"{own}.yml", text)
     outbox = Outbox(config.outbox)
     start = time.monotonic()
     # a compile takes minutes: without --timeout only the claim is bounded, the result is waited for however long
@@ -99,7 +104,7 @@ def submit(config: Config, args: argparse.Namespace, out: TextIO) -> int:
         if doc is None:
             time.sleep(WAIT_POLL_S)
     if doc is None:
-        print(f"submitted {folder / (stem + '.yml')}, not claimed yet: is the daemon running?", file=out)
+        print(f"submitted {folder / (own + '.yml')}, not claimed yet: is the daemon running?", file=out)
         return 3
     path = outbox.status_path(doc["job_id"])
     print(path, file=out, flush=True)
