@@ -74,18 +74,57 @@ class CorruptDatabase(Exception):
     """The job database cannot be read: the daemon must not start on it (nor replace it)."""
 
 
+class StoreFull(Exception):
+    """The database could not be written (or opened): state_dir is full or failing (SQLITE_FULL, SQLITE_IOERR,
+    SQLITE_CANTOPEN). Nothing was written and nothing is damaged: the same write succeeds once space returns."""
+
+
+CORRUPT = frozenset({"SQLITE_CORRUPT", "SQLITE_NOTADB"})  # the only answers that say the file itself is bad
+TRANSIENT = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN")  # prefixes: SQLITE_IOERR_WRITE, _SHMSIZE, ...
+
+
+def _errorname(exc: sqlite3.Error) -> str:
+    """The primary SQLite error name (SQLITE_CORRUPT_VTAB is SQLITE_CORRUPT); "" when SQLite gave none."""
+    name = str(getattr(exc, "sqlite_errorname", "") or "")
+    return next((known for known in (*CORRUPT, *TRANSIENT) if name.startswith(known)), name)
+
+
+def transient(exc: BaseException) -> StoreFull | None:
+    """`exc` (or what it was raised from, e.g. a ROLLBACK after a failed COMMIT) as StoreFull, if a full or failing
+    disk caused it."""
+    while exc is not None:
+        if isinstance(exc, sqlite3.Error) and _errorname(exc) in TRANSIENT:
+            return StoreFull(f"cannot write the job database: {exc} ({_errorname(exc)}); state_dir full or failing?")
+        exc = exc.__context__  # type: ignore[assignment]
+    return None
+
+
+def _wants_check(path: Path) -> bool:
+    """quick_check reads the whole database (O(size), issue 21): run it only when the last close was not clean, the
+    one case where a damaged file is to be expected. SQLite removes the -wal file at the last clean close, so a -wal
+    left over means a crash, a kill or a power loss (or another process has it open: `status` beside a daemon)."""
+    return path.with_name(path.name + "-wal").exists()
+
+
 def _connect(path: Path) -> sqlite3.Connection:
+    check = _wants_check(path)
     db = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
     try:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(SCHEMA)
         _migrate(db)
-        check = db.execute("PRAGMA quick_check").fetchone()
-        if check is None or check[0] != "ok":
-            raise sqlite3.DatabaseError(str(check[0] if check else "no answer to quick_check"))
-    except sqlite3.DatabaseError as exc:
+        answer = db.execute("PRAGMA quick_check").fetchone() if check else ("ok",)
+        if answer is None or answer[0] != "ok":
+            raise CorruptDatabase(str(answer[0] if answer else "no answer to quick_check"))
+    except (sqlite3.Error, CorruptDatabase) as exc:
         db.close()
+        full = transient(exc)
+        if full is not None:
+            raise StoreFull(f"cannot open the job database {path}: {exc} ({_errorname(exc)}); free space in "  # type: ignore[arg-type]
+                            f"{path.parent} and start again: nothing is lost") from None
+        if isinstance(exc, sqlite3.Error) and _errorname(exc) not in CORRUPT:
+            raise
         raise CorruptDatabase(f"job database {path} is corrupt ({exc}); move it aside (mv {path} {path}.corrupt) "
                               "and start again: the queue is rebuilt from claimed/ and the status files") from None
     return db
@@ -147,14 +186,24 @@ class Store:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; a full or failing disk raises StoreFull with nothing written (try again later)."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+                if self._db.in_transaction:  # a ROLLBACK that failed last time (the disk was failing)
+                    self._db.execute("ROLLBACK")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:  # a failed COMMIT (SQLITE_FULL) has already rolled back
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                full = transient(exc)
+                if full is None:
+                    raise
+                raise full from exc
 
     def _rows(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
         with self._lock:

@@ -1,0 +1,87 @@
+"""A full state_dir (issue 17): the job database holds work, is never declared corrupt, and resumes when space returns."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from saigeedged.adapters.store import CorruptDatabase, Store, StoreFull
+from saigeedged.jobs import QUEUED, Job
+
+
+def job(n: int) -> Job:
+    return Job(job_id=f"a-{n}", name="a", target="host", task="mlc", entry={"onnx": "/x.onnx", "pad": "x" * 4000},
+               subdir="", claim_dir=f"/c/{n}", manifest="x.yml", created_at="t")
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MB tmpfs (root only), unmounted at teardown."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def fill(folder: Path) -> Path:
+    """Take every free byte of the filesystem of `folder` with one file (removed to give the space back)."""
+    big = folder / "big"
+    with big.open("wb") as out:
+        try:
+            while True:
+                out.write(b"\0" * 65536)
+                out.flush()
+        except OSError:
+            pass
+    return big
+
+
+def write_until_full(store: Store, start: int) -> int:
+    """Add rows until the disk refuses one; the number of the refused one."""
+    for n in range(start, start + 10_000):
+        try:
+            store.add(job(n))
+        except StoreFull:
+            return n
+    raise AssertionError("the disk never filled up")
+
+
+def test_a_full_state_dir_refuses_writes_then_resumes_with_every_row(small_fs: Path) -> None:
+    """On a full disk each write raises StoreFull (again and again, never `cannot rollback`), a second open beside
+    the first and a reopen are never CorruptDatabase, and once space returns every row is there and writes go on."""
+    path = small_fs / "state" / "saigeedged.db"
+    store = Store(path)
+    for n in range(5):
+        store.add(job(n))
+    big = fill(small_fs)
+    refused = write_until_full(store, 5)
+    for _ in range(3):
+        with pytest.raises(StoreFull):
+            store.add(job(refused))
+    with pytest.raises(StoreFull):
+        store.take("a-0", "host", "t")
+    assert store.get("a-0") == job(0)  # the refused take left the row queued
+    for reopen in range(2):  # beside the open one (`status` while the daemon runs), then alone
+        try:
+            Store(path).close()
+        except StoreFull:
+            pass  # refusing to open while the disk is full is fine: it says so, and nothing is lost
+        except CorruptDatabase as exc:  # the bug: a full disk is not a damaged file
+            pytest.fail(f"declared corrupt on a full disk (open {reopen}): {exc}")
+        if reopen == 0:
+            store.close()
+    big.unlink()
+    store = Store(path)
+    assert {j.job_id for j in store.in_state(QUEUED)} == {f"a-{n}" for n in range(refused)}
+    store.add(job(refused))
+    assert store.get(f"a-{refused}") == job(refused)
+    assert store._rows("PRAGMA quick_check") == [("ok",)]
