@@ -6,7 +6,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +50,9 @@ CREATE TABLE IF NOT EXISTS engines (
 """
 # columns added after the first release: (table, column, declaration, backfill from the row's doc or None)
 MIGRATIONS = (("jobs", "engine", "TEXT", "json_extract(doc, '$.engine')"),)
+# PRAGMA user_version: 0 = no version yet (a release before versioning: read as 1); 2 = this one (SPEC §15).
+# STEPS[n] takes a database of version n - 1 to n; each step is idempotent (a crash mid-way runs it again).
+SCHEMA_VERSION = 2
 # the row still names this attempt (jobs.Attempt): its number, how many times the job was taken, its engine
 FENCE = ("json_extract(doc, '$.attempt') = ? AND json_array_length(doc, '$.attempts') = ? "
          "AND json_extract(doc, '$.attempts[#-1].engine') = ?")
@@ -112,11 +115,13 @@ def _connect(path: Path) -> sqlite3.Connection:
     try:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(SCHEMA)
-        _migrate(db)
+        _migrate(db, path)
         answer = db.execute("PRAGMA quick_check").fetchone() if check else ("ok",)
         if answer is None or answer[0] != "ok":
             raise CorruptDatabase(str(answer[0] if answer else "no answer to quick_check"))
+    except NewerDatabase:
+        db.close()
+        raise
     except (sqlite3.Error, CorruptDatabase) as exc:
         db.close()
         full = transient(exc)
@@ -130,13 +135,72 @@ def _connect(path: Path) -> sqlite3.Connection:
     return db
 
 
-def _migrate(db: sqlite3.Connection) -> None:
+def _add_columns(db: sqlite3.Connection) -> None:
     """Add the columns an older database lacks, filled from each row's doc (idempotent)."""
     for table, column, declaration, backfill in MIGRATIONS:
         if column not in {str(row[1]) for row in db.execute(f"PRAGMA table_info({table})")}:
             db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
             if backfill:
                 db.execute(f"UPDATE {table} SET {column} = {backfill}")
+
+
+STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {2: _add_columns}
+
+
+class NewerDatabase(Exception):
+    """The job database was written by a newer saigeedged (a higher schema version): this one must not touch it."""
+
+
+def _version(db: sqlite3.Connection) -> int:
+    """The database's schema version; 0 for a new, empty file."""
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version == 0 and db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone():
+        return 1  # written before versioning
+    return version
+
+
+def _migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring the database to SCHEMA_VERSION: an older one is first copied to `<name>.bak-<version>`; a newer one is
+    refused (NewerDatabase). Under BEGIN IMMEDIATE, so a `status` opening it at the same time waits, then finds it done.
+
+    SCHEMA runs at every open (CREATE ... IF NOT EXISTS: a no-op, no write, when all is there), so a new index needs
+    no version of its own.
+    """
+    found = _version(db)
+    if found > SCHEMA_VERSION:
+        raise NewerDatabase(f"job database {path} is schema version {found}, this saigeedged knows up to "
+                            f"{SCHEMA_VERSION}: run the newer saigeedged (or restore {path.name}.bak-{SCHEMA_VERSION})")
+    if found == SCHEMA_VERSION:
+        db.executescript(SCHEMA)
+        return
+    if found:
+        _backup(db, path.with_name(f"{path.name}.bak-{found}"))
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        found = _version(db)  # another process may have migrated it meanwhile
+        for statement in filter(str.strip, SCHEMA.split(";")):  # not executescript: it would commit half-way
+            db.execute(statement)  # a new file gets version 1's tables here, and the steps from there
+        for version in range(max(found, 1) + 1, SCHEMA_VERSION + 1):
+            STEPS[version](db)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+
+
+def _backup(db: sqlite3.Connection, dest: Path) -> None:
+    """A consistent copy of the open database (WAL included) at `dest`, private like the database, whole or absent."""
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    os.close(os.open(tmp, os.O_CREAT | os.O_WRONLY, 0o600))
+    copy = sqlite3.connect(str(tmp))
+    try:
+        db.backup(copy)
+    finally:
+        copy.close()
+    tmp.replace(dest)
 
 
 def _private(path: Path) -> None:
@@ -265,7 +329,7 @@ class Store:
                 RUNNING, now_iso, now_iso, None, None, None
             begin_attempt(job, engine, now_iso)
             taken = db.execute("UPDATE jobs SET state = ?, doc = ?, engine = ? WHERE job_id = ? AND state = ? "
-                               "AND cancel = 0 AND json_array_length(doc, '$.attempts') = ? RETURNING doc",
+                               "AND cancel = 0 AND COALESCE(json_array_length(doc, '$.attempts'), 0) = ? RETURNING doc",
                                (RUNNING, json.dumps(job.to_doc()), job.engine, job_id, QUEUED, takes)).fetchone()
         return None if taken is None else Job.from_doc(json.loads(str(taken[0])))
 
