@@ -35,13 +35,16 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
 def fill(folder: Path) -> Path:
     """Take every free byte of the filesystem of `folder` with one file (removed to give the space back)."""
     big = folder / "big"
-    with big.open("wb") as out:
-        try:
-            while True:
-                out.write(b"\0" * 65536)
-                out.flush()
-        except OSError:
-            pass
+    fd = os.open(big, os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        for size in (1 << 16, 1 << 12, 1 << 9, 1):  # down to the last byte: nothing is left for a new page
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
     return big
 
 
@@ -85,3 +88,18 @@ def test_a_full_state_dir_refuses_writes_then_resumes_with_every_row(small_fs: P
     store.add(job(refused))
     assert store.get(f"a-{refused}") == job(refused)
     assert store._rows("PRAGMA quick_check") == [("ok",)]
+
+
+def test_opening_on_a_full_disk_is_store_full_never_corrupt(small_fs: Path) -> None:
+    """A database closed cleanly, then its disk filled: opening it raises StoreFull (its -shm cannot be made), not
+    CorruptDatabase (the `disk I/O error` that sent operators to move a healthy queue aside); with space it opens."""
+    path = small_fs / "state" / "saigeedged.db"
+    store = Store(path)
+    for n in range(3):
+        store.add(job(n))
+    store.close()
+    big = fill(small_fs)
+    with pytest.raises(StoreFull, match=str(path)):
+        Store(path)
+    big.unlink()
+    assert [j.job_id for j in Store(path).in_state(QUEUED)] == ["a-0", "a-1", "a-2"]

@@ -77,9 +77,13 @@ class CorruptDatabase(Exception):
     """The job database cannot be read: the daemon must not start on it (nor replace it)."""
 
 
-class StoreFull(Exception):
+class StoreFull(sqlite3.OperationalError):
     """The database could not be written (or opened): state_dir is full or failing (SQLITE_FULL, SQLITE_IOERR,
-    SQLITE_CANTOPEN). Nothing was written and nothing is damaged: the same write succeeds once space returns."""
+    SQLITE_CANTOPEN). Nothing was written and nothing is damaged: the same write succeeds once space returns.
+
+    An OperationalError, as SQLite raised it before: the callers that already treat one as "the next round tries
+    again" (recovery of claims) keep doing so; the type says which OperationalErrors are worth the wait.
+    """
 
 
 CORRUPT = frozenset({"SQLITE_CORRUPT", "SQLITE_NOTADB"})  # the only answers that say the file itself is bad
