@@ -2,31 +2,22 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fullfs import fill, mounted
 from harness import drop, wait_for
-from test_store_full import fill
 
 from saigeedged.cli import main as cli
 
 
 @pytest.fixture
 def small_state(tmp_path: Path) -> Iterator[Path]:
-    """A 64 MB tmpfs for state_dir (root only), unmounted at teardown."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
+    """A 64 MB tmpfs for state_dir: room for a job until it is filled."""
+    with mounted(tmp_path / "small", "64m") as folder:
+        yield folder
 
 
 def test_a_full_state_dir_holds_drops_until_space_returns(daemon: Any, det_inputs: dict[str, Any],

@@ -65,19 +65,27 @@ def test_take_opens_the_attempt_and_refuses_what_is_not_queued(tmp_path: Path) -
     assert store.take("missing-3", "local", "2026-12-01T00:00:02Z") is None
 
 
-def test_a_requeued_attempt_can_no_longer_write(tmp_path: Path) -> None:
-    """A fenced save of an attempt requeued meanwhile raises Superseded and leaves the new attempt's row alone."""
-    store = Store(tmp_path / "q.db")
+def taken_then_requeued(store: Store, spend: int) -> tuple[Job, Attempt]:
+    """A job taken on e1, then requeued by someone else (its attempt number + `spend`): the first run and its fence."""
     store.add(job())
     first = store.take("a-1", "e1", "t1")
     assert first is not None
-    old = Attempt.of(first)
-    first.step = "quantize"
-    store.save(first, fence=old)  # still current: it lands
     requeued = store.get("a-1")
     assert requeued is not None
-    requeued.state, requeued.attempt = QUEUED, 2
+    requeued.state, requeued.attempt = QUEUED, requeued.attempt + spend
     store.save(requeued)
+    return first, Attempt.of(first)
+
+
+def test_a_requeued_attempt_can_no_longer_write(tmp_path: Path) -> None:
+    """A fenced save of an attempt requeued meanwhile raises Superseded and leaves the new attempt's row alone."""
+    store = Store(tmp_path / "q.db")
+    store.add(job("b-2"))
+    running = store.take("b-2", "e1", "t1")
+    assert running is not None
+    running.step = "quantize"
+    store.save(running, fence=Attempt.of(running))  # still current: it lands
+    first, old = taken_then_requeued(store, 1)
     second = store.take("a-1", "e2", "t2")
     assert second is not None and not store.still_current(old) and store.still_current(Attempt.of(second))
     first.state = SUCCEEDED
@@ -90,14 +98,7 @@ def test_a_requeued_attempt_can_no_longer_write(tmp_path: Path) -> None:
 def test_a_hold_on_the_same_engine_is_still_a_new_attempt(tmp_path: Path) -> None:
     """Requeued unspent (engine unreachable) and taken again on the same engine: the old run is fenced off."""
     store = Store(tmp_path / "q.db")
-    store.add(job())
-    first = store.take("a-1", "e1", "t1")
-    assert first is not None
-    old = Attempt.of(first)
-    held = store.get("a-1")
-    assert held is not None
-    held.state = QUEUED
-    store.save(held)
+    first, old = taken_then_requeued(store, 0)
     second = store.take("a-1", "e1", "t2")
     assert second is not None and second.attempt == first.attempt
     with pytest.raises(Superseded):
@@ -180,8 +181,9 @@ def test_a_cancel_flag_only_sticks_to_a_running_job(tmp_path: Path) -> None:
 def test_cancel_of_a_job_racing_between_states_prints_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`saigeedged cancel` while a daemon-like thread keeps taking and requeueing the job: one line, exit 0, and the
     job ends cancelled (the cancel is neither a traceback nor lost to a requeue)."""
+    from conftest import write_config
+
     from saigeedged.cli import main as cli
-    from tests.conftest import write_config
 
     config = write_config(tmp_path)
     jobs = lifecycle(tmp_path)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fullfs import fill, mounted
 
 from saigeedged.adapters.store import CorruptDatabase, Store, StoreFull
 from saigeedged.jobs import QUEUED, Job
@@ -20,32 +19,9 @@ def job(n: int) -> Job:
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MB tmpfs (root only), unmounted at teardown."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
-def fill(folder: Path) -> Path:
-    """Take every free byte of the filesystem of `folder` with one file (removed to give the space back)."""
-    big = folder / "big"
-    fd = os.open(big, os.O_CREAT | os.O_WRONLY, 0o600)
-    try:
-        for size in (1 << 16, 1 << 12, 1 << 9, 1):  # down to the last byte: nothing is left for a new page
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    return big
+    """A 2 MB tmpfs."""
+    with mounted(tmp_path / "small", "2m") as folder:
+        yield folder
 
 
 def write_until_full(store: Store, start: int) -> int:
