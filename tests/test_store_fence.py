@@ -145,7 +145,8 @@ def test_holding_keeps_a_requeue_out_until_the_publish_is_done(tmp_path: Path) -
     thread.start()
     with jobs.holding(attempt):
         inside.set()
-        thread.join(0.2)  # the requeue must be blocked behind the holder
+        thread.join(0.2)  # time enough for an unblocked requeue to finish
+        assert thread.is_alive()  # it waits for the holder
         order.append("published")
         assert jobs.still_current(attempt)
     thread.join()
