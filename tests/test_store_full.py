@@ -79,3 +79,24 @@ def test_opening_on_a_full_disk_is_store_full_never_corrupt(small_fs: Path) -> N
         Store(path)
     big.unlink()
     assert [j.job_id for j in Store(path).in_state(QUEUED)] == ["a-0", "a-1", "a-2"]
+
+
+def test_a_damaged_page_is_found_at_open_only_after_an_unclean_close(tmp_path: Path) -> None:
+    """A daemon killed (its -wal left over) on a database with a damaged page: the next open runs quick_check and
+    says corrupt; an open that does not verify (a command beside a running daemon) does not read the whole file."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "saigeedged.db"
+    code = ("import os, sys; from pathlib import Path; sys.path.insert(0, sys.argv[2]); from test_store_full import job;"
+            " from saigeedged.adapters.store import Store; s = Store(Path(sys.argv[1]))\n"
+            "for n in range(300): s.add(job(n))\n"
+            "s._rows('PRAGMA wal_checkpoint(TRUNCATE)'); s.add(job(300)); os._exit(0)")  # killed: no clean close
+    subprocess.run([sys.executable, "-c", code, str(path), str(Path(__file__).parent)], check=True, timeout=60)
+    assert path.with_name(path.name + "-wal").exists()
+    with path.open("r+b") as db:  # a page in the middle, as a failing disk would leave it
+        db.seek(path.stat().st_size // 2 // 4096 * 4096)
+        db.write(b"\xff" * 4096)
+    with pytest.raises(CorruptDatabase, match="corrupt"):
+        Store(path)
+    Store(path, verify=False).close()

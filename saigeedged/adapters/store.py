@@ -113,8 +113,8 @@ def _wants_check(path: Path) -> bool:
     return path.with_name(path.name + "-wal").exists()
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    check = _wants_check(path)
+def _connect(path: Path, verify: bool = True) -> sqlite3.Connection:
+    check = verify and _wants_check(path)
     db = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
     try:
         db.execute("PRAGMA journal_mode=WAL")
@@ -219,12 +219,14 @@ def _private(path: Path) -> None:
 class Store:
     """Job rows keyed by job_id; every state change is checked against the transition table."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, verify: bool = True) -> None:
+        """`verify`: quick_check the file if its last close was not clean (the daemon); a short-lived command that
+        opens it beside a running daemon (which leaves a -wal) passes False rather than read the whole file."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.created = not path.exists()  # a first start, or a database deleted: the caller rebuilds what it can
         _private(path)
-        self._db = _connect(path)
+        self._db = _connect(path, verify)
         self._lock = threading.RLock()  # one connection shared by the main loop and the worker thread
 
     def close(self) -> None:
@@ -249,7 +251,7 @@ class Store:
                 stale.unlink(missing_ok=True)
             tmp.replace(self.path)
             _private(self.path)
-            self._db = _connect(self.path)
+            self._db = _connect(self.path, verify=False)  # just written whole from a healthy connection
         return True
 
     @contextmanager
