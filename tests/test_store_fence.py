@@ -216,3 +216,18 @@ def test_cancel_of_a_job_racing_between_states_prints_one_line(tmp_path: Path, c
     assert rc == 0 and len(said) == 1 and "Traceback" not in out.out + out.err
     stored = jobs.store.get("a-1")
     assert stored is not None and stored.state == CANCELLED
+
+
+def test_a_refused_requeue_leaves_the_job_as_it_was(tmp_path: Path) -> None:
+    """A requeue the store refuses (a stale attempt) raises and leaves the caller's job unchanged: no attempt spent."""
+    jobs = lifecycle(tmp_path)
+    jobs.add(job())
+    first = jobs.take("a-1", "e1")
+    assert first is not None
+    stale = Attempt.of(first)
+    jobs.requeue(jobs.store.get("a-1"), "engine_lost", fence=stale)  # type: ignore[arg-type]
+    assert jobs.take("a-1", "e2") is not None
+    first.step = "quantize"
+    with pytest.raises(Superseded):
+        jobs.requeue(first, "stop", fence=stale)
+    assert (first.state, first.attempt, first.step) == (RUNNING, 1, "quantize")

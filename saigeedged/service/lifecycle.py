@@ -214,6 +214,9 @@ class Jobs:
                 self.end(job, CANCELLED, SaigeError("CANCELLED", f"cancelled while running (the attempt ended: {reason})",
                                                     step=job.step), fence=fence)
                 return
+            except BaseException:  # not written (Superseded, StoreFull): the caller's job is as it was, to try again
+                job.state, job.step, job.step_index, job.attempt, job.error = was
+                raise
             event("job.requeued", job, "warning", reason=reason, error_code=error.code if error else None)
 
     def settle_inputs(self, job: Job) -> None:
