@@ -207,8 +207,10 @@ class Jobs:
             job.error = error.as_dict(job.step) if error else None
             job.state, job.step, job.step_index = QUEUED, None, 0
             job.attempt += 1 if spend_attempt else 0
+            job.updated_at = jobid.iso(jobid.utc_now())
             try:
-                self.save(job, fence=fence)  # the status file last, as for every transition
+                with self._writing:  # the row first: the journal never tells of a requeue the store refused
+                    self.store.save(job, fence=fence)
             except CancelWins:
                 job.state, job.step, job.step_index, job.attempt, job.error = was
                 self.end(job, CANCELLED, SaigeError("CANCELLED", f"cancelled while running (the attempt ended: {reason})",
@@ -218,6 +220,9 @@ class Jobs:
                 job.state, job.step, job.step_index, job.attempt, job.error = was
                 raise
             event("job.requeued", job, "warning", reason=reason, error_code=error.code if error else None)
+            with self._writing:
+                self._write_status(job)  # the status file last, as for every transition
+        self._observe(job)
 
     def settle_inputs(self, job: Job) -> None:
         """After the last job of a claimed folder ends: delete it if all succeeded, else keep it under failed/."""
