@@ -12,12 +12,16 @@ import hashlib
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 OWN_DIR = ".saigeedged"  # the daemon's own folder in the inbox: <inbox>/.saigeedged/claimed, .../failed
-TEMP_NAME = re.compile(r"^\..+\.\d+\.tmp$")  # temp_name's names: .<name>.<pid>.tmp
+# temp files' names: .<name>.<8 of mkstemp's letters>.tmp (and .<name>.<pid>.tmp, as releases before made them)
+TEMP_NAME = re.compile(r"^\..+\.(\d+|[a-z0-9_]{8})\.tmp$")
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once, at import (one thread then): mkstemp's 0600 is widened to what open() would give
 NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK})  # shares without hard links
 
 
@@ -35,9 +39,12 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def temp_name(dest: Path) -> Path:
-    """`.<name>.<pid>.tmp` beside `dest`: hidden from the inbox scan; a long name is cut so it fits NAME_MAX too."""
-    return dest.with_name(f".{dest.name[:200]}.{os.getpid()}.tmp")
+def open_temp(dest: Path) -> tuple[int, Path]:
+    """A new temp file beside `dest`, `.<name>.<random>.tmp`: unique per call, so two threads writing one name never
+    share it; hidden from the inbox scan; a long name cut so it fits NAME_MAX. Mode as open() would create it."""
+    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name[:200]}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~_UMASK)  # a status file or a bundle on a share is read by others (mkstemp makes 0600)
+    return fd, Path(name)
 
 
 def atomic_write(dest: Path, fill: Callable[[BinaryIO], object], *, exclusive: bool = False,
@@ -47,9 +54,9 @@ def atomic_write(dest: Path, fill: Callable[[BinaryIO], object], *, exclusive: b
     `exclusive`: never replace an existing `dest` (False then, the temp file removed). Any error removes the temp
     file and propagates.
     """
-    tmp = tmp or temp_name(dest)
+    fd, tmp = open_temp(dest) if tmp is None else (os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), tmp)
     try:
-        with tmp.open("wb") as out:
+        with os.fdopen(fd, "wb") as out:
             fill(out)
             out.flush()
             os.fsync(out.fileno())

@@ -25,6 +25,15 @@ class TransitionError(ValueError):
     """A state change the table does not allow (a bug or a race lost to another process)."""
 
 
+class Superseded(TransitionError):
+    """A write of an attempt the store no longer names (requeued, moved, ended): nothing of it may be recorded or
+    published (SPEC §15)."""
+
+
+class CancelWins(TransitionError):
+    """A requeue of an attempt whose job `saigeedged cancel` flagged: the job ends cancelled instead (SPEC §15)."""
+
+
 def check_transition(old: str, new: str) -> None:
     if new not in TRANSITIONS[old]:
         raise TransitionError(f"job cannot go from {old} to {new}")
@@ -72,6 +81,27 @@ class Job:
     def from_doc(cls, doc: dict[str, Any]) -> Job:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in doc.items() if k in names})
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of a job, the fence of its writes (SPEC §15): the store must still name it for any of them to land.
+
+    `take` counts the job's attempt records when it was taken: an attempt requeued unspent (the engine was
+    unreachable) and taken again on the same engine keeps its `attempt` number, and the old run is still fenced off.
+    """
+
+    job_id: str
+    attempt: int
+    engine: str  # the engine of the attempt record (HOST_ENGINE for host jobs), not job.engine (None on the host)
+    take: int
+
+    @classmethod
+    def of(cls, job: Job) -> Attempt:
+        """The attempt `job` is running now (as Store.take returned it)."""
+        if not job.attempts:
+            raise ValueError(f"job {job.job_id} has no attempt")
+        return cls(job.job_id, job.attempt, str(job.attempts[-1]["engine"]), len(job.attempts))
 
 
 def entry_to_doc(entry: Entry) -> dict[str, Any]:

@@ -59,13 +59,31 @@ class Daemon:
         self.env = dict(os.environ, NOTIFY_SOCKET=str(self.sock_path), **(env or {}))
         self.env.pop("JOURNAL_STREAM", None)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.prefix: list[str] = []  # a command the daemon runs under, e.g. ["prlimit", "--as=6000000000"]
 
     def start(self, ready_timeout: float = 30) -> Daemon:
         with self.stderr_path.open("ab") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "saigeedged", "run", "-c", str(self.config)],
+            self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "saigeedged", "run", "-c", str(self.config)],
                                          stdout=subprocess.DEVNULL, stderr=err, env=self.env)
         self.expect("READY=1", ready_timeout)
         return self
+
+    def launch(self, ready_timeout: float = 30) -> int | None:
+        """Start it: None once it says READY=1, else its exit code if it exits first (a refusal to start)."""
+        after = len(self.messages)
+        with self.stderr_path.open("ab") as err:
+            self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "saigeedged", "run", "-c", str(self.config)],
+                                         stdout=subprocess.DEVNULL, stderr=err, env=self.env)
+        proc = self.proc
+        with self._arrived:  # an exit sends no datagram: the wait wakes every POLL_S to look
+            deadline = time.monotonic() + ready_timeout
+            while time.monotonic() < deadline:
+                if any("READY=1" in m for m in self.messages[after:]):
+                    return None
+                if proc.poll() is not None:
+                    return proc.returncode
+                self._arrived.wait(POLL_S)
+        raise AssertionError(f"neither READY=1 nor an exit in {ready_timeout}s\n{self.stderr()[-3000:]}")
 
     def _read(self) -> None:
         """Drain the socket like systemd does, so the daemon never finds it full."""

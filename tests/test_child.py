@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -60,3 +61,32 @@ def test_timeout_kills_the_child(tmp_path: object) -> None:
         child.run(pid_then_sleep, (str(pidfile), 60), "quantize", 1, lambda: None)
     assert err.value.code == "TIMEOUT"
     assert gone(int(pidfile.read_text()))
+
+
+def test_a_memory_bound_above_the_hard_limit_takes_the_hard_limit(tmp_path: object) -> None:
+    """Under `prlimit --as=6000000000` (LimitAS=, ulimit -v) a child with a larger configured bound still runs, bound
+    by the hard limit instead of failing to raise it."""
+    import subprocess
+    import sys
+
+    code = ("import resource; from saigeedged.compile import child\n"
+            "print(child.run(resource.getrlimit, (resource.RLIMIT_AS,), 'limits', 60, lambda: None,"
+            " memory=(25769803776, 'ONNX_INVALID')))")
+    done = subprocess.run(["prlimit", "--as=6000000000", sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(6000000000, 6000000000)"
+
+
+def test_the_daemon_compiles_under_an_address_space_limit(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """The daemon started under `prlimit --as=6000000000` (LimitAS= 6 GB) compiles a host job (limits.child_memory_bytes
+    is 24 GiB by default: the child takes the hard limit instead)."""
+    from harness import drop
+
+    d = daemon()
+    assert d.stop() == 0
+    d.prefix = ["prlimit", "--as=6000000000"]
+    d.start()
+    drop(d.inbox, "det", det_inputs["onnx"], det_inputs["manifest"])
+    done = d.wait_job("det", timeout=120)
+    assert done["state"] == "succeeded", done

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import BinaryIO
 
@@ -36,9 +37,15 @@ def test_exclusive_never_replaces(tmp_path: Path) -> None:
 
 
 def test_temp_names_are_hidden_and_recognised(tmp_path: Path) -> None:
-    """The temp name is hidden (the inbox scan skips dot files), fits NAME_MAX and matches TEMP_NAME (recovery)."""
-    name = files.temp_name(tmp_path / ("x" * 250 + ".saigeedge")).name
-    assert name.startswith(".") and len(name) <= 255 and files.TEMP_NAME.match(name)
+    """The temp name is hidden (the inbox scan skips dot files), fits NAME_MAX, matches TEMP_NAME (recovery) and is
+    new at every call."""
+    names = []
+    for _ in range(2):
+        fd, path = files.open_temp(tmp_path / ("x" * 250 + ".saigeedge"))
+        os.close(fd)
+        names.append(path.name)
+    assert all(n.startswith(".") and len(n) <= 255 and files.TEMP_NAME.match(n) for n in names)
+    assert names[0] != names[1] and files.TEMP_NAME.match(".det.json.4242.tmp")
 
 
 def test_copy_replaces_whole(tmp_path: Path) -> None:
@@ -48,3 +55,36 @@ def test_copy_replaces_whole(tmp_path: Path) -> None:
     dest.write_bytes(b"old")
     assert files.copy_file(src, dest)
     assert dest.read_bytes() == src.read_bytes()
+
+
+def test_two_threads_publishing_one_name_each_get_their_own_bytes(tmp_path: Path) -> None:
+    """Two threads publish different bundles to one output name at once: each returned path holds its own bytes."""
+    import threading
+
+    from saigeedged.adapters.outbox import Outbox
+
+    outbox = Outbox(tmp_path / "outbox")
+    for round_ in range(20):
+        bundles = []
+        for n in range(2):
+            bundle = tmp_path / f"b{n}"
+            bundle.write_bytes(bytes([n + 1]) * (1 << 20))
+            bundles.append(bundle)
+        start, results = threading.Barrier(2), {}
+
+        def publish(n: int, bundles: list[Path] = bundles, start: threading.Barrier = start,
+                    results: dict[int, dict[str, object]] = results, round_: int = round_) -> None:
+            start.wait()
+            results[n] = outbox.publish_bundle(bundles[n], Path(f"r{round_}/m.host.saigeedge"),
+                                               f"m-20261201T000000Z-00000{n}")
+
+        threads = [threading.Thread(target=publish, args=(n,)) for n in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for n, result in results.items():
+            assert (outbox.root / str(result["path"])).read_bytes() == bundles[n].read_bytes()
+        assert len({str(r["path"]) for r in results.values()}) == 2
+        assert sorted(p.name for p in (outbox.root / f"r{round_}").iterdir()) == sorted(
+            Path(str(r["path"])).name for r in results.values())  # no temp file left behind

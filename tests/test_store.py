@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from saigeedged.adapters.store import Store
-from saigeedged.jobs import FAILED, QUEUED, RUNNING, SUCCEEDED, Job, TransitionError, status_text
+from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, CancelWins, Job, TransitionError, status_text
 from saigeedged.service.outage import Outage
 
 
@@ -85,7 +85,8 @@ def test_transitions_are_checked(tmp_path: Path) -> None:
 
 
 def test_cancel_flag_survives_doc_writes(tmp_path: Path) -> None:
-    """A cancel request stays set while the worker rewrites the row, and clears on the next state."""
+    """A cancel request stays set while the worker rewrites the row and through a refused requeue, and clears on the
+    next state."""
     store = Store(tmp_path / "q.db")
     a = job("a-1", state=RUNNING)
     store.add(a)
@@ -94,6 +95,10 @@ def test_cancel_flag_survives_doc_writes(tmp_path: Path) -> None:
     store.save(a)
     assert store.cancel_requested("a-1")
     a.state = QUEUED
+    with pytest.raises(CancelWins):  # a cancel is never lost to a requeue (SPEC §15)
+        store.save(a)
+    assert store.cancel_requested("a-1")
+    a.state = CANCELLED
     store.save(a)
     assert not store.cancel_requested("a-1")
 

@@ -6,13 +6,24 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from saigeedged.jobid import iso, utc_now
-from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job, TransitionError, check_transition
+from saigeedged.jobs import (
+    QUEUED,
+    RUNNING,
+    TERMINAL,
+    Attempt,
+    CancelWins,
+    Job,
+    Superseded,
+    TransitionError,
+    begin_attempt,
+    check_transition,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -39,6 +50,16 @@ CREATE TABLE IF NOT EXISTS engines (
 """
 # columns added after the first release: (table, column, declaration, backfill from the row's doc or None)
 MIGRATIONS = (("jobs", "engine", "TEXT", "json_extract(doc, '$.engine')"),)
+# PRAGMA user_version: 0 = no version yet (a release before versioning: read as 1); 2 = this one (SPEC §15).
+# STEPS[n] takes a database of version n - 1 to n; each step is idempotent (a crash mid-way runs it again).
+SCHEMA_VERSION = 2
+# the row still names this attempt (jobs.Attempt): its number, how many times the job was taken, its engine
+FENCE = ("json_extract(doc, '$.attempt') = ? AND json_array_length(doc, '$.attempts') = ? "
+         "AND json_extract(doc, '$.attempts[#-1].engine') = ?")
+
+
+def _fence_args(fence: Attempt) -> tuple[object, ...]:
+    return (fence.attempt, fence.take, fence.engine)
 
 
 @dataclass(frozen=True)
@@ -56,30 +77,134 @@ class CorruptDatabase(Exception):
     """The job database cannot be read: the daemon must not start on it (nor replace it)."""
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+class StoreFull(sqlite3.OperationalError):
+    """The database could not be written (or opened): state_dir is full or failing (SQLITE_FULL, SQLITE_IOERR,
+    SQLITE_CANTOPEN). Nothing was written and nothing is damaged: the same write succeeds once space returns.
+
+    An OperationalError, as SQLite raised it before: the callers that already treat one as "the next round tries
+    again" (recovery of claims) keep doing so; the type says which OperationalErrors are worth the wait.
+    """
+
+
+CORRUPT = frozenset({"SQLITE_CORRUPT", "SQLITE_NOTADB"})  # the only answers that say the file itself is bad
+TRANSIENT = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN")  # prefixes: SQLITE_IOERR_WRITE, _SHMSIZE, ...
+
+
+def _errorname(exc: sqlite3.Error) -> str:
+    """The primary SQLite error name (SQLITE_CORRUPT_VTAB is SQLITE_CORRUPT); "" when SQLite gave none."""
+    name = str(getattr(exc, "sqlite_errorname", "") or "")
+    return next((known for known in (*CORRUPT, *TRANSIENT) if name.startswith(known)), name)
+
+
+def transient(exc: BaseException) -> StoreFull | None:
+    """`exc` (or what it was raised from, e.g. a ROLLBACK after a failed COMMIT) as StoreFull, if a full or failing
+    disk caused it."""
+    while exc is not None:
+        if isinstance(exc, sqlite3.Error) and _errorname(exc) in TRANSIENT:
+            return StoreFull(f"cannot write the job database: {exc} ({_errorname(exc)}); state_dir full or failing?")
+        exc = exc.__context__  # type: ignore[assignment]
+    return None
+
+
+def _wants_check(path: Path) -> bool:
+    """quick_check reads the whole database (O(size), issue 21): run it only when the last close was not clean, the
+    one case where a damaged file is to be expected. SQLite removes the -wal file at the last clean close, so a -wal
+    left over means a crash, a kill or a power loss (or another process has it open: `status` beside a daemon)."""
+    return path.with_name(path.name + "-wal").exists()
+
+
+def _connect(path: Path, verify: bool = True) -> sqlite3.Connection:
+    check = verify and _wants_check(path)
     db = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
     try:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(SCHEMA)
-        _migrate(db)
-        check = db.execute("PRAGMA quick_check").fetchone()
-        if check is None or check[0] != "ok":
-            raise sqlite3.DatabaseError(str(check[0] if check else "no answer to quick_check"))
-    except sqlite3.DatabaseError as exc:
+        _migrate(db, path)
+        answer = db.execute("PRAGMA quick_check").fetchone() if check else ("ok",)
+        if answer is None or answer[0] != "ok":
+            raise CorruptDatabase(str(answer[0] if answer else "no answer to quick_check"))
+    except NewerDatabase:
         db.close()
+        raise
+    except (sqlite3.Error, CorruptDatabase) as exc:
+        db.close()
+        full = transient(exc)
+        if full is not None:
+            raise StoreFull(f"cannot open the job database {path}: {exc} ({_errorname(exc)}); free space in "  # type: ignore[arg-type]
+                            f"{path.parent} and start again: nothing is lost") from None
+        if isinstance(exc, sqlite3.Error) and _errorname(exc) not in CORRUPT:
+            raise
         raise CorruptDatabase(f"job database {path} is corrupt ({exc}); move it aside (mv {path} {path}.corrupt) "
                               "and start again: the queue is rebuilt from claimed/ and the status files") from None
     return db
 
 
-def _migrate(db: sqlite3.Connection) -> None:
+def _add_columns(db: sqlite3.Connection) -> None:
     """Add the columns an older database lacks, filled from each row's doc (idempotent)."""
     for table, column, declaration, backfill in MIGRATIONS:
         if column not in {str(row[1]) for row in db.execute(f"PRAGMA table_info({table})")}:
             db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
             if backfill:
                 db.execute(f"UPDATE {table} SET {column} = {backfill}")
+
+
+STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {2: _add_columns}
+
+
+class NewerDatabase(Exception):
+    """The job database was written by a newer saigeedged (a higher schema version): this one must not touch it."""
+
+
+def _version(db: sqlite3.Connection) -> int:
+    """The database's schema version; 0 for a new, empty file."""
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version == 0 and db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone():
+        return 1  # written before versioning
+    return version
+
+
+def _migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring the database to SCHEMA_VERSION: an older one is first copied to `<name>.bak-<version>`; a newer one is
+    refused (NewerDatabase). Under BEGIN IMMEDIATE, so a `status` opening it at the same time waits, then finds it done.
+
+    SCHEMA runs at every open (CREATE ... IF NOT EXISTS: a no-op, no write, when all is there), so a new index needs
+    no version of its own.
+    """
+    found = _version(db)
+    if found > SCHEMA_VERSION:
+        raise NewerDatabase(f"job database {path} is schema version {found}, this saigeedged knows up to "
+                            f"{SCHEMA_VERSION}: run the newer saigeedged (or restore {path.name}.bak-{SCHEMA_VERSION})")
+    if found == SCHEMA_VERSION:
+        db.executescript(SCHEMA)
+        return
+    if found:
+        _backup(db, path.with_name(f"{path.name}.bak-{found}"))
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        found = _version(db)  # another process may have migrated it meanwhile
+        for statement in filter(str.strip, SCHEMA.split(";")):  # not executescript: it would commit half-way
+            db.execute(statement)  # a new file gets version 1's tables here, and the steps from there
+        for version in range(max(found, 1) + 1, SCHEMA_VERSION + 1):
+            STEPS[version](db)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+
+
+def _backup(db: sqlite3.Connection, dest: Path) -> None:
+    """A consistent copy of the open database (WAL included) at `dest`, private like the database, whole or absent."""
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    os.close(os.open(tmp, os.O_CREAT | os.O_WRONLY, 0o600))
+    copy = sqlite3.connect(str(tmp))
+    try:
+        db.backup(copy)
+    finally:
+        copy.close()
+    tmp.replace(dest)
 
 
 def _private(path: Path) -> None:
@@ -94,12 +219,14 @@ def _private(path: Path) -> None:
 class Store:
     """Job rows keyed by job_id; every state change is checked against the transition table."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, verify: bool = True) -> None:
+        """`verify`: quick_check the file if its last close was not clean (the daemon); a short-lived command that
+        opens it beside a running daemon (which leaves a -wal) passes False rather than read the whole file."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.created = not path.exists()  # a first start, or a database deleted: the caller rebuilds what it can
         _private(path)
-        self._db = _connect(path)
+        self._db = _connect(path, verify)
         self._lock = threading.RLock()  # one connection shared by the main loop and the worker thread
 
     def close(self) -> None:
@@ -124,19 +251,29 @@ class Store:
                 stale.unlink(missing_ok=True)
             tmp.replace(self.path)
             _private(self.path)
-            self._db = _connect(self.path)
+            self._db = _connect(self.path, verify=False)  # just written whole from a healthy connection
         return True
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; a full or failing disk raises StoreFull with nothing written (try again later)."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+                if self._db.in_transaction:  # a ROLLBACK that failed last time (the disk was failing)
+                    self._db.execute("ROLLBACK")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:  # a failed COMMIT (SQLITE_FULL) has already rolled back
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                full = transient(exc)
+                if full is None:
+                    raise
+                raise full from exc
 
     def _rows(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
         with self._lock:
@@ -155,21 +292,57 @@ class Store:
         jobs = self._jobs("SELECT doc FROM jobs WHERE job_id = ?", (job_id,))
         return jobs[0] if jobs else None
 
-    def save(self, job: Job, expect: str | None = None) -> None:
-        """Write `job`; when its state changes, the stored state must be `expect` (or any allowed predecessor)."""
+    def save(self, job: Job, expect: str | None = None, fence: Attempt | None = None) -> None:
+        """Write `job`; when its state changes, the stored state must be `expect` (or any allowed predecessor).
+
+        `fence`: a write of that attempt, made only while the row still names it and is `expect` (default running),
+        else Superseded. A running row flagged by `saigeedged cancel` never goes back to the queue: CancelWins.
+        """
         with self._tx() as db:
-            row = db.execute("SELECT state FROM jobs WHERE job_id = ?", (job.job_id,)).fetchone()
+            row = db.execute("SELECT state, cancel FROM jobs WHERE job_id = ?", (job.job_id,)).fetchone()
             if row is None:
                 raise KeyError(job.job_id)
-            stored = row[0]
+            stored, flagged = str(row[0]), bool(row[1])
+            if fence is not None and stored != (expect or RUNNING):
+                raise Superseded(f"job {job.job_id} is {stored}: attempt {fence.attempt} on {fence.engine} is over")
             if expect is not None and stored != expect:
                 raise TransitionError(f"job {job.job_id} is {stored}, expected {expect}")
             if stored != job.state:
                 check_transition(stored, job.state)
+            if stored == RUNNING and job.state == QUEUED and flagged:
+                raise CancelWins(f"job {job.job_id} was cancelled while running: it is not requeued")
             cancel = 0 if job.state != stored else None  # a new state clears a pending cancel request
-            db.execute("UPDATE jobs SET state = ?, priority = ?, claim_dir = ?, doc = ?, cancel = COALESCE(?, cancel), "
-                       "engine = ? WHERE job_id = ?", (job.state, job.priority, job.claim_dir, json.dumps(job.to_doc()),
-                                                       cancel, job.engine, job.job_id))
+            where, args = ("job_id = ?", (job.job_id,)) if fence is None else \
+                (f"job_id = ? AND {FENCE}", (job.job_id, *_fence_args(fence)))
+            changed = db.execute(f"UPDATE jobs SET state = ?, priority = ?, claim_dir = ?, doc = ?, "
+                                 f"cancel = COALESCE(?, cancel), engine = ? WHERE {where}",
+                                 (job.state, job.priority, job.claim_dir, json.dumps(job.to_doc()), cancel, job.engine,
+                                  *args)).rowcount
+            if not changed:
+                raise Superseded(f"job {job.job_id} is on another attempt than {fence}")
+
+    def take(self, job_id: str, engine: str, now_iso: str) -> Job | None:
+        """Move a queued job to running on `engine`, its new attempt opened; None if it is no longer queued (another
+        slot took it, it was cancelled). One conditional write: of the slots that saw the job, one runs it."""
+        with self._tx() as db:
+            row = db.execute("SELECT doc FROM jobs WHERE job_id = ? AND state = ? AND cancel = 0",
+                             (job_id, QUEUED)).fetchone()
+            if row is None:
+                return None
+            job = Job.from_doc(json.loads(str(row[0])))
+            takes = len(job.attempts)
+            job.state, job.started_at, job.updated_at, job.step, job.error, job.progress = \
+                RUNNING, now_iso, now_iso, None, None, None
+            begin_attempt(job, engine, now_iso)
+            taken = db.execute("UPDATE jobs SET state = ?, doc = ?, engine = ? WHERE job_id = ? AND state = ? "
+                               "AND cancel = 0 AND COALESCE(json_array_length(doc, '$.attempts'), 0) = ? RETURNING doc",
+                               (RUNNING, json.dumps(job.to_doc()), job.engine, job_id, QUEUED, takes)).fetchone()
+        return None if taken is None else Job.from_doc(json.loads(str(taken[0])))
+
+    def still_current(self, fence: Attempt) -> bool:
+        """Does the row still name this attempt, running?"""
+        return bool(self._rows(f"SELECT 1 FROM jobs WHERE job_id = ? AND state = ? AND {FENCE}",
+                               (fence.job_id, RUNNING, *_fence_args(fence))))
 
     def next_queued(self, skip_targets: tuple[str, ...] = ()) -> Job | None:
         """The job to run next: highest priority, then first in (jobs for `skip_targets` wait)."""
@@ -209,10 +382,11 @@ class Store:
         """Every job whose inputs live in this claimed folder (the entries of one multi-model drop)."""
         return self._jobs("SELECT doc FROM jobs WHERE claim_dir = ? ORDER BY seq", (claim_dir,))
 
-    def request_cancel(self, job_id: str) -> None:
-        """Flag a running job for the daemon to cancel (a column of its own: the worker rewrites the doc)."""
+    def request_cancel(self, job_id: str) -> bool:
+        """Flag a running job for the daemon to cancel (a column of its own: the worker rewrites the doc); False when
+        it is not running (any more): only a running row carries the flag, so a queued one is always takeable."""
         with self._tx() as db:
-            db.execute("UPDATE jobs SET cancel = 1 WHERE job_id = ?", (job_id,))
+            return bool(db.execute("UPDATE jobs SET cancel = 1 WHERE job_id = ? AND state = ?", (job_id, RUNNING)).rowcount)
 
     def cancel_requested(self, job_id: str) -> bool:
         rows = self._rows("SELECT cancel FROM jobs WHERE job_id = ?", (job_id,))

@@ -20,7 +20,7 @@ from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.files import sha256_file
 from saigeedged.guards import printable
-from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, check_transition
+from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, TransitionError, check_transition
 from saigeedged.manifest import safe_stem
 
 CLAIM_WAIT_S = 60.0  # `submit` gives up (exit 3) when no daemon claims the drop within this (or --timeout)
@@ -31,7 +31,7 @@ def _store(config: Config) -> Store:
     path = config.state_dir / "saigeedged.db"
     if not path.exists():
         raise SaigeError("INPUT_NOT_FOUND", f"no job database at {path}", hint="is the daemon configured with this -c file?")
-    return Store(path)
+    return Store(path, verify=False)  # the daemon checks the file at its start; a command must not read it whole
 
 
 def _place(src: Path, dest: Path, data: bytes | None = None) -> None:
@@ -43,7 +43,13 @@ def _place(src: Path, dest: Path, data: bytes | None = None) -> None:
         files.write_bytes(dest, data, tmp=tmp)
 
 
-def _submitted_manifest(manifest: Path, model: Path, request_id: str) -> tuple[str, bytes]:
+def _submitted_manifest(manifest: Path, model: Path, request_id: str) -> tuple[str, str, bytes]:
+    """(stem, the submission's own file stem, the manifest to drop).
+
+    Each submission gets files of its own, `<stem>.<request id>.onnx`/`.yml` (the manifest's `onnx:` names its own
+    model), so parallel submits of one name never overwrite each other; `name: <stem>` keeps the job's name, its
+    output and `status NAME` as the user expects.
+    """
     try:
         data = yaml.safe_load(manifest.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -54,11 +60,10 @@ def _submitted_manifest(manifest: Path, model: Path, request_id: str) -> tuple[s
     calib = data.get("calib")
     if isinstance(calib, str) and not Path(calib).is_absolute():
         data["calib"] = str((manifest.parent / calib).resolve())  # the manifest moves; its calib does not
-    data.pop("onnx", None)
-    data["sha256"] = sha256_file(model)
-    data["request_id"] = request_id
     stem = safe_stem(str(data.get("name") or manifest.stem))
-    return stem, yaml.safe_dump(data, sort_keys=False).encode()
+    own = f"{stem}.{request_id[:8]}"
+    data.update(name=stem, onnx=f"{own}.onnx", sha256=sha256_file(model), request_id=request_id)
+    return stem, own, yaml.safe_dump(data, sort_keys=False).encode()
 
 
 def _find_status(outbox: Outbox, stem: str, request_id: str) -> dict[str, Any] | None:
@@ -83,11 +88,11 @@ def submit(config: Config, args: argparse.Namespace, out: TextIO) -> int:
     if ".." in Path(args.subdir).parts or Path(args.subdir).is_absolute():
         raise SaigeError("MANIFEST_INVALID", f"--subdir {args.subdir!r} must be relative to the inbox, without `..`")
     request_id = uuid.uuid4().hex
-    stem, text = _submitted_manifest(args.manifest, args.model, request_id)
+    stem, own, text = _submitted_manifest(args.manifest, args.model, request_id)
     folder = config.inbox / args.subdir
     folder.mkdir(parents=True, exist_ok=True)
-    _place(args.model, folder / f"{stem}.onnx")
-    _place(args.manifest, folder / f"{stem}.yml", text)
+    _place(args.model, folder / f"{own}.onnx")
+    _place(args.manifest, folder / f"{own}.yml", text)
     outbox = Outbox(config.outbox)
     start = time.monotonic()
     # a compile takes minutes: without --timeout only the claim is bounded, the result is waited for however long
@@ -99,7 +104,7 @@ def submit(config: Config, args: argparse.Namespace, out: TextIO) -> int:
         if doc is None:
             time.sleep(WAIT_POLL_S)
     if doc is None:
-        print(f"submitted {folder / (stem + '.yml')}, not claimed yet: is the daemon running?", file=out)
+        print(f"submitted {folder / (own + '.yml')}, not claimed yet: is the daemon running?", file=out)
         return 3
     path = outbox.status_path(doc["job_id"])
     print(path, file=out, flush=True)
@@ -184,26 +189,38 @@ def retry(config: Config, job_id: str, out: TextIO) -> int:
     return 0
 
 
+CANCEL_TRIES = 5  # a job racing between states (taken, requeued) settles within a few reads
+
+
 def cancel(config: Config, job_id: str, out: TextIO) -> int:
-    """A queued job is cancelled at once; a running one is flagged and its step killed by the daemon."""
+    """A queued job is cancelled at once; a running one is flagged and its step killed by the daemon.
+
+    The daemon may move the job meanwhile (a slot takes it, an attempt is requeued): read it again and act on its new
+    state, so the operator gets one line, never a traceback.
+    """
     store = _store(config)
-    job = store.get(job_id)
-    if job is None:
-        raise SaigeError("INPUT_NOT_FOUND", f"no job {job_id}")
-    if job.state == RUNNING:
-        store.request_cancel(job_id)
-        print(f"{job_id}: cancel requested", file=out)
-        return 0
-    if job.state != QUEUED:
-        raise SaigeError("MANIFEST_INVALID", f"job {job_id} is already {job.state}", hint="nothing to cancel")
     from saigeedged.service.lifecycle import Jobs, Places  # docker-py and structlog: only the commands that need them
 
-    places = Places(config.inbox, config.state_dir)
-    jobs = Jobs(store, Outbox(config.outbox), places)
-    jobs.end(job, CANCELLED, SaigeError("CANCELLED", "cancelled while queued"), expect=QUEUED,
-             announce=False)  # no journal here: this is the operator's shell
-    print(f"{job_id}: cancelled", file=out)
-    return 0
+    jobs = Jobs(store, Outbox(config.outbox), Places(config.inbox, config.state_dir))
+    for _ in range(CANCEL_TRIES):
+        job = store.get(job_id)
+        if job is None:
+            raise SaigeError("INPUT_NOT_FOUND", f"no job {job_id}")
+        if job.state in TERMINAL:
+            raise SaigeError("MANIFEST_INVALID", f"job {job_id} is already {job.state}", hint="nothing to cancel")
+        if job.state == RUNNING and store.request_cancel(job_id):
+            print(f"{job_id}: cancel requested", file=out)
+            return 0
+        if job.state == QUEUED:
+            try:
+                jobs.end(job, CANCELLED, SaigeError("CANCELLED", "cancelled while queued"), expect=QUEUED,
+                         announce=False)  # no journal here: this is the operator's shell
+            except TransitionError:
+                continue  # taken by the daemon meanwhile: flag it running
+            print(f"{job_id}: cancelled", file=out)
+            return 0
+    raise SaigeError("INTERNAL", f"job {job_id} kept changing state: not cancelled",
+                     hint="run `saigeedged cancel` again")
 
 
 def prune(config: Config, dry_run: bool, out: TextIO) -> int:

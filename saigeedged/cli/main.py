@@ -9,7 +9,7 @@ from pathlib import Path
 
 from saigeedged import __version__
 from saigeedged import config as configmod
-from saigeedged.adapters.store import CorruptDatabase
+from saigeedged.adapters.store import CorruptDatabase, NewerDatabase, StoreFull
 from saigeedged.errors import ENVIRONMENT_CODES, INPUT_CODES, SaigeError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_READY = 0, 1, 2, 3
@@ -89,8 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.code in INPUT_CODES:
             return EXIT_USAGE
         return EXIT_NOT_READY if exc.code in ENVIRONMENT_CODES else EXIT_FAILED
-    except CorruptDatabase as exc:  # one line: systemd shows it, and exit 2 is not restarted in a loop
+    except (CorruptDatabase, NewerDatabase) as exc:  # one line: systemd shows it, and exit 2 is not restarted in a loop
         print(f"saigeedged: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except StoreFull as exc:  # state_dir full: restarted (exit 3) until space returns, nothing lost meanwhile
+        print(f"saigeedged: {exc}", file=sys.stderr)
+        return EXIT_NOT_READY
     except KeyboardInterrupt:
         return 130

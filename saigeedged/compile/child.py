@@ -26,11 +26,18 @@ def _address_space() -> int:
         return int(fh.read().split()[0]) * resource.getpagesize()
 
 
+def _bound(memory_bytes: int) -> int:
+    """The child's RLIMIT_AS: `memory_bytes` on top of what the forkserver already mapped (onnxruntime's libraries),
+    never above the hard limit the service runs under (LimitAS=, ulimit -v): only root may raise that."""
+    want = _address_space() + memory_bytes
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    return want if hard == resource.RLIM_INFINITY else min(want, hard)
+
+
 def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any], memory_bytes: int | None) -> None:
     try:
-        if memory_bytes is not None:  # on top of what the forkserver already mapped (onnxruntime's libraries)
-            limit = _address_space() + memory_bytes
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        if memory_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (_bound(memory_bytes),) * 2)
         conn.send((True, fn(*args)))
     except BaseException as exc:  # everything goes back to the parent, which decides
         conn.send((False, exc))

@@ -81,7 +81,7 @@ def overrides_in_use(state_dir: Path) -> list[str]:
         return []
     from saigeedged.adapters.store import Store
 
-    store = Store(path)
+    store = Store(path, verify=False)  # `check` beside a running daemon: no whole-file read
     try:
         jobs = store.in_state(QUEUED, RUNNING) + store.recent(100)
     finally:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +18,18 @@ from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.errors import SaigeError
 from saigeedged.intake import ownfolders
-from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL, Job
+from saigeedged.jobs import (
+    CANCELLED,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    TERMINAL,
+    Attempt,
+    CancelWins,
+    Job,
+    Superseded,
+)
 
 log = structlog.get_logger()
 ENDED = {SUCCEEDED: "job.succeeded", FAILED: "job.failed", CANCELLED: "job.cancelled"}
@@ -55,6 +68,16 @@ class Places:
         return self.logs / f"{job_id}.log"
 
 
+class _JobLock:
+    """A job's own lock (reentrant: a write inside `Jobs.holding` takes it again); weakly kept, so it goes with the
+    last thread holding it."""
+
+    __slots__ = ("lock", "__weakref__")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+
+
 class Jobs:
     """Job transitions with their side effects: the row, the status file, the journal event.
 
@@ -66,12 +89,50 @@ class Jobs:
     def __init__(self, store: Store, outbox: Outbox, places: Places) -> None:
         self.store, self.outbox, self.places = store, outbox, places
         self._writing = threading.Lock()  # a row and its status file are written together, by one thread at a time
+        # each job's writes, one thread at a time, taken before _writing: a publish held under `holding` blocks a
+        # requeue of that job only, never the other jobs' status files
+        self._jobs: weakref.WeakValueDictionary[str, _JobLock] = weakref.WeakValueDictionary()
+        self._jobs_guard = threading.Lock()
         self.observers: list[Callable[[Job], None]] = []  # told of every saved change (the ops surfaces); must not block
 
-    def save(self, job: Job, expect: str | None = None) -> None:
+    @contextmanager
+    def _job(self, job_id: str) -> Iterator[None]:
+        with self._jobs_guard:
+            held = self._jobs.get(job_id)
+            if held is None:
+                held = self._jobs[job_id] = _JobLock()
+        with held.lock:
+            yield
+
+    def take(self, job_id: str, engine: str) -> Job | None:
+        """Run a queued job on `engine` (Store.take) and write its status file; None when another slot took it or it
+        was cancelled meanwhile. The attempt to fence its later writes with is `Attempt.of(job)`."""
+        with self._job(job_id), self._writing:
+            job = self.store.take(job_id, engine, jobid.iso(jobid.utc_now()))
+            if job is not None:
+                self._write_status(job)
+        if job is not None:
+            self._observe(job)
+        return job
+
+    def still_current(self, attempt: Attempt) -> bool:
+        """Does the store still name this attempt (running)? A stale attempt must not publish or record anything."""
+        return self.store.still_current(attempt)
+
+    @contextmanager
+    def holding(self, attempt: Attempt) -> Iterator[None]:
+        """Hold the job's writes while the store names `attempt`, else raise Superseded: a bundle published (or a
+        log moved) inside cannot interleave with a requeue or a move of the job to another attempt."""
+        with self._job(attempt.job_id):
+            if not self.store.still_current(attempt):
+                raise Superseded(f"job {attempt.job_id}: attempt {attempt.attempt} on {attempt.engine} is over")
+            yield
+
+    def save(self, job: Job, expect: str | None = None, fence: Attempt | None = None) -> None:
+        """The row, then its status file (only once the row is written); `fence`: see Store.save (Superseded)."""
         job.updated_at = jobid.iso(jobid.utc_now())
-        with self._writing:
-            self.store.save(job, expect)
+        with self._job(job.job_id), self._writing:
+            self.store.save(job, expect, fence)
             self._write_status(job)
         self._observe(job)
 
@@ -135,13 +196,33 @@ class Jobs:
         except SaigeError:
             pass  # still refused: the next round tries again
 
-    def requeue(self, job: Job, reason: str, error: SaigeError | None = None, spend_attempt: bool = True) -> None:
-        """Back to the queue; the status file's `error` says why the last attempt did not finish."""
-        job.error = error.as_dict(job.step) if error else None
-        job.state, job.step, job.step_index = QUEUED, None, 0
-        job.attempt += 1 if spend_attempt else 0
-        event("job.requeued", job, "warning", reason=reason, error_code=error.code if error else None)
-        self.save(job)  # the status file last, as for every transition
+    def requeue(self, job: Job, reason: str, error: SaigeError | None = None, spend_attempt: bool = True,
+                fence: Attempt | None = None) -> None:
+        """Back to the queue; the status file's `error` says why the last attempt did not finish.
+
+        A job `saigeedged cancel` flagged while it ran ends cancelled instead: a cancel is never lost to a requeue.
+        """
+        with self._job(job.job_id):
+            was = job.state, job.step, job.step_index, job.attempt, job.error
+            job.error = error.as_dict(job.step) if error else None
+            job.state, job.step, job.step_index = QUEUED, None, 0
+            job.attempt += 1 if spend_attempt else 0
+            job.updated_at = jobid.iso(jobid.utc_now())
+            try:
+                with self._writing:  # the row first: the journal never tells of a requeue the store refused
+                    self.store.save(job, fence=fence)
+            except CancelWins:
+                job.state, job.step, job.step_index, job.attempt, job.error = was
+                self.end(job, CANCELLED, SaigeError("CANCELLED", f"cancelled while running (the attempt ended: {reason})",
+                                                    step=job.step), fence=fence)
+                return
+            except BaseException:  # not written (Superseded, StoreFull): the caller's job is as it was, to try again
+                job.state, job.step, job.step_index, job.attempt, job.error = was
+                raise
+            event("job.requeued", job, "warning", reason=reason, error_code=error.code if error else None)
+            with self._writing:
+                self._write_status(job)  # the status file last, as for every transition
+        self._observe(job)
 
     def settle_inputs(self, job: Job) -> None:
         """After the last job of a claimed folder ends: delete it if all succeeded, else keep it under failed/."""
@@ -165,17 +246,23 @@ class Jobs:
             self.store.save(job)
 
     def end(self, job: Job, state: str, error: SaigeError | None = None, expect: str | None = None,
-            announce: bool = True) -> None:
+            announce: bool = True, fence: Attempt | None = None) -> None:
         """A terminal state: the row; the log, the inputs and the journal event; and last the status file.
 
         So whoever reads the final status finds the log in the outbox, the inputs deleted or under failed/.
+        `fence`: the row must still name that attempt, running (else Superseded, and nothing moves).
         """
+        with self._job(job.job_id):
+            self._end(job, state, error, expect, announce, fence)
+
+    def _end(self, job: Job, state: str, error: SaigeError | None, expect: str | None, announce: bool,
+             fence: Attempt | None) -> None:
         job.state, job.finished_at = state, jobid.iso(jobid.utc_now())
         job.error = error.as_dict(error.fields.get("step")) if error else None
-        # the row first: `expect` is checked before anything moves, and a crash once the inputs are deleted
-        # does not run the job again
+        # the row first: `expect` and the fence are checked before anything moves, and a crash once the inputs are
+        # deleted does not run the job again
         with self._writing:
-            self.store.save(job, expect)
+            self.store.save(job, expect, fence)
         self.move_log(job)
         try:
             self.settle_inputs(job)
@@ -185,4 +272,4 @@ class Jobs:
         if announce:
             event(ENDED[state], job, "info" if state == SUCCEEDED else "warning",
                   message=error.message.splitlines()[0] if error else None)
-        self.save(job)
+        self.save(job, expect=state if fence else None, fence=fence)  # still this attempt's end (a retry may follow)
