@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
 import threading
@@ -26,9 +27,9 @@ from saigeedged.jobs import (
     QUEUED,
     RUNNING,
     SUCCEEDED,
+    Attempt,
     Job,
-    TransitionError,
-    begin_attempt,
+    Superseded,
     end_attempt,
     entry_from_doc,
 )
@@ -70,6 +71,7 @@ class Worker(threading.Thread):
         # running jobs whose container step outlived the daemon before this one, or an engine outage: re-attached
         # (the same attempt goes on) before this worker takes anything new
         self.resumable: list[Job] = []
+        self.attempt: Attempt | None = None  # the current job's attempt: the store must still name it to write
         self.detached = False  # the current job's attempt goes on without this run: a stop or its engine's outage
 
     def run(self) -> None:
@@ -124,30 +126,31 @@ class Worker(threading.Thread):
         self.wake.set()
         self.interrupt("stop")
 
-    def _start(self, job: Job) -> bool:
-        """Take `job` if it is still queued: one conditional write (BEGIN IMMEDIATE, state must be queued), so of
-        the workers that saw it only one runs it."""
-        now = jobid.iso(jobid.utc_now())
+    def _start(self, job: Job) -> Job | None:
+        """Take `job` if it is still queued and not cancelled: one conditional write (Store.take), so of the workers
+        that saw it only one runs it; the job as taken (its attempt opened), else None."""
         before = job.attempts[-1]["engine"] if job.attempts else None
-        job.state, job.started_at, job.step, job.error, job.progress = RUNNING, now, None, None, None
-        begin_attempt(job, self.slot.engine_of(job.target), now)
-        try:
-            self.jobs.save(job, expect=QUEUED)
-        except TransitionError:
-            return False  # cancelled by `saigeedged cancel` meanwhile, or taken by another slot
+        taken = self.jobs.take(job.job_id, self.slot.engine_of(job.target))
+        if taken is None:
+            return None  # cancelled by `saigeedged cancel` meanwhile, or taken by another slot
+        self._own(taken)
+        event("job.started", taken, attempt=taken.attempt, engine=taken.engine)
+        after = taken.attempts[-1]["engine"]
+        if before is not None and before != after:
+            event("job.moved", taken, "warning", from_engine=before, to_engine=after)
+        self.on_change()
+        return taken
+
+    def _own(self, job: Job) -> None:
+        """`job` is this worker's now; its attempt is the fence of every write it makes (SPEC §15)."""
         with self._lock:
             # a stop asked for just before the job was taken is not erased: the job stops before its first step
             self.current, self._reason = job, "stop" if self.stop_event.is_set() else None
-            self.abandoned, self.detached = False, False
-        event("job.started", job, attempt=job.attempt, engine=job.engine)
-        after = job.attempts[-1]["engine"]
-        if before is not None and before != after:
-            event("job.moved", job, "warning", from_engine=before, to_engine=after)
-        self.on_change()
-        return True
+            self.abandoned, self.detached, self.attempt = False, False, Attempt.of(job)
 
-    def execute(self, job: Job, resumed: bool = False) -> None:
-        if not (self._reattach(job) if resumed else self._start(job)):
+    def execute(self, queued: Job, resumed: bool = False) -> None:
+        job = self._reattach(queued) if resumed else self._start(queued)
+        if job is None:
             return
         work = self.slot.work_dir(self.config.work_root, job)
         self.work = work
@@ -159,13 +162,17 @@ class Worker(threading.Thread):
                     + (f", re-attached in step {job.step}" if resumed else ""))
         host = ahead.Ready(prepared, joblog) if prepared else resume.replay(work, joblog) if resumed else None
         try:
-            self._run(job, work, joblog, host)
-            joblog.close()
-            self._fenced(lambda: self._succeed(job))
-        except SaigeError as exc:
-            joblog.line(f"### {exc.code}: {exc.message}")
-            joblog.close()
-            self._fenced(functools.partial(self._settle, job, exc), quiet=True)
+            try:
+                self._run(job, work, joblog, host)
+                joblog.close()
+                self._fenced(lambda: self._succeed(job))
+            except SaigeError as exc:
+                joblog.line(f"### {exc.code}: {exc.message}")
+                joblog.close()
+                self._fenced(functools.partial(self._settle, job, exc), quiet=True)
+        except Superseded as exc:  # the store names another attempt now (moved, cancelled): this one writes nothing
+            log.info("job.superseded", job_id=job.job_id, job_name=job.name, message=str(exc))
+            self.abandoned = True
         finally:
             self.containers.release(None if self.detached or self.abandoned else work)
             with self._lock:
@@ -174,16 +181,13 @@ class Worker(threading.Thread):
             if not self.config.keep_work and not self.outage.active and not self.abandoned and not self.detached:
                 shutil.rmtree(work, ignore_errors=True)  # kept: a step that runs on (re-attached), or one to reap
 
-    def _reattach(self, job: Job) -> bool:
+    def _reattach(self, job: Job) -> Job:
         """Go on with a running job's attempt: its step outlived the last daemon or an outage of its engine."""
-        with self._lock:
-            # a stop asked for just before the job was taken is not erased: the job stops before its first step
-            self.current, self._reason = job, "stop" if self.stop_event.is_set() else None
-            self.abandoned, self.detached = False, False
+        self._own(job)
         job.error = None  # the outage it waited through, if any, is over
         event("job.reattached", job, attempt=job.attempt, engine=job.engine)
         self.on_change()
-        return True
+        return job
 
     def _fenced(self, write: Callable[[], None], quiet: bool = False) -> None:
         """Write the job's row, status file or bundle unless its attempt was requeued under this worker (the engine
@@ -196,8 +200,9 @@ class Worker(threading.Thread):
             raise SaigeError("ENGINE_LOST", "this attempt was requeued when its engine stopped answering", superseded=True)
 
     def _succeed(self, job: Job) -> None:
+        fence = Attempt.of(job)
         end_attempt(job, jobid.iso(jobid.utc_now()), None)
-        self.jobs.end(job, SUCCEEDED)
+        self.jobs.end(job, SUCCEEDED, fence=fence)
 
     def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Replay | None = None) -> None:
         entry = entry_from_doc(job.entry)
@@ -206,7 +211,7 @@ class Worker(threading.Thread):
 
         def on_step(name: str, index: int, count: int) -> None:
             job.step, job.step_index, job.step_count = name, index, count  # progress names its own step
-            self._fenced(lambda: self.jobs.save(job))
+            self._fenced(lambda: self.jobs.save(job, fence=self.attempt))
             event("job.step", job, index=index, count=count)
             self.on_change()
 
@@ -218,30 +223,36 @@ class Worker(threading.Thread):
 
         def on_progress(progress: dict[str, Any]) -> None:
             job.progress = progress
-            self._fenced(lambda: self.jobs.save(job))
+            self._fenced(lambda: self.jobs.save(job, fence=self.attempt))
 
         def refused(exc: SaigeError, wait_s: float) -> None:
             event("publish.retrying", job, "warning", error_code=exc.code, message=exc.message, retry_in_s=wait_s)
 
         limits = self.config.limits
 
+        attempt = self.attempt
+        assert attempt is not None
+
         def publish(bundle: Path) -> None:
             def place() -> None:
-                job.bundle = publish_patiently(lambda: self.jobs.outbox.publish_bundle(bundle, rel, job.job_id),
-                                               limits.publish_patience_s, lambda: self._reason, refused)
+                with self.jobs.holding(attempt):  # no requeue or move of the job can land while it is published
+                    job.bundle = publish_patiently(lambda: self.jobs.outbox.publish_bundle(bundle, rel, job.job_id),
+                                                   limits.publish_patience_s, lambda: self._reason, refused)
             self._fenced(place)
 
         run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, on_step, on_progress, on_inputs,
                            container=self.containers.get, deadline=time.monotonic() + limits.job_timeout_s,
-                           interrupted=lambda: self._reason, host=host, current=lambda: not self.abandoned)
+                           interrupted=lambda: self._reason, host=host,
+                           current=lambda: not self.abandoned and self.jobs.still_current(attempt))
         result = pipeline.run(run, publish, job.created_at)
         job.onnx_sha256, job.calib_samples, job.report = result.onnx_sha256, result.calib_samples, result.report
         if result.report and result.report.get("flagged"):
             event("job.quantization_flagged", job, "warning", outputs=",".join(result.report["flagged"]))
 
     def _settle(self, job: Job, exc: SaigeError) -> None:
-        """Requeue an interrupted or retryable job, else end it failed or cancelled."""
-        max_attempts = self.config.limits.max_attempts
+        """Requeue an interrupted or retryable job, else end it failed or cancelled; every write is fenced by the
+        job's attempt (Superseded when the store names another one)."""
+        max_attempts, fence = self.config.limits.max_attempts, Attempt.of(job)
         if exc.code == "CANCELLED" and exc.fields.get("reason") == "stop" and \
                 resume.started(self.slot.work_dir(self.config.work_root, job)):
             self._detach(job)  # its container step runs on: the row stays running, the next daemon re-attaches
@@ -251,21 +262,22 @@ class Worker(threading.Thread):
             if resume.started(self.slot.work_dir(self.config.work_root, job)):
                 self._keep_running(job, exc)
                 return
-            self.jobs.requeue(job, "docker_unavailable", exc, spend_attempt=False)  # no step yet: any slot may take it
+            self.jobs.requeue(job, "docker_unavailable", exc, spend_attempt=False,  # no step yet: any slot may take it
+                              fence=fence)
             return
         end_attempt(job, jobid.iso(jobid.utc_now()), exc.code)
         if exc.code == "CANCELLED" and exc.fields.get("reason") == "stop":  # the operator's, not the job's fault:
-            self.jobs.requeue(job, "stop", spend_attempt=job.attempt < max_attempts)  # never past max_attempts
+            self.jobs.requeue(job, "stop", spend_attempt=job.attempt < max_attempts, fence=fence)  # not past max
         elif exc.code == "CANCELLED":
-            self.jobs.end(job, CANCELLED, exc)
+            self.jobs.end(job, CANCELLED, exc, fence=fence)
         elif exc.code == "DOCKER_UNAVAILABLE":
             self._hold(job, exc)
         elif exc.retryable and job.attempt < max_attempts and not exc.fields.get("exhausted"):
             if exc.code == "CONTAINER_LOST":
                 self._recreate(job)
-            self.jobs.requeue(job, exc.code.lower(), exc)
+            self.jobs.requeue(job, exc.code.lower(), exc, fence=fence)
         else:
-            self.jobs.end(job, FAILED, exc)
+            self.jobs.end(job, FAILED, exc, fence=fence)
 
     def lose(self, reason: str, elsewhere: Callable[[str], bool]) -> list[Path]:
         """The engine is down: the jobs of this worker that wait on it and whose target another ready engine serves
@@ -277,8 +289,9 @@ class Worker(threading.Thread):
             self.resumable = [j for j in self.resumable if j not in moved]
         for held in moved:
             lost.append(self.slot.work_dir(self.config.work_root, held))  # before the requeue moves its attempt on
-            self._settle(held, SaigeError("ENGINE_LOST", f"engine {held.engine} stopped answering: {reason}",
-                                          step=held.step))
+            with contextlib.suppress(Superseded):  # cancelled or retried meanwhile: nothing of it to move
+                self._settle(held, SaigeError("ENGINE_LOST", f"engine {held.engine} stopped answering: {reason}",
+                                              step=held.step))
         if not self.lease.acquire(blocking=False):
             return lost  # writing its row or publishing: not waiting on the engine
         try:
@@ -286,7 +299,9 @@ class Worker(threading.Thread):
             if job is None or self.abandoned or active is None or not active.calls or not elsewhere(job.target):
                 return lost
             self.abandoned = True
-            self._settle(job, SaigeError("ENGINE_LOST", f"engine {job.engine} stopped answering: {reason}", step=job.step))
+            with contextlib.suppress(Superseded):
+                self._settle(job, SaigeError("ENGINE_LOST", f"engine {job.engine} stopped answering: {reason}",
+                                             step=job.step))
             return [*lost, *([work] if work is not None else [])]
         finally:
             self.lease.release()
@@ -308,14 +323,14 @@ class Worker(threading.Thread):
         if resume.started(self.slot.work_dir(self.config.work_root, job)):
             self._keep_running(job, exc)
             return
-        self.jobs.requeue(job, "docker_unavailable", exc, spend_attempt=False)
+        self.jobs.requeue(job, "docker_unavailable", exc, spend_attempt=False, fence=Attempt.of(job))
 
     def _keep_running(self, job: Job, exc: SaigeError) -> None:
         """The job's step may run on while its engine does not answer: it stays running (the reason in its status
         file, no attempt spent) and re-attaches once the engine answers."""
         self.detached = True  # its work dir (and the remote copy) stay for the re-attach
         job.error = exc.as_dict(job.step)
-        self.jobs.save(job)
+        self.jobs.save(job, fence=Attempt.of(job))
         with self._lock:
             self.resumable.append(job)
 
