@@ -29,8 +29,8 @@ __all__ = ["APIError", "DockerException", "ImageNotFound", "NotFound", "ENGINE_E
 # docker-py wraps neither a refused/cut socket (ConnectionError) nor an engine too busy or hung to answer in time
 # (ReadTimeout): both are the engine being unreachable, not the job's fault. Nor does it wrap its ssh transport's
 # errors: paramiko's, an EOF from a dead channel, a reset socket. One list for the daemon and `check`.
-UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, paramiko.SSHException, EOFError,
-               ConnectionError)
+UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, paramiko.SSHException,
+               paramiko.ssh_exception.NoValidConnectionsError, EOFError, ConnectionError, TimeoutError, socket.gaierror)
 ENGINE_ERRORS = (DockerException, *UNREACHABLE)
 ENGINE_TIMEOUT_S = 120.0
 KEEPALIVE_S = 15  # an idle connection is probed this often, so a vanished host is found by the next call, not hung on
