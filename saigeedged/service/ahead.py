@@ -119,7 +119,10 @@ class Preparer(threading.Thread):
     def _prepare(self, job: Job) -> None:
         work = self.work_dir(job)
         prep = Prep(job.job_id, job.attempt, ahead.doc_digest(job.entry), work, beside=self.busy()[1])
-        with self._cond:
+        with self._cond:  # take() holds this lock too: a job a slot took meanwhile is never prepared under it
+            now = self.store.get(job.job_id)
+            if now is None or now.state != QUEUED or now.attempt != job.attempt:
+                return  # taken (its worker runs the host steps in that work dir), cancelled, or moved on
             self._preps[job.job_id] = prep
         started = time.monotonic()
         try:
