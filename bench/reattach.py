@@ -2,8 +2,8 @@
 
 - per step: one `true` step run by Container.run_step (started detached, followed through its .steps/ files) against
   the same `timeout ... true` as one streamed exec (create, stream, inspect: how steps ran before);
-- re-attach: a daemon restarted (SIGTERM, then start) during a 20 s quantize: from the SIGTERM to the job log's next
-  line written by the new daemon, and to its `job.reattached` event.
+- re-attach: a daemon restarted (SIGTERM, then start) during a 20 s quantize: from the SIGTERM to the old daemon's
+  exit, and to the new daemon's first job-log line (the re-attach banner), and to its `job.reattached` event.
 
     .venv/bin/python bench/reattach.py [--steps 30] [--runs 3]      # figures as JSON on stdout
 """
@@ -65,8 +65,8 @@ def per_step(steps: int) -> dict[str, float]:
             "step_streamed_s": round(statistics.median(streamed), 4)}
 
 
-def _one_reattach(run: int) -> tuple[float, float]:
-    """One restart mid-quantize: seconds to the job log's next line and to `job.reattached`."""
+def _one_reattach(run: int) -> tuple[float, float, float]:
+    """One restart mid-quantize: seconds to the old daemon's exit, to the new one's first log line, to its event."""
     import docker
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,15 +82,15 @@ def _one_reattach(run: int) -> tuple[float, float]:
             d.wait_state(job["job_id"], ("running",), step="quantize", timeout=120)
             log = Path(yaml.safe_load(cfg.read_text())["state_dir"]) / "logs" / f"{job['job_id']}.log"
             wait_for(lambda: "pegasus.py quantize" in log.read_text(), 30, "quantize under way")
-            size = log.stat().st_size
             t0 = time.monotonic()
             d.signal(signal.SIGTERM)
             d.proc.wait(30)  # type: ignore[union-attr]
+            exited = time.monotonic() - t0
             d.start()
-            wait_for(lambda: log.stat().st_size > size, 60, "the job log going on")
+            wait_for(lambda: "re-attached in step" in log.read_text(), 60, "the job log going on")
             line = time.monotonic() - t0
             wait_for(lambda: d.events("job.reattached"), 60, "job.reattached")
-            return line, time.monotonic() - t0
+            return exited, line, time.monotonic() - t0
         finally:
             d.stop()
             try:
@@ -101,8 +101,9 @@ def _one_reattach(run: int) -> tuple[float, float]:
 
 def reattach(runs: int) -> dict[str, float]:
     """Median seconds from the SIGTERM of a daemon mid-quantize to the new daemon's first job-log line and event."""
-    lines, events = zip(*(_one_reattach(run) for run in range(runs)), strict=True)
-    return {"reattach_next_log_line_s": round(statistics.median(lines), 3),
+    exits, lines, events = zip(*(_one_reattach(run) for run in range(runs)), strict=True)
+    return {"stop_exit_s": round(statistics.median(exits), 3),
+            "reattach_next_log_line_s": round(statistics.median(lines), 3),
             "reattach_event_s": round(statistics.median(events), 3)}
 
 
