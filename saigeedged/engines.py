@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from saigeedged.errors import SaigeError
-
-if TYPE_CHECKING:
-    from saigeedged.config import Config
 
 CONTAINER_TARGETS = ("cubie", "mobilint")
 SCHEMES = ("unix", "ssh", "tcp")
@@ -40,11 +37,6 @@ class EngineSpec:
 
 
 DEFAULT = EngineSpec(LOCAL, None, None, CONTAINER_TARGETS)
-
-
-def engine_specs(config: Config) -> list[EngineSpec]:
-    """The engines of `config`: its `engines:` list, or the one local engine when the list is empty."""
-    return list(config.engines)
 
 
 def parse(items: list[Any], base: Path) -> list[EngineSpec]:

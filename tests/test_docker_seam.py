@@ -14,7 +14,7 @@ from conftest import STANDIN_ACUITY, STANDIN_MOBILINT, write_config
 
 from saigeedged import config as configmod
 from saigeedged.adapters.docker import Engine, connect
-from saigeedged.engines import LOCAL, EngineSpec, TLSFiles, engine_specs
+from saigeedged.engines import LOCAL, EngineSpec, TLSFiles
 from saigeedged.errors import SaigeError
 
 PEGASUS = "/root/acuity-toolkit-whl-6.30.22/bin/pegasus.py"
@@ -26,17 +26,17 @@ def load(tmp_path: Path, engines: Any) -> configmod.Config:
 
 def test_no_engines_key_is_one_local_engine(tmp_path: Path) -> None:
     """Without `engines:` the daemon has one engine, `local`, found as docker.from_env() finds it, serving both targets."""
-    (spec,) = engine_specs(load(tmp_path, []))
+    (spec,) = load(tmp_path, []).engines
     assert spec == EngineSpec(LOCAL, None, None, ("cubie", "mobilint"))
     assert spec.local
 
 
 def test_engines_parse_with_tls_relative_to_the_config(tmp_path: Path) -> None:
     """Each item becomes an EngineSpec; tls files are relative to the config file; only unix engines are local."""
-    specs = engine_specs(load(tmp_path, [
+    specs = load(tmp_path, [
         {"name": "local", "url": "unix:///var/run/docker.sock"},
         {"name": "compile2", "url": "ssh://saige@compile2", "targets": ["cubie"]},
-        {"name": "compile3", "url": "tcp://compile3:2376", "tls": {"ca": "ca.pem", "cert": "c.pem", "key": "k.pem"}}]))
+        {"name": "compile3", "url": "tcp://compile3:2376", "tls": {"ca": "ca.pem", "cert": "c.pem", "key": "k.pem"}}]).engines
     assert [(s.name, s.local, s.targets) for s in specs] == [
         ("local", True, ("cubie", "mobilint")), ("compile2", False, ("cubie",)), ("compile3", False, ("cubie", "mobilint"))]
     assert specs[2].tls == TLSFiles(tmp_path / "ca.pem", tmp_path / "c.pem", tmp_path / "k.pem")
@@ -73,7 +73,7 @@ def as_spec(entry: dict[str, Any], config_dir: Path) -> EngineSpec:
     """The EngineSpec the daemon would build from the test engine's `engines:` item."""
     path = config_dir / "engines.yml"
     path.write_text(yaml.safe_dump({"engines": [entry]}))
-    return engine_specs(configmod.load(path))[0]
+    return configmod.load(path).engines[0]
 
 
 @pytest.mark.engines
@@ -103,7 +103,7 @@ def remote(engine_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     config = configmod.load(write_config(tmp_path, cubie={"image": STANDIN_ACUITY, "container": names["cubie"]},
                                          mobilint={"image": STANDIN_MOBILINT, "container": names["mobilint"]},
                                          engines=[host.config_entry("tls")]))
-    engine = Engine(engine_specs(config)[0], config)
+    engine = Engine(config.engines[0], config)
     yield engine, config
     engine.close()
     for name in names.values():
@@ -164,7 +164,7 @@ def test_an_entry_point_probe_that_finds_nothing_is_not_kept(tmp_path: Path) -> 
     busy engine must not fail every later job of that container."""
     name = f"saige-seam-probe-{uuid.uuid4().hex[:8]}"
     config = configmod.load(write_config(tmp_path, cubie={"image": STANDIN_MOBILINT, "container": name}))
-    engine = Engine(engine_specs(config)[0], config)
+    engine = Engine(config.engines[0], config)
     try:
         container = engine.container("cubie")
         assert container.entry_point("pegasus", "command -v pegasus") == ""

@@ -21,7 +21,7 @@ from saigeedged.adapters.docker.api import ImageNotFound
 from saigeedged.compile import vivsdk
 from saigeedged.compile.backends import cubie, mobilint
 from saigeedged.config import Config
-from saigeedged.engines import EngineSpec, engine_specs
+from saigeedged.engines import EngineSpec
 
 CHECK_TIMEOUT_S = 15.0  # a check must not sit out the daemon's long engine timeout on each hung engine
 MOBILINT_PROBE = mobilint.PROBE
@@ -141,7 +141,7 @@ def probe_engine(config: Config, spec: EngineSpec, timeout_s: float,
 
 def probe_all(config: Config) -> list[Probe]:
     """Every configured engine, probed side by side (a hung one costs one timeout, not one per engine)."""
-    specs = engine_specs(config)
+    specs = list(config.engines)
     timeout_s = min(config.limits.engine_timeout_s, CHECK_TIMEOUT_S)
     with ThreadPoolExecutor(max_workers=min(8, len(specs))) as pool:
         return list(pool.map(lambda spec: probe_engine(config, spec, timeout_s), specs))

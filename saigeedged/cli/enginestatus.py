@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 from saigeedged.adapters.store import EngineState
 from saigeedged.config import Config
-from saigeedged.engines import engine_specs
 from saigeedged.guards import printable
 from saigeedged.jobs import Job
 from saigeedged.service.statusline import configured, doing, slot_views
@@ -28,7 +27,7 @@ def engine_lines(config: Config, recorded: Sequence[EngineState], running: Seque
         why = "" if engine.up else f"  ({engine.reason or 'no answer'}, since {engine.since})"
         lines.append(printable(f"{engine.name:<16} {'up' if engine.up else 'down':<5} {'; '.join(busy) or 'no slots'}{why}"))
     known = {e.name for e in engines}
-    for spec in engine_specs(config):
+    for spec in config.engines:
         if spec.name not in known:
             lines.append(printable(f"{spec.name:<16} {'?':<5} not seen by the daemon yet (is it running with this config?)"))
     return lines

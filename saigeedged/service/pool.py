@@ -13,7 +13,7 @@ import structlog
 
 from saigeedged.adapters.docker import Containers, Engine
 from saigeedged.config import Config
-from saigeedged.engines import EngineSpec, engine_specs
+from saigeedged.engines import EngineSpec
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import HOST_ENGINE, Job
 from saigeedged.service.enginewatch import EngineWatch
@@ -35,7 +35,7 @@ class Pool:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config, self.jobs, self.places = config, jobs, places
         self.on_event, self.on_wait, self.on_change = on_event, on_wait, on_change
-        self.specs = engine_specs(config)
+        self.specs = list(config.engines)  # at least the local engine
         self.pooled = len(self.specs) > 1
         self.engines = [Engine(spec, config, on_event) for spec in self.specs]
         self.wake = threading.Event()

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -38,10 +38,14 @@ from saigeedged.service.outage import DOCKER_TARGETS, Outage
 from saigeedged.service.publishing import publish_patiently
 from saigeedged.service.slot import Slot
 
-if TYPE_CHECKING:
-    from saigeedged.service.ahead import Preparer
-
 log = structlog.get_logger()
+
+
+class Ahead(Protocol):
+    """What a worker asks of the preparer (service/ahead.py, which knows the workers: so not imported here)."""
+
+    def take(self, job: Job, interrupted: Callable[[], str | None]) -> ahead.Prep | None:
+        """The prep made for this attempt of `job` (waited for if in progress), or None: run the host steps now."""
 
 
 class Worker(threading.Thread):
@@ -67,7 +71,7 @@ class Worker(threading.Thread):
         self.outage = Outage()
         self._reason: str | None = None
         self._lock = threading.Lock()
-        self.ahead: Preparer | None = None  # set by the daemon: host steps of queued jobs done while one compiles
+        self.ahead: Ahead | None = None  # set by the daemon: host steps of queued jobs done while one compiles
         # running jobs whose container step outlived the daemon before this one, or an engine outage: re-attached
         # (the same attempt goes on) before this worker takes anything new
         self.resumable: list[Job] = []
