@@ -199,7 +199,7 @@ def moved_job(pool: Any, engine_hosts: Any, det_inputs: dict[str, Any], name: st
     stand-in's `sleep LONG`): the daemon, the job's status and the engine running it."""
     d = pool([{**LOCAL, "targets": ["mobilint"]}, *entries(engine_hosts, *REMOTE)], limits={"engine_timeout_s": 3},
              log={"format": "journal"})
-    drop(d.inbox, name, det_inputs["onnx"], {**det_inputs["manifest"], "cache": False})
+    drop(d.inbox, name, det_inputs["onnx"], {**det_inputs["manifest"]})
     job = d.wait_job(name, ("running",), timeout=JOB_S)
     doc = d.wait_state(job["job_id"], ("running",), step="quantize", timeout=JOB_S)
     engine = engine_hosts[doc["engine"]]
@@ -262,7 +262,7 @@ def test_daemon_restart_resumes_the_jobs_of_every_engine(pool: Any, engine_hosts
     d = pool(entries(engine_hosts, "local", "tls", "ssh"))
     names = [f"resume{i}_sleep10" for i in range(3)]  # long enough for all three to be in quantize at once
     for name in names:
-        drop(d.inbox, name, det_inputs["onnx"], {**det_inputs["manifest"], "cache": False})
+        drop(d.inbox, name, det_inputs["onnx"], {**det_inputs["manifest"]})
 
     def spread() -> list[dict[str, Any]] | None:
         docs = [s for s in d.statuses() if s["state"] == "running" and s["step"] == "quantize"]
@@ -296,6 +296,6 @@ def test_an_ssh_engine_whose_transport_dies_comes_back_without_a_restart(pool: A
     finally:
         ssh.start_sshd()
     journal_event(d, "engine.up", after=down, engine="ssh")
-    drop(d.inbox, "afterssh", det_inputs["onnx"], {**det_inputs["manifest"], "cache": False})
+    drop(d.inbox, "afterssh", det_inputs["onnx"], {**det_inputs["manifest"]})
     done = d.wait_job("afterssh", timeout=JOB_S)
     assert (done["state"], done["engine"], done["attempt"]) == ("succeeded", "ssh", 1), done

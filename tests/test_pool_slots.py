@@ -40,7 +40,7 @@ def queued_job(tmp_path: Path, config: configmod.Config, jobs: Jobs, name: str) 
     yolox(folder / f"{name}.onnx", size=(64, 64))
     calib = valjson(tmp_path / "data", random_labels(8, 3))
     (folder / f"{name}.yml").write_text(yaml.safe_dump({"task": "detection", "num_classes": 3, "calib": str(calib),
-                                                        "n_samples": 4, "target": "cubie", "cache": False}))
+                                                        "n_samples": 4, "target": "cubie"}))
     (entry,) = manifestmod.load(folder / f"{name}.yml", config.defaults.as_dict(), drop=True)
     now = jobid.iso(jobid.utc_now())
     job = Job(job_id=f"{name}-1", name=name, target="cubie", task=entry.task, entry=entry_to_doc(entry), subdir="",
