@@ -169,11 +169,12 @@ def test_a_frozen_engine_holds_the_job_which_reattaches_when_it_answers(cubie_da
     d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host, "WATCHDOG_USEC": "2000000"},
                      limits={"engine_timeout_s": 2.0})
     job = in_quantize(d, docker_client, tmp_path, "slowfrozen", det_inputs["manifest"])
+    seen = len(d.messages)
     proxy.hang()
     held = wait_for(lambda: (s := d.status(job["job_id"])) and s["error"] and s, 30, "the job held")
     assert (held["state"], held["attempt"], held["error"]["code"]) == ("running", 1, "DOCKER_UNAVAILABLE")
-    seen = len(d.messages)
     d.expect("Docker engine unreachable", 10, after=seen)
+    seen = len(d.messages)
     d.expect("WATCHDOG=1", 10, after=seen)  # the main loop stays healthy while the engine hangs
     proxy.resume()
     done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=90)
