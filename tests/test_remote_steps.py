@@ -68,3 +68,24 @@ def test_remote_step_stopped_mid_run_is_cancelled_and_killed(remote: tuple[Engin
     assert err.value.code == "CANCELLED"
     ctr = engine_hosts["tls"].client().containers.get(container.spec.name)
     assert marker not in ctr.exec_run(["ps", "-o", "args"]).output.decode()
+
+
+@pytest.mark.engines
+@pytest.mark.docker
+def test_an_ended_attempt_leaves_no_work_folder_in_the_remote_container(remote: tuple[Engine, Any],  # noqa: F811
+                                                                       engine_hosts: Any) -> None:
+    """When an attempt ends its copy of the work dir is removed from the remote container (a mobilint job leaves
+    ~0.5 GB there otherwise); one only released (detached by a stop) is kept for the re-attach."""
+    from saigeedged.adapters.docker import Containers
+
+    engine, config = remote
+    containers = Containers(config, engine=engine)
+    kept, ended = config.work_root / "job-kept", config.work_root / "job-ended"
+    for work in (kept, ended):
+        work.mkdir(parents=True)
+        (work / "calib.bin").write_bytes(b"\1" * 1000)
+        containers.get("cubie").run_step(["true"], work, 60, lambda chunk: None)
+        containers.release(ended if work == ended else None)
+    ctr = engine_hosts["tls"].client().containers.get(containers.container("cubie").spec.name)
+    assert ctr.exec_run(["test", "-d", str(ended)]).exit_code == 1
+    assert ctr.exec_run(["test", "-f", str(kept / "calib.bin")]).exit_code == 0
