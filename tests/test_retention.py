@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ class Seeded:
         self.tmp = tmp_path
 
     def add(self, key: str, name: str, state: str, age_days: float, bundle: str | None = None) -> Job:
-        when = jobid.utc_now()
+        when = jobid.utc_now() - timedelta(days=age_days)  # it ended then, and its files were written then
         folder = (self.places.failed if state == FAILED else self.places.claimed) / f"{key}-in"
         entry = build_entry(self.tmp / f"{name}.yml", {"task": "mlc", "num_classes": 3, "calib": "v.json",
                                                        "target": "host"}, name, drop=True)

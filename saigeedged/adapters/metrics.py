@@ -2,7 +2,9 @@
 
 Counters are rebuilt from the rows after a restart: `saigeedged_jobs_total` then starts from the number of jobs that
 ended in each state (a retried job counts once, in its last final state) and Prometheus sees an ordinary counter
-reset. Step durations are observed live only (the rows do not keep them).
+reset. The rows of a long history are counted by SQLite at the first collection, never decoded one by one here
+(rows deleted by `retention.keep_rows_days` are no longer counted after the next restart). Step durations are
+observed live only (the rows do not keep them).
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _target(target: str) -> str:
+    """A bounded label set: a job of no known target (a manifest that never parsed) counts as `unknown`."""
+    return target if target in TARGETS else "unknown"
+
+
 class _Refresh(Collector):
     """Registered first: brings the metrics up to date from the queue, then yields nothing itself."""
 
@@ -78,7 +85,8 @@ class Metrics:
         self.last_success = Gauge("saigeedged_last_success_timestamp_seconds", "When a job of the target last succeeded",
                                   ["target"], registry=r)
         Gauge("saigeedged_build_info", "The running saigeedged", ["version"], registry=r).labels(__version__).set(1)
-        self._ends = Ends(store)  # its first look returns every end in the queue: the counts after a restart
+        self._ends = Ends(store)
+        self._restored = False  # the counts of the ends before this start, read in SQL at the first collection
         self._last: dict[str, float] = {}  # target -> newest success
         self._steps: dict[str, tuple[str, str, float]] = {}  # running job id -> (target, step, when it began)
         self._lock = threading.Lock()
@@ -88,6 +96,9 @@ class Metrics:
         """Count the ends not counted yet (also those written by another process, e.g. `cancel`); set the gauges."""
         depth = Tally(self.store.count_by_target(QUEUED))
         with self._lock:  # the scrape's thread and the textfile's may both be here
+            if not self._restored:
+                self._restore(self._ends.skip())
+                self._restored = True
             for job in self._ends.fresh():
                 self._count(job)
             for target in sorted({*TARGETS, *depth}):
@@ -95,8 +106,26 @@ class Metrics:
             for engine, up in self.engines().items():
                 self.engine_up.labels(engine).set(1 if up else 0)
 
+    def _restore(self, before: str) -> None:
+        """The counters as the rows of the jobs that ended before `before` say, aggregated by SQLite (a long history
+        is never decoded here); later ends are counted one by one by `_count`, as they come."""
+        for target, state, code, jobs, hits in self.store.ended_tally(before):
+            self.jobs_total.labels(_target(target), state, code).inc(jobs)
+            if hits:
+                self.cache_hits.inc(hits)
+        for target, bucket, jobs, total in self.store.ended_durations(before, JOB_BUCKETS):
+            child = self.job_duration.labels(_target(target))
+            child._buckets[bucket].inc(jobs)  # prometheus_client has no public way to add observed counts
+            child._sum.inc(total)
+        for target, stamp in self.store.ended_successes(before).items():
+            name = _target(target)
+            self._last[name] = max(seconds(stamp), self._last.get(name, 0.0))
+            self.last_success.labels(name).set(self._last[name])
+        for engine, code, attempts in self.store.ended_attempts(before):
+            self.engine_attempts.labels(engine, code).inc(attempts)
+
     def _count(self, job: Job) -> None:
-        target = job.target if job.target in TARGETS else "unknown"
+        target = _target(job.target)
         self.jobs_total.labels(target, job.state, job.error["code"] if job.error else "").inc()
         if job.started_at and job.finished_at and job.step:  # it ran (a job cancelled while queued did not)
             self.job_duration.labels(target).observe(max(0.0, seconds(job.finished_at) - seconds(job.started_at)))

@@ -12,8 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from saigeedged.jobid import iso, utc_now
-from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job, TransitionError, check_transition
+from saigeedged.jobs import QUEUED, RUNNING, Job, TransitionError, check_transition
 
+# Final rows, spelled as in the partial indexes below (a query uses one only when its WHERE names the same terms).
+FINAL = "state IN ('cancelled', 'failed', 'succeeded')"
+FINISHED = "json_extract(doc, '$.finished_at')"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -28,6 +31,13 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_queue ON jobs (state, priority DESC, seq);
 CREATE INDEX IF NOT EXISTS jobs_claim ON jobs (claim_dir);
+CREATE INDEX IF NOT EXISTS jobs_name ON jobs (name, seq);
+CREATE INDEX IF NOT EXISTS jobs_final ON jobs (seq) WHERE state IN ('cancelled', 'failed', 'succeeded');
+CREATE INDEX IF NOT EXISTS jobs_final_name ON jobs (name) WHERE state IN ('cancelled', 'failed', 'succeeded');
+CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (json_extract(doc, '$.finished_at'))
+    WHERE state IN ('cancelled', 'failed', 'succeeded');
+CREATE INDEX IF NOT EXISTS jobs_bundle ON jobs (json_extract(doc, '$.bundle.path'))
+    WHERE json_extract(doc, '$.bundle.path') IS NOT NULL;
 CREATE TABLE IF NOT EXISTS behind (job_id TEXT NOT NULL, kind TEXT NOT NULL, PRIMARY KEY (job_id, kind));
 CREATE TABLE IF NOT EXISTS engines (
     name TEXT PRIMARY KEY,
@@ -194,15 +204,15 @@ class Store:
         return {str(target): int(str(n)) for target, n in rows}
 
     def recent(self, limit: int = 20) -> list[Job]:
-        return self._jobs("SELECT doc FROM jobs WHERE state IN (?, ?, ?) ORDER BY seq DESC LIMIT ?",
-                          (*sorted(TERMINAL), limit))
+        """The newest `limit` final jobs, newest first (read backwards along jobs_final: no sort of the history)."""
+        return self._jobs(f"SELECT doc FROM jobs WHERE {FINAL} ORDER BY seq DESC LIMIT ?", (limit,))
 
     def find(self, key: str) -> Job | None:
         """A job by id, else the newest job with that name."""
         job = self.get(key)
         if job is not None:
             return job
-        jobs = self._jobs("SELECT doc FROM jobs WHERE name = ? ORDER BY seq DESC LIMIT 1", (key,))
+        jobs = self._jobs("SELECT doc FROM jobs WHERE name = ? ORDER BY seq DESC LIMIT 1", (key,))  # jobs_name
         return jobs[0] if jobs else None
 
     def by_claim(self, claim_dir: str) -> list[Job]:
@@ -218,6 +228,18 @@ class Store:
         rows = self._rows("SELECT cancel FROM jobs WHERE job_id = ?", (job_id,))
         return bool(rows and rows[0][0])
 
+    def forget(self, ends: list[tuple[str, str | None]]) -> int:
+        """Delete the rows of final jobs (retention's `keep_rows_days`), each only if it still ended at that time (a
+        `retry` meanwhile makes it a new job); returns how many went."""
+        deleted = 0
+        with self._tx() as db:
+            for job_id, finished_at in ends:
+                cur = db.execute(f"DELETE FROM jobs WHERE job_id = ? AND {FINAL} AND {FINISHED} IS ?", (job_id, finished_at))
+                if cur.rowcount:
+                    deleted += cur.rowcount
+                    db.execute("DELETE FROM behind WHERE job_id = ?", (job_id,))
+        return deleted
+
     def mark_behind(self, job_id: str, kind: str, behind: bool = True) -> None:
         """Remember (durably, with the row) that the outbox has not taken this job's `kind` file ("status", "log")."""
         with self._tx() as db:
@@ -231,8 +253,73 @@ class Store:
 
     def ended_since(self, stamp: str) -> list[Job]:
         """Final jobs whose `finished_at` is `stamp` or later (UTC ISO strings sort by time; "" = every final job)."""
-        return self._jobs("SELECT doc FROM jobs WHERE state IN (?, ?, ?) AND "
-                          "COALESCE(json_extract(doc, '$.finished_at'), '') >= ? ORDER BY seq", (*sorted(TERMINAL), stamp))
+        if not stamp:
+            return self._jobs(f"SELECT doc FROM jobs WHERE {FINAL} ORDER BY seq")
+        return self._jobs(f"SELECT doc FROM jobs WHERE {FINAL} AND {FINISHED} >= ? ORDER BY seq", (stamp,))
+
+    def newest_end(self) -> str:
+        """The latest `finished_at` of a final job ("" when none): one step along jobs_finished."""
+        rows = self._rows(f"SELECT MAX({FINISHED}) FROM jobs WHERE {FINAL}")
+        return str(rows[0][0] or "")
+
+    def ended_before(self, stamp: str) -> list[int]:
+        """The seqs of final jobs that ended before `stamp` (or never said when), oldest first; read from the index
+        alone, so a caller decodes only the pages it takes (`by_seqs`)."""
+        rows = self._rows(f"SELECT seq FROM jobs WHERE {FINAL} AND ({FINISHED} < ? OR {FINISHED} IS NULL) "
+                          f"ORDER BY {FINISHED}, seq", (stamp,))
+        return [int(str(r[0])) for r in rows]
+
+    def by_seqs(self, seqs: list[int]) -> list[Job]:
+        marks = ",".join("?" * len(seqs))
+        return self._jobs(f"SELECT doc FROM jobs WHERE seq IN ({marks}) ORDER BY seq", tuple(seqs)) if seqs else []
+
+    def crowded_names(self, keep: int) -> list[str]:
+        """Names with more than `keep` final jobs (from jobs_final_name alone)."""
+        rows = self._rows(f"SELECT name FROM jobs WHERE {FINAL} GROUP BY name HAVING COUNT(*) > ? ORDER BY name", (keep,))
+        return [str(r[0]) for r in rows]
+
+    def final_named(self, name: str) -> list[Job]:
+        """Every final job of `name` (jobs_name)."""
+        return self._jobs(f"SELECT doc FROM jobs WHERE name = ? AND {FINAL} ORDER BY seq", (name,))
+
+    def with_bundle(self, path: str) -> list[Job]:
+        """The jobs whose bundle is at `path` (relative to the outbox; several builds may share one, jobs_bundle)."""
+        return self._jobs("SELECT doc FROM jobs WHERE json_extract(doc, '$.bundle.path') = ? ORDER BY seq", (path,))
+
+    def ended_tally(self, before: str) -> list[tuple[str, str, str, int, int]]:
+        """Final jobs that ended before `before` (or never said when), counted in SQL so that no doc is decoded in
+        Python: (target, state, error code, jobs, cache hits) per group."""
+        rows = self._rows(
+            f"SELECT json_extract(doc, '$.target'), state, COALESCE(json_extract(doc, '$.error.code'), ''), COUNT(*), "
+            f"SUM(CASE WHEN json_extract(doc, '$.cache.hit') THEN 1 ELSE 0 END) FROM jobs WHERE {FINAL} AND "
+            f"({FINISHED} < ? OR {FINISHED} IS NULL) GROUP BY 1, 2, 3", (before,))
+        return [(str(t), str(s), str(c), int(str(n)), int(str(h))) for t, s, c, n, h in rows]
+
+    def ended_durations(self, before: str, bounds: tuple[float, ...]) -> list[tuple[str, int, int, float]]:
+        """Run times of the jobs `ended_tally` counts that ran (started, ended, a step): (target, index of the first
+        bucket bound >= the run time, jobs, sum of their run times) per group."""
+        seconds = (f"MAX(0.0, (julianday({FINISHED}) - julianday(json_extract(doc, '$.started_at'))) * 86400.0)")
+        cases = " ".join(f"WHEN d <= {b!r} THEN {i}" for i, b in enumerate(bounds[:-1]))
+        bucket = f"CASE {cases} ELSE {len(bounds) - 1} END"  # the last bound is +Inf
+        rows = self._rows(
+            f"SELECT target, {bucket}, COUNT(*), SUM(d) FROM (SELECT json_extract(doc, '$.target') AS target, {seconds} AS d "
+            f"FROM jobs WHERE {FINAL} AND {FINISHED} < ? AND json_extract(doc, '$.started_at') <> '' AND "
+            "json_extract(doc, '$.step') <> '') GROUP BY 1, 2", (before,))  # <> '': neither NULL nor empty
+        return [(str(t), int(str(b)), int(str(n)), float(str(s))) for t, b, n, s in rows]
+
+    def ended_successes(self, before: str) -> dict[str, str]:
+        """target -> the latest `finished_at` of its succeeded jobs that ended before `before`."""
+        rows = self._rows(f"SELECT json_extract(doc, '$.target'), MAX({FINISHED}) FROM jobs WHERE {FINAL} AND "
+                          f"state = 'succeeded' AND {FINISHED} < ? GROUP BY 1", (before,))
+        return {str(t): str(m) for t, m in rows if m}
+
+    def ended_attempts(self, before: str) -> list[tuple[str, str, int]]:
+        """(engine, error code or "", attempts) over the attempts of the jobs `ended_tally` counts."""
+        rows = self._rows(
+            "SELECT json_extract(a.value, '$.engine'), COALESCE(json_extract(a.value, '$.error'), ''), COUNT(*) "
+            f"FROM jobs, json_each(jobs.doc, '$.attempts') AS a WHERE {FINAL} AND "
+            f"({FINISHED} < ? OR {FINISHED} IS NULL) GROUP BY 1, 2", (before,))
+        return [(str(e), str(c), int(str(n))) for e, c, n in rows]
 
     def running_on(self, engine: str) -> list[Job]:
         """The running jobs whose current attempt is on `engine`."""
