@@ -218,7 +218,7 @@ def main(store: Store, outputs: Outputs, policy: Policy, dry_run: bool, out: Tex
     if dry_run:
         for job, paths in doomed:
             print("\n".join(f"would remove {path}  ({job.job_id}, {job.state})" for path in paths), file=out)
-        rows = f", {len(old_rows(store, outputs, policy, now))} rows would be deleted" if policy.keep_rows_days > 0 else ""
+        rows = f", {len(old_rows(store, outputs, policy, now))} rows" if policy.keep_rows_days > 0 else ""
         print(f"{len(doomed)} jobs, {sum(len(p) for _, p in doomed)} files{rows} would be removed (dry run)", file=out)
         return 0
     removed = remove(store, doomed, announce=False)

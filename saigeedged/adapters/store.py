@@ -15,6 +15,8 @@ from saigeedged.jobid import iso, utc_now
 from saigeedged.jobs import QUEUED, RUNNING, Job, TransitionError, check_transition
 
 # Final rows, spelled as in the partial indexes below (a query uses one only when its WHERE names the same terms).
+# Queries over the history name their index (INDEXED BY): without statistics the planner would take jobs_queue for
+# the state and sort every final row, and an index that cannot serve the query is then an error, not a slow scan.
 FINAL = "state IN ('cancelled', 'failed', 'succeeded')"
 FINISHED = "json_extract(doc, '$.finished_at')"
 SCHEMA = """
@@ -205,7 +207,7 @@ class Store:
 
     def recent(self, limit: int = 20) -> list[Job]:
         """The newest `limit` final jobs, newest first (read backwards along jobs_final: no sort of the history)."""
-        return self._jobs(f"SELECT doc FROM jobs WHERE {FINAL} ORDER BY seq DESC LIMIT ?", (limit,))
+        return self._jobs(f"SELECT doc FROM jobs INDEXED BY jobs_final WHERE {FINAL} ORDER BY seq DESC LIMIT ?", (limit,))
 
     def find(self, key: str) -> Job | None:
         """A job by id, else the newest job with that name."""
@@ -255,18 +257,19 @@ class Store:
         """Final jobs whose `finished_at` is `stamp` or later (UTC ISO strings sort by time; "" = every final job)."""
         if not stamp:
             return self._jobs(f"SELECT doc FROM jobs WHERE {FINAL} ORDER BY seq")
-        return self._jobs(f"SELECT doc FROM jobs WHERE {FINAL} AND {FINISHED} >= ? ORDER BY seq", (stamp,))
+        return self._jobs(f"SELECT doc FROM jobs INDEXED BY jobs_finished WHERE {FINAL} AND {FINISHED} >= ? "
+                          "ORDER BY seq", (stamp,))
 
     def newest_end(self) -> str:
         """The latest `finished_at` of a final job ("" when none): one step along jobs_finished."""
-        rows = self._rows(f"SELECT MAX({FINISHED}) FROM jobs WHERE {FINAL}")
+        rows = self._rows(f"SELECT MAX({FINISHED}) FROM jobs INDEXED BY jobs_finished WHERE {FINAL}")
         return str(rows[0][0] or "")
 
     def ended_before(self, stamp: str) -> list[int]:
         """The seqs of final jobs that ended before `stamp` (or never said when), oldest first; read from the index
         alone, so a caller decodes only the pages it takes (`by_seqs`)."""
-        rows = self._rows(f"SELECT seq FROM jobs WHERE {FINAL} AND ({FINISHED} < ? OR {FINISHED} IS NULL) "
-                          f"ORDER BY {FINISHED}, seq", (stamp,))
+        rows = self._rows(f"SELECT seq FROM jobs INDEXED BY jobs_finished WHERE {FINAL} AND "
+                          f"({FINISHED} < ? OR {FINISHED} IS NULL) ORDER BY {FINISHED}, seq", (stamp,))
         return [int(str(r[0])) for r in rows]
 
     def by_seqs(self, seqs: list[int]) -> list[Job]:
@@ -275,7 +278,8 @@ class Store:
 
     def crowded_names(self, keep: int) -> list[str]:
         """Names with more than `keep` final jobs (from jobs_final_name alone)."""
-        rows = self._rows(f"SELECT name FROM jobs WHERE {FINAL} GROUP BY name HAVING COUNT(*) > ? ORDER BY name", (keep,))
+        rows = self._rows(f"SELECT name FROM jobs INDEXED BY jobs_final_name WHERE {FINAL} GROUP BY name HAVING COUNT(*) > ? "
+                          "ORDER BY name", (keep,))
         return [str(r[0]) for r in rows]
 
     def final_named(self, name: str) -> list[Job]:

@@ -28,6 +28,7 @@ class Recovery:
         self.jobs = jobs
         self.store, self.places, self.outbox = jobs.store, jobs.places, jobs.outbox
         self._reported: set[str] = set()  # folders whose rows could not be written, logged once
+        self._claimed = claims.Seen()  # claimed folders already settled: a rescan does not read them again
 
     # -- claimed folders -------------------------------------------------------------------------
     def _settled(self, orphan: Orphan) -> bool:
@@ -36,9 +37,10 @@ class Recovery:
         return bool(self.store.by_claim(str(orphan.folder)) or self.store.get(orphan.folder.name))
 
     def claims(self) -> bool:
-        """Settle every claimed folder without rows; True when jobs were queued."""
+        """Settle every claimed folder without rows; True when jobs were queued. Called at start and after each scan:
+        a folder seen settled once (its rows written) is not read again, so a rescan costs no more with a long queue."""
         queued = False
-        for orphan in claims.orphans(self.places.claimed, self._settled):
+        for orphan in claims.orphans(self.places.claimed, self._settled, self._claimed):
             try:
                 queued |= self._settle(orphan)
             except sqlite3.OperationalError as exc:  # state_dir full or read-only: the next rescan tries again
