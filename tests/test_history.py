@@ -146,3 +146,14 @@ def test_old_databases_get_the_indexes_on_open(tmp_path: Path) -> None:
     names = {str(r[0]) for r in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {"jobs_name", "jobs_final", "jobs_final_name", "jobs_finished", "jobs_bundle"} <= names
     assert store.find("a") is not None and len(store.recent(10)) == 5
+
+
+def test_a_restart_reads_the_kept_summary_not_the_rows(tmp_path: Path) -> None:
+    """The counts of old ends are kept in the database: a later start gives them even after their rows were deleted."""
+    store = Store(tmp_path / "s.db")
+    history(store, jobid.utc_now() - timedelta(days=3))
+    store.add(ended("z", SUCCEEDED, "host", jobid.utc_now()))  # the newest end: the old ones are well before it
+    first = samples(store)
+    gone = store.forget([(j.job_id, j.finished_at) for j in store.ended_since("") if j.name != "z"])
+    assert gone == 5 and [j.name for j in store.recent(10)] == ["z"]
+    assert samples(store) == first

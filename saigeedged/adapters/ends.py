@@ -25,14 +25,15 @@ class Ends:
         self.store, self.clock = store, clock
         self.newest = ""  # the latest finished_at seen ("" before the first call)
         self._seen: set[tuple[str, str]] = set()  # ends inside the look-back window, already returned
+        self.floor = ""  # ends before this were counted elsewhere (the metrics' kept summary)
 
     def since(self) -> str:
-        """Where the next `fresh()` starts reading ("" = from the first end)."""
+        """Where the next `fresh()` starts reading ("" = from the first end; never before `floor`)."""
         if not self.newest:
-            return ""
+            return self.floor
         # not beyond now: an end stamped in the future (a clock set back since) must not hide every later end
         newest = min(datetime.fromisoformat(self.newest.replace("Z", "+00:00")), self.clock())
-        return (newest - LOOK_BACK).strftime("%Y-%m-%dT%H:%M:%S")
+        return max(self.floor, (newest - LOOK_BACK).strftime("%Y-%m-%dT%H:%M:%S"))
 
     def skip(self) -> str:
         """Start from the newest end in the queue instead of the first: the ends before `since()` (returned) are

@@ -1,38 +1,44 @@
 """Prometheus metrics (SPEC §13): one registry, brought up to date from the queue's rows before each collection.
 
-Counters are rebuilt from the rows after a restart: `saigeedged_jobs_total` then starts from the number of jobs that
-ended in each state (a retried job counts once, in its last final state) and Prometheus sees an ordinary counter
-reset. The rows of a long history are counted by SQLite at the first collection, never decoded one by one here
-(rows deleted by `retention.keep_rows_days` are no longer counted after the next restart). Step durations are
-observed live only (the rows do not keep them).
+Counters are rebuilt after a restart: `saigeedged_jobs_total` then starts from the number of jobs that ended in each
+state and Prometheus sees an ordinary counter reset. Every end counts, a retried job's earlier ones too. The ends of
+a long history are summed by SQLite into a summary kept in the database (`tallies`, moved forward daily), so a start
+reads only the ends since that summary, and rows deleted by `retention.keep_rows_days` stay counted. Step durations
+are observed live only.
 """
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
-from collections import Counter as Tally
+from collections import Counter as Counts
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, write_to_textfile
 from prometheus_client.registry import Collector
 
 from saigeedged import __version__
 from saigeedged.adapters.ends import Ends
 from saigeedged.adapters.store import Store
+from saigeedged.adapters.tally import Tally
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import QUEUED, RUNNING, SUCCEEDED, Job
 
+log = structlog.get_logger()
 TARGETS = ("cubie", "mobilint", "host")
+ROLL_S = 86400.0  # how often the kept summary of ended jobs is moved forward
 JOB_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, float("inf"))
 STEP_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, float("inf"))
 
 
 def seconds(stamp: str) -> float:
-    """UTC ISO-8601 `...Z` → seconds since the epoch."""
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    """UTC ISO-8601 (`...Z`, or without a zone) → seconds since the epoch."""
+    moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -86,7 +92,8 @@ class Metrics:
                                   ["target"], registry=r)
         Gauge("saigeedged_build_info", "The running saigeedged", ["version"], registry=r).labels(__version__).set(1)
         self._ends = Ends(store)
-        self._restored = False  # the counts of the ends before this start, read in SQL at the first collection
+        self._restored = False  # the counts of the ends before this start, read at the first collection
+        self._tally: Tally | None = None
         self._last: dict[str, float] = {}  # target -> newest success
         self._steps: dict[str, tuple[str, str, float]] = {}  # running job id -> (target, step, when it began)
         self._lock = threading.Lock()
@@ -94,35 +101,61 @@ class Metrics:
 
     def sync(self) -> None:
         """Count the ends not counted yet (also those written by another process, e.g. `cancel`); set the gauges."""
-        depth = Tally(self.store.count_by_target(QUEUED))
+        depth = Counts(self.store.count_by_target(QUEUED))
         with self._lock:  # the scrape's thread and the textfile's may both be here
             if not self._restored:
                 self._restore(self._ends.skip())
                 self._restored = True
             for job in self._ends.fresh():
                 self._count(job)
+            self._roll()
             for target in sorted({*TARGETS, *depth}):
                 self.queue_depth.labels(target).set(depth[target])
             for engine, up in self.engines().items():
                 self.engine_up.labels(engine).set(1 if up else 0)
 
     def _restore(self, before: str) -> None:
-        """The counters as the rows of the jobs that ended before `before` say, aggregated by SQLite (a long history
-        is never decoded here); later ends are counted one by one by `_count`, as they come."""
-        for target, state, code, jobs, hits in self.store.ended_tally(before):
+        """The counters as the ends before `before` say: the summary kept in the database plus the ends since it was
+        made, summed by SQLite (a long history is neither decoded here nor read again at each start); the ends from
+        `before` on are counted one by one by `_count`, as they come."""
+        tally = Tally.load(self.store)
+        if tally.before > before:  # rows deleted since, or a clock set back: the summary has those ends already
+            self._ends.floor = tally.before
+        elif tally.before < before:
+            tally.add(self.store, before, JOB_BUCKETS)
+            self._keep(tally)
+        self._tally = tally
+        for key, jobs in tally.jobs.items():
+            target, state, code = key.split("|", 2)
             self.jobs_total.labels(_target(target), state, code).inc(jobs)
-            if hits:
-                self.cache_hits.inc(hits)
-        for target, bucket, jobs, total in self.store.ended_durations(before, JOB_BUCKETS):
+        if tally.hits:
+            self.cache_hits.inc(tally.hits)
+        for target, counts in tally.buckets.items():
             child = self.job_duration.labels(_target(target))
-            child._buckets[bucket].inc(jobs)  # prometheus_client has no public way to add observed counts
-            child._sum.inc(total)
-        for target, stamp in self.store.ended_successes(before).items():
+            for bucket, jobs in enumerate(counts):
+                child._buckets[bucket].inc(jobs)  # prometheus_client has no public way to add observed counts
+            child._sum.inc(tally.seconds.get(target, 0.0))
+        for target, stamp in tally.last_success.items():
             name = _target(target)
             self._last[name] = max(seconds(stamp), self._last.get(name, 0.0))
             self.last_success.labels(name).set(self._last[name])
-        for engine, code, attempts in self.store.ended_attempts(before):
+        for key, attempts in tally.attempts.items():
+            engine, code = key.split("|", 1)
             self.engine_attempts.labels(engine, code).inc(attempts)
+
+    def _roll(self) -> None:
+        """Move the kept summary up to the ends already counted live, at most daily: the next start reads only the
+        ends since (the live counters are not touched)."""
+        since, tally = self._ends.since(), self._tally
+        if tally is not None and since > tally.before and (not tally.before or seconds(since) - seconds(tally.before) >= ROLL_S):
+            tally.add(self.store, since, JOB_BUCKETS)
+            self._keep(tally)
+
+    def _keep(self, tally: Tally) -> None:
+        try:
+            tally.save(self.store)
+        except sqlite3.Error as exc:  # state_dir full or read-only: the next start counts these rows again
+            log.warning("metrics.tally_unsaved", message=str(exc))
 
     def _count(self, job: Job) -> None:
         target = _target(job.target)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from saigeedged.jobid import iso, utc_now
 from saigeedged.jobs import QUEUED, RUNNING, Job, TransitionError, check_transition
@@ -41,6 +42,7 @@ CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (json_extract(doc, '$.finished_
 CREATE INDEX IF NOT EXISTS jobs_bundle ON jobs (json_extract(doc, '$.bundle.path'))
     WHERE json_extract(doc, '$.bundle.path') IS NOT NULL;
 CREATE TABLE IF NOT EXISTS behind (job_id TEXT NOT NULL, kind TEXT NOT NULL, PRIMARY KEY (job_id, kind));
+CREATE TABLE IF NOT EXISTS tallies (name TEXT PRIMARY KEY, doc TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS engines (
     name TEXT PRIMARY KEY,
     up INTEGER NOT NULL,
@@ -290,40 +292,50 @@ class Store:
         """The jobs whose bundle is at `path` (relative to the outbox; several builds may share one, jobs_bundle)."""
         return self._jobs("SELECT doc FROM jobs WHERE json_extract(doc, '$.bundle.path') = ? ORDER BY seq", (path,))
 
-    def ended_tally(self, before: str) -> list[tuple[str, str, str, int, int]]:
-        """Final jobs that ended before `before` (or never said when), counted in SQL so that no doc is decoded in
-        Python: (target, state, error code, jobs, cache hits) per group."""
-        rows = self._rows(
-            f"SELECT json_extract(doc, '$.target'), state, COALESCE(json_extract(doc, '$.error.code'), ''), COUNT(*), "
-            f"SUM(CASE WHEN json_extract(doc, '$.cache.hit') THEN 1 ELSE 0 END) FROM jobs WHERE {FINAL} AND "
-            f"({FINISHED} < ? OR {FINISHED} IS NULL) GROUP BY 1, 2, 3", (before,))
-        return [(str(t), str(s), str(c), int(str(n)), int(str(h))) for t, s, c, n, h in rows]
+    @staticmethod
+    def _ended_in(after: str) -> str:
+        """Final rows that ended in [after, before) (the `?`s); from the first end ("" after), rows that never said
+        when they ended count too."""
+        if after:
+            return f"{FINAL} AND {FINISHED} >= ? AND {FINISHED} < ?"
+        return f"{FINAL} AND ? = '' AND ({FINISHED} < ? OR {FINISHED} IS NULL)"
 
-    def ended_durations(self, before: str, bounds: tuple[float, ...]) -> list[tuple[str, int, int, float]]:
-        """Run times of the jobs `ended_tally` counts that ran (started, ended, a step): (target, index of the first
-        bucket bound >= the run time, jobs, sum of their run times) per group."""
-        seconds = (f"MAX(0.0, (julianday({FINISHED}) - julianday(json_extract(doc, '$.started_at'))) * 86400.0)")
+    def ended_groups(self, after: str, before: str,
+                     bounds: tuple[float, ...]) -> list[tuple[str, str, str, int, int | None, int, float, str]]:
+        """The final jobs that ended in [after, before), summed by SQLite along jobs_finished (no doc is decoded in
+        Python): per (target, state, error code, cache hit, run-time bucket or None when it never ran), the jobs, the
+        sum of their run times and the latest end."""
+        ran = f"json_extract(doc, '$.started_at') <> '' AND json_extract(doc, '$.step') <> '' AND {FINISHED} <> ''"
+        seconds = f"MAX(0.0, (julianday({FINISHED}) - julianday(json_extract(doc, '$.started_at'))) * 86400.0)"
         cases = " ".join(f"WHEN d <= {b!r} THEN {i}" for i, b in enumerate(bounds[:-1]))
-        bucket = f"CASE {cases} ELSE {len(bounds) - 1} END"  # the last bound is +Inf
         rows = self._rows(
-            f"SELECT target, {bucket}, COUNT(*), SUM(d) FROM (SELECT json_extract(doc, '$.target') AS target, {seconds} AS d "
-            f"FROM jobs WHERE {FINAL} AND {FINISHED} < ? AND json_extract(doc, '$.started_at') <> '' AND "
-            "json_extract(doc, '$.step') <> '') GROUP BY 1, 2", (before,))  # <> '': neither NULL nor empty
-        return [(str(t), int(str(b)), int(str(n)), float(str(s))) for t, b, n, s in rows]
+            f"SELECT target, state, code, hit, CASE WHEN d IS NULL THEN NULL {cases} ELSE {len(bounds) - 1} END, "
+            "COUNT(*), COALESCE(SUM(d), 0.0), COALESCE(MAX(finished), '') FROM (SELECT json_extract(doc, '$.target') AS "
+            "target, state, COALESCE(json_extract(doc, '$.error.code'), '') AS code, CASE WHEN "
+            f"json_extract(doc, '$.cache.hit') THEN 1 ELSE 0 END AS hit, CASE WHEN {ran} THEN {seconds} END AS d, "
+            f"{FINISHED} AS finished FROM jobs INDEXED BY jobs_finished WHERE {self._ended_in(after)}) "
+            "GROUP BY 1, 2, 3, 4, 5", (after, before))
+        return [(str(t), str(st), str(c), int(str(h)), None if b is None else int(str(b)), int(str(n)), float(str(d)),
+                 str(f)) for t, st, c, h, b, n, d, f in rows]
 
-    def ended_successes(self, before: str) -> dict[str, str]:
-        """target -> the latest `finished_at` of its succeeded jobs that ended before `before`."""
-        rows = self._rows(f"SELECT json_extract(doc, '$.target'), MAX({FINISHED}) FROM jobs WHERE {FINAL} AND "
-                          f"state = 'succeeded' AND {FINISHED} < ? GROUP BY 1", (before,))
-        return {str(t): str(m) for t, m in rows if m}
-
-    def ended_attempts(self, before: str) -> list[tuple[str, str, int]]:
-        """(engine, error code or "", attempts) over the attempts of the jobs `ended_tally` counts."""
+    def ended_attempts(self, after: str, before: str) -> list[tuple[str, str, int]]:
+        """(engine, error code or "", attempts) over the attempts of the jobs that ended in [after, before)."""
         rows = self._rows(
             "SELECT json_extract(a.value, '$.engine'), COALESCE(json_extract(a.value, '$.error'), ''), COUNT(*) "
-            f"FROM jobs, json_each(jobs.doc, '$.attempts') AS a WHERE {FINAL} AND "
-            f"({FINISHED} < ? OR {FINISHED} IS NULL) GROUP BY 1, 2", (before,))
+            f"FROM jobs INDEXED BY jobs_finished, json_each(jobs.doc, '$.attempts') AS a WHERE {self._ended_in(after)} "
+            "GROUP BY 1, 2", (after, before))
         return [(str(e), str(c), int(str(n))) for e, c, n in rows]
+
+    def tally(self, name: str) -> dict[str, Any] | None:
+        """A summary kept beside the rows (the metrics' counts up to some end), or None."""
+        rows = self._rows("SELECT doc FROM tallies WHERE name = ?", (name,))
+        doc = json.loads(str(rows[0][0])) if rows else None
+        return doc if isinstance(doc, dict) else None
+
+    def set_tally(self, name: str, doc: dict[str, Any]) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO tallies (name, doc) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET doc = excluded.doc",
+                       (name, json.dumps(doc)))
 
     def running_on(self, engine: str) -> list[Job]:
         """The running jobs whose current attempt is on `engine`."""
