@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+import threading
 from pathlib import Path
 
 import structlog
@@ -115,14 +116,23 @@ class Recovery:
         self.jobs.end(job, FAILED, error)
 
     # -- leftovers -------------------------------------------------------------------------------
-    def temp_files(self) -> None:
-        """Temp files of outbox writes a kill interrupted (status files, logs, bundles) are removed at start (the
-        daemon is the outbox's only writer, SPEC §11)."""
-        for folder, _, names in os.walk(self.outbox.root):
-            for name in names:
-                if files.TEMP_NAME.match(name):
-                    (Path(folder) / name).unlink(missing_ok=True)
-                    log.info("outbox.temp_removed", path=str(Path(folder) / name))
+    def temp_files(self) -> threading.Thread:
+        """Temp files of outbox writes a kill interrupted (status files, logs, bundles) are removed (the daemon is the
+        outbox's only writer, SPEC §11). A long history means hundreds of thousands of files to list, so the sweep
+        runs beside the start-up, not before READY; it leaves this process's own temp files (`.<name>.<pid>.tmp`)
+        alone, since the daemon writes the outbox meanwhile."""
+        mine = f".{os.getpid()}.tmp"
+
+        def sweep() -> None:
+            for folder, _, names in os.walk(self.outbox.root):
+                for name in names:
+                    if name[0] == "." and files.TEMP_NAME.match(name) and not name.endswith(mine):
+                        (Path(folder) / name).unlink(missing_ok=True)
+                        log.info("outbox.temp_removed", path=str(Path(folder) / name))
+
+        thread = threading.Thread(target=sweep, name="saigeedged-sweep", daemon=True)
+        thread.start()
+        return thread
 
     def work_dirs(self, work_root: Path) -> None:
         """Work folders of our jobs that have ended (a kill left them behind) are removed at start; folders of
