@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from saigeedged import jobid
 from saigeedged.adapters.metrics import Metrics
 from saigeedged.adapters.store import FINAL, Store
 from saigeedged.compile.inputs import sha256_file
+from saigeedged.intake import claims
 from saigeedged.intake.inbox import Drop, Scanner
 from saigeedged.intake.watch import _Wake
 from saigeedged.jobs import CANCELLED, FAILED, SUCCEEDED, TERMINAL, Job
@@ -157,3 +160,26 @@ def test_a_restart_reads_the_kept_summary_not_the_rows(tmp_path: Path) -> None:
     gone = store.forget([(j.job_id, j.finished_at) for j in store.ended_since("") if j.name != "z"])
     assert gone == 5 and [j.name for j in store.recent(10)] == ["z"]
     assert samples(store) == first
+
+
+def test_a_rescan_reads_only_claimed_folders_not_seen_settled(tmp_path: Path) -> None:
+    """Folders seen settled are not read again; one without rows is looked at each time; a new folder is read once."""
+    claimed = tmp_path / "claimed"
+    for name in ("a-1", "b-1", "c-1"):
+        (claimed / name).mkdir(parents=True)
+    looked: list[str] = []
+
+    def settled(orphan: claims.Orphan) -> bool:
+        looked.append(orphan.folder.name)
+        return orphan.folder.name != "c-1"  # c-1 has no rows
+
+    seen = claims.Seen()
+    assert [o.folder.name for o in claims.orphans(claimed, settled, seen)] == ["c-1"]
+    old = time.time() - 60
+    os.utime(claimed, (old, old))  # claimed/ unchanged since, long enough ago
+    looked.clear()
+    assert [o.folder.name for o in claims.orphans(claimed, settled, seen)] == ["c-1"] and looked == ["c-1"]
+    (claimed / "d-1").mkdir()  # a new claim: claimed/ changed
+    looked.clear()
+    assert [o.folder.name for o in claims.orphans(claimed, settled, seen)] == ["c-1"]
+    assert sorted(looked) == ["c-1", "d-1"]
