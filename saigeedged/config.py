@@ -73,7 +73,7 @@ DEFAULTS: dict[str, Any] = {
     # ops surfaces (SPEC §13): each is off by default
     "metrics": {"listen": "", "textfile": ""},
     "notify": [],  # a list key, like the engine pool's `engines:` (SPEC §11)
-    "retention": {"max_age_days": 0.0, "keep_last_per_name": 0},
+    "retention": {"max_age_days": 0.0, "keep_last_per_name": 0, "keep_rows_days": 0.0},
     "dashboard": False,
     "engines": [],  # Docker engines (SPEC §11); empty: the one local engine (saigeedged/engines.py validates items)
 }
@@ -182,6 +182,7 @@ class Metrics:
 class Retention:
     max_age_days: float
     keep_last_per_name: int
+    keep_rows_days: float  # 0: the rows of pruned jobs stay (status answers for every job ever run)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ class Seeded:
         self.tmp = tmp_path
 
     def add(self, key: str, name: str, state: str, age_days: float, bundle: str | None = None) -> Job:
-        when = jobid.utc_now()
+        when = jobid.utc_now() - timedelta(days=age_days)  # it ended then, and its files were written then
         folder = (self.places.failed if state == FAILED else self.places.claimed) / f"{key}-in"
         entry = build_entry(self.tmp / f"{name}.yml", {"task": "mlc", "num_classes": 3, "calib": "v.json",
                                                        "target": "host"}, name, drop=True)
@@ -142,3 +143,21 @@ def test_prune_never_follows_a_symlinked_folder_or_dots_out_of_the_outbox(tmp_pa
     prune(tmp_path, capsys, max_age_days=7)
     assert (elsewhere / "precious.host.saigeedge").is_file() and (tmp_path / "precious.host.saigeedge").is_file()
     assert not seeded.outbox.status_path(seeded.jobs["linked"].job_id).exists()
+
+
+def test_keep_rows_days_deletes_old_rows_with_their_files_and_kept_rows_answer(tmp_path: Path, seeded: Seeded,
+                                                                              capsys: Any) -> None:
+    """keep_rows_days: a pruned job that ended that long ago loses its row too (`status` forgets it); a job a rule
+    keeps, or one not final, keeps its row and `status` still answers for it."""
+    listed = prune(tmp_path, capsys, "--dry-run", max_age_days=7, keep_rows_days=10)
+    assert listed[-1] == "4 jobs, 9 files, 4 rows would be removed (dry run)"
+    done = prune(tmp_path, capsys, max_age_days=7, keep_rows_days=10)
+    assert done[-1] == "4 jobs, 9 files removed, 4 rows deleted"
+    for key in ("det1", "det2", "solo", "bad"):
+        assert seeded.store.get(seeded.jobs[key].job_id) is None
+        assert not any(p.exists() for p in seeded.files(key))
+    config = write_config(tmp_path, retention={"max_age_days": 7, "keep_rows_days": 10})
+    for key in ("det3", "run", "wait"):
+        assert cli.main(["status", seeded.jobs[key].job_id, "-c", str(config)]) == 0
+        assert seeded.jobs[key].job_id in capsys.readouterr().out
+    assert cli.main(["status", seeded.jobs["det1"].job_id, "-c", str(config)]) == 2  # INPUT_NOT_FOUND: forgotten

@@ -18,19 +18,31 @@ def _key(job: Job) -> tuple[str, str]:
 
 
 class Ends:
-    """`fresh()` returns each end once: the first call every final job in the queue, later calls only new ends."""
+    """`fresh()` returns each end once: the first call every final job in the queue (or, after `skip()`, those of the
+    look-back window only), later calls only new ends."""
 
     def __init__(self, store: Store, clock: Callable[[], datetime] = utc_now) -> None:
         self.store, self.clock = store, clock
         self.newest = ""  # the latest finished_at seen ("" before the first call)
         self._seen: set[tuple[str, str]] = set()  # ends inside the look-back window, already returned
+        self.floor = ""  # ends before this were counted elsewhere (the metrics' kept summary)
+
+    def since(self) -> str:
+        """Where the next `fresh()` starts reading ("" = from the first end; never before `floor`)."""
+        if not self.newest:
+            return self.floor
+        # not beyond now: an end stamped in the future (a clock set back since) must not hide every later end
+        newest = min(datetime.fromisoformat(self.newest.replace("Z", "+00:00")), self.clock())
+        return max(self.floor, (newest - LOOK_BACK).strftime("%Y-%m-%dT%H:%M:%S"))
+
+    def skip(self) -> str:
+        """Start from the newest end in the queue instead of the first: the ends before `since()` (returned) are
+        never returned; those after it are, once (a caller that wants them counted reads them in SQL)."""
+        self.newest = self.store.newest_end()
+        return self.since()
 
     def fresh(self) -> list[Job]:
-        since = ""
-        if self.newest:
-            # not beyond now: an end stamped in the future (a clock set back since) must not hide every later end
-            newest = min(datetime.fromisoformat(self.newest.replace("Z", "+00:00")), self.clock())
-            since = (newest - LOOK_BACK).strftime("%Y-%m-%dT%H:%M:%S")
+        since = self.since()
         jobs = [job for job in self.store.ended_since(since) if _key(job) not in self._seen]
         self.newest = max([self.newest, *(job.finished_at or "" for job in jobs)])
         self._seen = {key for key in self._seen if key[1] >= since} | {_key(job) for job in jobs if job.finished_at}

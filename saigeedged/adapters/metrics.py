@@ -1,37 +1,45 @@
 """Prometheus metrics (SPEC §13): one registry, brought up to date from the queue's rows before each collection.
 
-Counters are rebuilt from the rows after a restart: `saigeedged_jobs_total` then starts from the number of jobs that
-ended in each state (a retried job counts once, in its last final state) and Prometheus sees an ordinary counter
-reset. Step durations are observed live only (the rows do not keep them).
+Counters are rebuilt after a restart: `saigeedged_jobs_total` then starts from the number of jobs that ended in each
+state and Prometheus sees an ordinary counter reset. Every end counts, a retried job's earlier ones too. The ends of
+a long history are summed by SQLite into a summary kept in the database (`tallies`, moved forward daily), so a start
+reads only the ends since that summary, and rows deleted by `retention.keep_rows_days` stay counted. Step durations
+are observed live only.
 """
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
-from collections import Counter as Tally
+from collections import Counter as Counts
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, write_to_textfile
 from prometheus_client.registry import Collector
 
 from saigeedged import __version__, accuracytable
 from saigeedged.adapters.ends import Ends
 from saigeedged.adapters.store import Store
+from saigeedged.adapters.tally import Tally
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import QUEUED, RUNNING, SUCCEEDED, Job
 
+log = structlog.get_logger()
 TARGETS = ("cubie", "mobilint", "host")
 TASKS = ("detection", "mlc", "reid")
+ROLL_S = 86400.0  # how often the kept summary of ended jobs is moved forward
 JOB_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, float("inf"))
 STEP_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, float("inf"))
 
 
 def seconds(stamp: str) -> float:
-    """UTC ISO-8601 `...Z` → seconds since the epoch."""
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    """UTC ISO-8601 (`...Z`, or without a zone) → seconds since the epoch."""
+    moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -42,6 +50,11 @@ def parse_listen(value: str) -> tuple[str, int]:
         raise SaigeError("MANIFEST_INVALID", f"config: `metrics.listen` must be HOST:PORT or PORT, got {value!r}",
                          hint='e.g. metrics: {listen: "127.0.0.1:9464"}; leave it "" to serve no /metrics')
     return host, int(port)
+
+
+def _target(target: str) -> str:
+    """A bounded label set: a job of no known target (a manifest that never parsed) counts as `unknown`."""
+    return target if target in TARGETS else "unknown"
 
 
 class _Refresh(Collector):
@@ -81,7 +94,9 @@ class Metrics:
         self.accuracy_cosine = Gauge("saigeedged_accuracy_cosine", "Worst float-vs-compiled cosine of the last measured job",
                                      ["target", "task"], registry=r)
         Gauge("saigeedged_build_info", "The running saigeedged", ["version"], registry=r).labels(__version__).set(1)
-        self._ends = Ends(store)  # its first look returns every end in the queue: the counts after a restart
+        self._ends = Ends(store)
+        self._restored = False  # the counts of the ends before this start, read at the first collection
+        self._tally: Tally | None = None
         self._last: dict[str, float] = {}  # target -> newest success
         self._steps: dict[str, tuple[str, str, float]] = {}  # running job id -> (target, step, when it began)
         self._lock = threading.Lock()
@@ -89,17 +104,64 @@ class Metrics:
 
     def sync(self) -> None:
         """Count the ends not counted yet (also those written by another process, e.g. `cancel`); set the gauges."""
-        depth = Tally(self.store.count_by_target(QUEUED))
+        depth = Counts(self.store.count_by_target(QUEUED))
         with self._lock:  # the scrape's thread and the textfile's may both be here
+            if not self._restored:
+                self._restore(self._ends.skip())
+                self._restored = True
             for job in self._ends.fresh():
                 self._count(job)
+            self._roll()
             for target in sorted({*TARGETS, *depth}):
                 self.queue_depth.labels(target).set(depth[target])
             for engine, up in self.engines().items():
                 self.engine_up.labels(engine).set(1 if up else 0)
 
+    def _restore(self, before: str) -> None:
+        """The counters as the ends before `before` say: the summary kept in the database plus the ends since it was
+        made, summed by SQLite (a long history is neither decoded here nor read again at each start); the ends from
+        `before` on are counted one by one by `_count`, as they come."""
+        tally = Tally.load(self.store)
+        if tally.before > before:  # rows deleted since, or a clock set back: the summary has those ends already
+            self._ends.floor = tally.before
+        elif tally.before < before:
+            tally.add(self.store, before, JOB_BUCKETS)
+            self._keep(tally)
+        self._tally = tally
+        for key, jobs in tally.jobs.items():
+            target, state, code = key.split("|", 2)
+            self.jobs_total.labels(_target(target), state, code).inc(jobs)
+        if tally.hits:
+            self.cache_hits.inc(tally.hits)
+        for target, counts in tally.buckets.items():
+            child = self.job_duration.labels(_target(target))
+            for bucket, jobs in enumerate(counts):
+                child._buckets[bucket].inc(jobs)  # prometheus_client has no public way to add observed counts
+            child._sum.inc(tally.seconds.get(target, 0.0))
+        for target, stamp in tally.last_success.items():
+            name = _target(target)
+            self._last[name] = max(seconds(stamp), self._last.get(name, 0.0))
+            self.last_success.labels(name).set(self._last[name])
+        for key, attempts in tally.attempts.items():
+            engine, code = key.split("|", 1)
+            self.engine_attempts.labels(engine, code).inc(attempts)
+
+    def _roll(self) -> None:
+        """Move the kept summary up to the ends already counted live, at most daily: the next start reads only the
+        ends since (the live counters are not touched)."""
+        since, tally = self._ends.since(), self._tally
+        if tally is not None and since > tally.before and (not tally.before or seconds(since) - seconds(tally.before) >= ROLL_S):
+            tally.add(self.store, since, JOB_BUCKETS)
+            self._keep(tally)
+
+    def _keep(self, tally: Tally) -> None:
+        try:
+            tally.save(self.store)
+        except sqlite3.Error as exc:  # state_dir full or read-only: the next start counts these rows again
+            log.warning("metrics.tally_unsaved", message=str(exc))
+
     def _count(self, job: Job) -> None:
-        target = job.target if job.target in TARGETS else "unknown"
+        target = _target(job.target)
         self.jobs_total.labels(target, job.state, job.error["code"] if job.error else "").inc()
         if job.started_at and job.finished_at and job.step:  # it ran (a job cancelled while queued did not)
             self.job_duration.labels(target).observe(max(0.0, seconds(job.finished_at) - seconds(job.started_at)))

@@ -1,16 +1,22 @@
 """Retention (SPEC §13): which final jobs' outputs have aged out (pure), and removing them (`saigeedged prune`).
 
 A final job's files are its status file, its log, its bundle and its inputs under failed/. A job is pruned when
-no rule keeps it: `max_age_days` keeps what was written more recently than that, `keep_last_per_name` keeps the
-newest N final jobs of each name (per drop folder). Nothing of a queued or running job, and no file another kept
-job still points at (several builds of one name share a bundle path), is ever removed. The rows stay in the queue.
+no rule keeps it: `max_age_days` keeps what ended or was written more recently than that, `keep_last_per_name`
+keeps the newest N final jobs of each name (per drop folder). Nothing of a queued or running job, and no file another
+kept job still points at (several builds of one name share a bundle path), is ever removed. The rows stay in the
+queue unless `keep_rows_days` is set: then a pruned job's row goes too once it ended that long ago.
+
+A round reads only the jobs a rule may give up, by index (those that ended before the age cutoff, or the names with
+more than N final jobs), a page at a time: its cost follows what is due, not the length of the history.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
@@ -19,10 +25,12 @@ import structlog
 from saigeedged import config
 from saigeedged.adapters.metrics import seconds
 from saigeedged.adapters.store import Store
+from saigeedged.jobid import iso
 from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job, entry_from_doc
 
 log = structlog.get_logger()
 DAY_S = 86400.0
+PAGE = 500  # rows decoded at a time
 
 
 @dataclass(frozen=True)
@@ -31,10 +39,11 @@ class Policy:
 
     max_age_days: float = 0.0
     keep_last_per_name: int = 0
+    keep_rows_days: float = 0.0  # 0: rows stay
 
     @classmethod
     def from_config(cls, section: config.Retention) -> Policy:
-        return cls(section.max_age_days, section.keep_last_per_name)
+        return cls(section.max_age_days, section.keep_last_per_name, section.keep_rows_days)
 
     @property
     def enabled(self) -> bool:
@@ -96,21 +105,72 @@ class Outputs:
         return seconds(job.finished_at) if job.finished_at else time.time()
 
 
+def _stamp(epoch: float) -> str:
+    return iso(datetime.fromtimestamp(epoch, UTC))
+
+
+def _pages(store: Store, seqs: list[int]) -> Iterator[Job]:
+    for start in range(0, len(seqs), PAGE):
+        yield from store.by_seqs(seqs[start:start + PAGE])
+
+
+def unkept(store: Store, outputs: Outputs, policy: Policy, now: float) -> Iterator[Job]:
+    """The final jobs no rule keeps, found by index: with an age rule only jobs that ended before its cutoff can
+    qualify (a job's files are written when it ends, or later), else only jobs of names with more than N."""
+    if not policy.enabled:
+        return
+    if policy.max_age_days > 0:
+        candidates: Iterator[Job] = _pages(store, store.ended_before(_stamp(now - policy.max_age_days * DAY_S)))
+    else:
+        candidates = (job for name in store.crowded_names(policy.keep_last_per_name) for job in store.final_named(name))
+    groups: dict[str, set[str]] = {}  # name -> ids keep_last_per_name keeps
+    for job in candidates:
+        if policy.keep_last_per_name > 0 and job.name not in groups:
+            groups[job.name] = kept([(j, 0.0) for j in store.final_named(job.name)], Policy(0.0, policy.keep_last_per_name),
+                                    now)
+        if job.job_id in groups.get(job.name, set()):
+            continue
+        if policy.max_age_days > 0 and now - outputs.written(job) < policy.max_age_days * DAY_S:
+            continue
+        yield job
+
+
+def _shared(store: Store, outputs: Outputs, job: Job, unkept_ids: set[str]) -> set[Path]:
+    """Paths of `job` another job still needs: a bundle several builds share, a claimed folder of one drop."""
+    others = store.with_bundle(job.bundle["path"]) if job.bundle else []
+    others += store.by_claim(job.claim_dir)
+    return {path for other in others if other.job_id not in unkept_ids and other.job_id != job.job_id
+            for path in outputs.files(other)}
+
+
 def plan(store: Store, outputs: Outputs, policy: Policy, now: float) -> list[tuple[Job, list[Path]]]:
     """The final jobs to prune, each with its files that exist and that no job still kept points at."""
-    final = store.in_state(*sorted(TERMINAL))
-    keep = kept([(job, outputs.written(job)) for job in final], policy, now) if policy.enabled else {j.job_id for j in final}
-    staying = [job for job in final if job.job_id in keep] + store.in_state(QUEUED, RUNNING)
-    protected = {path for job in staying for path in outputs.files(job)}
+    final = list(unkept(store, outputs, policy, now))
+    ids = {job.job_id for job in final}
+    protected = {path for job in store.in_state(QUEUED, RUNNING) for path in outputs.files(job)}
     doomed = []
     for job in final:
-        if job.job_id in keep:
-            continue
         paths = [p for p in outputs.files(job)
                  if p not in protected and (p.exists() or p.is_symlink()) and outputs.contained(p)]
         if paths:
+            shared = _shared(store, outputs, job, ids)
+            paths = [p for p in paths if p not in shared]
+        if paths:
             doomed.append((job, paths))
     return doomed
+
+
+def old_rows(store: Store, outputs: Outputs, policy: Policy, now: float) -> list[Job]:
+    """The unkept jobs whose rows go too (`keep_rows_days`): they ended before that cutoff."""
+    if policy.keep_rows_days <= 0:
+        return []
+    cutoff = _stamp(now - policy.keep_rows_days * DAY_S)
+    return [job for job in unkept(store, outputs, policy, now) if (job.finished_at or "") < cutoff]
+
+
+def forget(store: Store, jobs: list[Job]) -> int:
+    """Delete the rows of these jobs that are still as planned (a `retry` may have queued one meanwhile)."""
+    return store.forget([(job.job_id, job.finished_at) for job in jobs]) if jobs else 0
 
 
 def remove(store: Store, doomed: list[tuple[Job, list[Path]]], announce: bool = True) -> list[Path]:
@@ -141,25 +201,29 @@ def remove(store: Store, doomed: list[tuple[Job, list[Path]]], announce: bool = 
 def prune(store: Store, outputs: Outputs, policy: Policy, now: float) -> int:
     """One retention round in the daemon; returns the number of files removed."""
     removed = remove(store, plan(store, outputs, policy, now))
-    log.info("retention.done", removed=len(removed), max_age_days=policy.max_age_days,
-             keep_last_per_name=policy.keep_last_per_name)
+    rows = forget(store, old_rows(store, outputs, policy, now))
+    log.info("retention.done", removed=len(removed), rows_deleted=rows, max_age_days=policy.max_age_days,
+             keep_last_per_name=policy.keep_last_per_name, keep_rows_days=policy.keep_rows_days)
     return len(removed)
 
 
 def main(store: Store, outputs: Outputs, policy: Policy, dry_run: bool, out: TextIO) -> int:
-    """`saigeedged prune [--dry-run]`: print each file it removes (or would remove)."""
+    """`saigeedged prune [--dry-run]`: print each file it removes (or would remove), and the rows it deletes."""
     if not policy.enabled:
         print("retention is off (retention.max_age_days and retention.keep_last_per_name are 0): nothing to prune",
               file=out)
         return 0
-    doomed = plan(store, outputs, policy, time.time())
+    now = time.time()
+    doomed = plan(store, outputs, policy, now)
     if dry_run:
         for job, paths in doomed:
             print("\n".join(f"would remove {path}  ({job.job_id}, {job.state})" for path in paths), file=out)
-        print(f"{len(doomed)} jobs, {sum(len(p) for _, p in doomed)} files would be removed (dry run)", file=out)
+        rows = f", {len(old_rows(store, outputs, policy, now))} rows" if policy.keep_rows_days > 0 else ""
+        print(f"{len(doomed)} jobs, {sum(len(p) for _, p in doomed)} files{rows} would be removed (dry run)", file=out)
         return 0
     removed = remove(store, doomed, announce=False)
     for path in removed:
         print(f"removed {path}", file=out)
-    print(f"{len(doomed)} jobs, {len(removed)} files removed", file=out)
+    rows = f", {forget(store, old_rows(store, outputs, policy, now))} rows deleted" if policy.keep_rows_days > 0 else ""
+    print(f"{len(doomed)} jobs, {len(removed)} files removed{rows}", file=out)
     return 0

@@ -10,12 +10,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from saigeedged.jobid import iso, utc_now
 from saigeedged.jobs import (
     QUEUED,
     RUNNING,
-    TERMINAL,
     Attempt,
     CancelWins,
     Job,
@@ -25,6 +25,11 @@ from saigeedged.jobs import (
     check_transition,
 )
 
+# Final rows, spelled as in the partial indexes below (a query uses one only when its WHERE names the same terms).
+# Queries over the history name their index (INDEXED BY): without statistics the planner would take jobs_queue for
+# the state and sort every final row, and an index that cannot serve the query is then an error, not a slow scan.
+FINAL = "state IN ('cancelled', 'failed', 'succeeded')"
+FINISHED = "json_extract(doc, '$.finished_at')"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -39,7 +44,15 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_queue ON jobs (state, priority DESC, seq);
 CREATE INDEX IF NOT EXISTS jobs_claim ON jobs (claim_dir);
+CREATE INDEX IF NOT EXISTS jobs_name ON jobs (name, seq);
+CREATE INDEX IF NOT EXISTS jobs_final ON jobs (seq) WHERE state IN ('cancelled', 'failed', 'succeeded');
+CREATE INDEX IF NOT EXISTS jobs_final_name ON jobs (name) WHERE state IN ('cancelled', 'failed', 'succeeded');
+CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (json_extract(doc, '$.finished_at'))
+    WHERE state IN ('cancelled', 'failed', 'succeeded');
+CREATE INDEX IF NOT EXISTS jobs_bundle ON jobs (json_extract(doc, '$.bundle.path'))
+    WHERE json_extract(doc, '$.bundle.path') IS NOT NULL;
 CREATE TABLE IF NOT EXISTS behind (job_id TEXT NOT NULL, kind TEXT NOT NULL, PRIMARY KEY (job_id, kind));
+CREATE TABLE IF NOT EXISTS tallies (name TEXT PRIMARY KEY, doc TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS engines (
     name TEXT PRIMARY KEY,
     up INTEGER NOT NULL,
@@ -367,15 +380,15 @@ class Store:
         return {str(target): int(str(n)) for target, n in rows}
 
     def recent(self, limit: int = 20) -> list[Job]:
-        return self._jobs("SELECT doc FROM jobs WHERE state IN (?, ?, ?) ORDER BY seq DESC LIMIT ?",
-                          (*sorted(TERMINAL), limit))
+        """The newest `limit` final jobs, newest first (read backwards along jobs_final: no sort of the history)."""
+        return self._jobs(f"SELECT doc FROM jobs INDEXED BY jobs_final WHERE {FINAL} ORDER BY seq DESC LIMIT ?", (limit,))
 
     def find(self, key: str) -> Job | None:
         """A job by id, else the newest job with that name."""
         job = self.get(key)
         if job is not None:
             return job
-        jobs = self._jobs("SELECT doc FROM jobs WHERE name = ? ORDER BY seq DESC LIMIT 1", (key,))
+        jobs = self._jobs("SELECT doc FROM jobs WHERE name = ? ORDER BY seq DESC LIMIT 1", (key,))  # jobs_name
         return jobs[0] if jobs else None
 
     def by_claim(self, claim_dir: str) -> list[Job]:
@@ -392,6 +405,18 @@ class Store:
         rows = self._rows("SELECT cancel FROM jobs WHERE job_id = ?", (job_id,))
         return bool(rows and rows[0][0])
 
+    def forget(self, ends: list[tuple[str, str | None]]) -> int:
+        """Delete the rows of final jobs (retention's `keep_rows_days`), each only if it still ended at that time (a
+        `retry` meanwhile makes it a new job); returns how many went."""
+        deleted = 0
+        with self._tx() as db:
+            for job_id, finished_at in ends:
+                cur = db.execute(f"DELETE FROM jobs WHERE job_id = ? AND {FINAL} AND {FINISHED} IS ?", (job_id, finished_at))
+                if cur.rowcount:
+                    deleted += cur.rowcount
+                    db.execute("DELETE FROM behind WHERE job_id = ?", (job_id,))
+        return deleted
+
     def mark_behind(self, job_id: str, kind: str, behind: bool = True) -> None:
         """Remember (durably, with the row) that the outbox has not taken this job's `kind` file ("status", "log")."""
         with self._tx() as db:
@@ -405,8 +430,85 @@ class Store:
 
     def ended_since(self, stamp: str) -> list[Job]:
         """Final jobs whose `finished_at` is `stamp` or later (UTC ISO strings sort by time; "" = every final job)."""
-        return self._jobs("SELECT doc FROM jobs WHERE state IN (?, ?, ?) AND "
-                          "COALESCE(json_extract(doc, '$.finished_at'), '') >= ? ORDER BY seq", (*sorted(TERMINAL), stamp))
+        if not stamp:
+            return self._jobs(f"SELECT doc FROM jobs WHERE {FINAL} ORDER BY seq")
+        return self._jobs(f"SELECT doc FROM jobs INDEXED BY jobs_finished WHERE {FINAL} AND {FINISHED} >= ? "
+                          "ORDER BY seq", (stamp,))
+
+    def newest_end(self) -> str:
+        """The latest `finished_at` of a final job ("" when none): one step along jobs_finished."""
+        rows = self._rows(f"SELECT MAX({FINISHED}) FROM jobs INDEXED BY jobs_finished WHERE {FINAL}")
+        return str(rows[0][0] or "")
+
+    def ended_before(self, stamp: str) -> list[int]:
+        """The seqs of final jobs that ended before `stamp` (or never said when), oldest first; read from the index
+        alone, so a caller decodes only the pages it takes (`by_seqs`)."""
+        rows = self._rows(f"SELECT seq FROM jobs INDEXED BY jobs_finished WHERE {FINAL} AND "
+                          f"({FINISHED} < ? OR {FINISHED} IS NULL) ORDER BY {FINISHED}, seq", (stamp,))
+        return [int(str(r[0])) for r in rows]
+
+    def by_seqs(self, seqs: list[int]) -> list[Job]:
+        marks = ",".join("?" * len(seqs))
+        return self._jobs(f"SELECT doc FROM jobs WHERE seq IN ({marks}) ORDER BY seq", tuple(seqs)) if seqs else []
+
+    def crowded_names(self, keep: int) -> list[str]:
+        """Names with more than `keep` final jobs (from jobs_final_name alone)."""
+        rows = self._rows(f"SELECT name FROM jobs INDEXED BY jobs_final_name WHERE {FINAL} GROUP BY name HAVING COUNT(*) > ? "
+                          "ORDER BY name", (keep,))
+        return [str(r[0]) for r in rows]
+
+    def final_named(self, name: str) -> list[Job]:
+        """Every final job of `name` (jobs_name)."""
+        return self._jobs(f"SELECT doc FROM jobs WHERE name = ? AND {FINAL} ORDER BY seq", (name,))
+
+    def with_bundle(self, path: str) -> list[Job]:
+        """The jobs whose bundle is at `path` (relative to the outbox; several builds may share one, jobs_bundle)."""
+        return self._jobs("SELECT doc FROM jobs WHERE json_extract(doc, '$.bundle.path') = ? ORDER BY seq", (path,))
+
+    @staticmethod
+    def _ended_in(after: str) -> str:
+        """Final rows that ended in [after, before) (the `?`s); from the first end ("" after), rows that never said
+        when they ended count too."""
+        if after:
+            return f"{FINAL} AND {FINISHED} >= ? AND {FINISHED} < ?"
+        return f"{FINAL} AND ? = '' AND ({FINISHED} < ? OR {FINISHED} IS NULL)"
+
+    def ended_groups(self, after: str, before: str,
+                     bounds: tuple[float, ...]) -> list[tuple[str, str, str, int, int | None, int, float, str]]:
+        """The final jobs that ended in [after, before), summed by SQLite along jobs_finished (no doc is decoded in
+        Python): per (target, state, error code, cache hit, run-time bucket or None when it never ran), the jobs, the
+        sum of their run times and the latest end."""
+        ran = f"json_extract(doc, '$.started_at') <> '' AND json_extract(doc, '$.step') <> '' AND {FINISHED} <> ''"
+        seconds = f"MAX(0.0, (julianday({FINISHED}) - julianday(json_extract(doc, '$.started_at'))) * 86400.0)"
+        cases = " ".join(f"WHEN d <= {b!r} THEN {i}" for i, b in enumerate(bounds[:-1]))
+        rows = self._rows(
+            f"SELECT target, state, code, hit, CASE WHEN d IS NULL THEN NULL {cases} ELSE {len(bounds) - 1} END, "
+            "COUNT(*), COALESCE(SUM(d), 0.0), COALESCE(MAX(finished), '') FROM (SELECT json_extract(doc, '$.target') AS "
+            "target, state, COALESCE(json_extract(doc, '$.error.code'), '') AS code, CASE WHEN "
+            f"json_extract(doc, '$.cache.hit') THEN 1 ELSE 0 END AS hit, CASE WHEN {ran} THEN {seconds} END AS d, "
+            f"{FINISHED} AS finished FROM jobs INDEXED BY jobs_finished WHERE {self._ended_in(after)}) "
+            "GROUP BY 1, 2, 3, 4, 5", (after, before))
+        return [(str(t), str(st), str(c), int(str(h)), None if b is None else int(str(b)), int(str(n)), float(str(d)),
+                 str(f)) for t, st, c, h, b, n, d, f in rows]
+
+    def ended_attempts(self, after: str, before: str) -> list[tuple[str, str, int]]:
+        """(engine, error code or "", attempts) over the attempts of the jobs that ended in [after, before)."""
+        rows = self._rows(
+            "SELECT json_extract(a.value, '$.engine'), COALESCE(json_extract(a.value, '$.error'), ''), COUNT(*) "
+            f"FROM jobs INDEXED BY jobs_finished, json_each(jobs.doc, '$.attempts') AS a WHERE {self._ended_in(after)} "
+            "GROUP BY 1, 2", (after, before))
+        return [(str(e), str(c), int(str(n))) for e, c, n in rows]
+
+    def tally(self, name: str) -> dict[str, Any] | None:
+        """A summary kept beside the rows (the metrics' counts up to some end), or None."""
+        rows = self._rows("SELECT doc FROM tallies WHERE name = ?", (name,))
+        doc = json.loads(str(rows[0][0])) if rows else None
+        return doc if isinstance(doc, dict) else None
+
+    def set_tally(self, name: str, doc: dict[str, Any]) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO tallies (name, doc) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET doc = excluded.doc",
+                       (name, json.dumps(doc)))
 
     def running_on(self, engine: str) -> list[Job]:
         """The running jobs whose current attempt is on `engine`."""

@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +78,38 @@ class Orphan:
         return all(not Path(f).exists() for f in self.record["files"])
 
 
-def orphans(claimed: Path, settled: Callable[[Orphan], bool]) -> list[Orphan]:
-    """Folders under `claimed` that `settled` says lack rows."""
+@dataclass
+class Seen:
+    """What the last looks at claimed/ found: folders already settled are not read again, and claimed/ is not even
+    listed while its mtime stays (and is old enough that a folder made in the same clock tick cannot hide)."""
+
+    settled: set[str] = field(default_factory=set)
+    unsettled: set[str] = field(default_factory=set)  # orphans returned last time: looked at again at each call
+    mtime_ns: int | None = None
+
+
+FRESH_NS = 2_000_000_000  # an mtime this recent may hide a later change in the same tick: claimed/ is listed again
+
+
+def orphans(claimed: Path, settled: Callable[[Orphan], bool], seen: Seen | None = None) -> list[Orphan]:
+    """Folders under `claimed` that `settled` says lack rows; with `seen`, only folders not seen settled before."""
+    seen = seen if seen is not None else Seen()
     try:
-        folders = sorted(p for p in claimed.iterdir() if p.is_dir() and not p.name.startswith("."))
+        mtime = os.stat(claimed).st_mtime_ns
+        if mtime == seen.mtime_ns and time.time_ns() - mtime > FRESH_NS:
+            names = seen.settled | seen.unsettled  # nothing came or went
+        else:
+            names = {p.name for p in os.scandir(claimed) if p.is_dir() and not p.name.startswith(".")}
+            seen.mtime_ns = mtime
     except OSError:
         return []
-    return [o for o in (Orphan(f, read_record(f)) for f in folders) if not settled(o)]
+    seen.settled &= names
+    found = []
+    for name in sorted(names - seen.settled):
+        orphan = Orphan(claimed / name, read_record(claimed / name))
+        if settled(orphan):
+            seen.settled.add(name)
+        else:
+            found.append(orphan)
+    seen.unsettled = {o.folder.name for o in found}
+    return found

@@ -11,7 +11,7 @@ from typing import Any
 
 from saigeedged import manifest
 from saigeedged.errors import SaigeError
-from saigeedged.external import external_data
+from saigeedged.external import PROBE_BYTES, external_data
 from saigeedged.files import sha256_file
 from saigeedged.guards import printable
 from saigeedged.manifest import Entry
@@ -102,6 +102,9 @@ class Scanner:
     _symlinks: set[Path] = field(default_factory=set)
     _parsed: dict[Path, tuple[Signature, list[Entry] | SaigeError]] = field(default_factory=dict)
     max_digest_bytes: int = 8 << 30  # limits.max_onnx_bytes: the scan (the main loop) never reads a larger ONNX
+    # Manifests parsed per scan: a burst of thousands of drops is claimed a batch at a time (the next scan comes at
+    # once, see next_due) instead of after every manifest of the burst has been parsed.
+    parse_budget: int = 100
     next_due: float | None = None
     new_symlinks: list[Path] = field(default_factory=list)  # seen for the first time in the last scan
     too_deep: list[Path] = field(default_factory=list)  # folders below MAX_DEPTH, not scanned (last scan)
@@ -135,8 +138,14 @@ class Scanner:
         self.new_symlinks = [p for p in links if p not in self._symlinks]
         self._symlinks = set(links)
         found: list[Drop | Rejected] = []
+        budget = self.parse_budget
         for path in sorted(files):
             if path.suffix in MANIFEST_SUFFIXES:
+                fresh = self._parsed.get(path, (None,))[0] != files[path]
+                if fresh and budget <= 0:
+                    self._due(now)  # parsed by the next scan, which the loop runs right after claiming these
+                    continue
+                budget -= fresh
                 result = self._guarded(path, files, now)
                 if result is not None:
                     found.append(result)
@@ -179,7 +188,7 @@ class Scanner:
         waiting = [e for e in entries if not self._complete(e, files, now)]
         if not waiting:
             onnx = sorted({e.onnx for e in entries if e.onnx in files})
-            return Drop(path, entries, [path] + onnx + external_data(onnx, files))
+            return Drop(path, entries, [path] + onnx + external_data([m for m in onnx if self._may_have_data(m)], files))
         if now - first < self.orphan_timeout_s:
             self._due(first + self.orphan_timeout_s)
             return None
@@ -203,6 +212,17 @@ class Scanner:
             return self._digest(onnx, files[onnx]).lower() == entry.sha256.lower()
         settled = [self._stable(p, files[p], now) for p in (entry.manifest, onnx)]  # both clocks start now
         return all(settled)
+
+    def _may_have_data(self, model: Path) -> bool:
+        """Could the model keep weights in other files? Only if its bytes name a `location` (an external tensor
+        says where its data is under that key): most models do not, and are never parsed in the main loop."""
+        try:
+            if model.stat().st_size > PROBE_BYTES:
+                return False  # external.locations does not read it either
+            with model.open("rb") as fh:
+                return b"location" in fh.read()
+        except OSError:
+            return False
 
     def forget(self, paths: list[Path]) -> None:
         for p in paths:

@@ -9,6 +9,8 @@ from pathlib import Path
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from saigeedged.files import OWN_DIR
+
 NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "9p", "ceph", "glusterfs", "fuse.glusterfs"})
 
 
@@ -40,13 +42,21 @@ def use_polling(mode: str, inbox: Path, mounts: str | None = None) -> bool:
 
 
 class _Wake(FileSystemEventHandler):
-    """Sets the event and nothing else: an exception here would kill watchdog's dispatcher thread."""
+    """Sets the event and nothing else: an exception here would kill watchdog's dispatcher thread.
 
-    def __init__(self, event: threading.Event) -> None:
-        self.event = event
+    Changes inside the daemon's own folder (`.saigeedged/`: claimed/, failed/) never wake it: they are its own
+    claims, and each would cost a scan of the inbox (thousands in a burst).
+    """
+
+    def __init__(self, event: threading.Event, own: str) -> None:
+        self.event, self.own = event, own
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.event_type != "opened" and event.event_type != "closed_no_write":
+        if event.event_type == "opened" or event.event_type == "closed_no_write":
+            return
+        where = event.dest_path or event.src_path  # a move into claimed/ is our claim
+        path = where.decode(errors="replace") if isinstance(where, bytes) else where
+        if path != self.own and not path.startswith(self.own + os.sep):
             self.event.set()
 
 
@@ -55,7 +65,7 @@ class Watcher:
 
     def __init__(self, inbox: Path, wake: threading.Event) -> None:
         self._observer = Observer()
-        self._observer.schedule(_Wake(wake), str(inbox), recursive=True)
+        self._observer.schedule(_Wake(wake, str(inbox / OWN_DIR)), str(inbox), recursive=True)
         self._observer.daemon = True
 
     def start(self) -> None:

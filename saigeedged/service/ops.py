@@ -50,8 +50,9 @@ class Ops(threading.Thread):
         chans = channels(list(config.notify))
         self.sender = Sender(chans) if chans else None
         self.ends = Ends(store)
-        if self.sender is not None:
-            self.ends.fresh()  # what ended before this start was notified then, or never will be
+        if self.sender is not None:  # what ended before this start was notified then, or never will be
+            self.ends.skip()  # by index: a long history is not read
+            self.ends.fresh()  # ... nor the look-back window's ends
         self.policy = retention.Policy.from_config(config.retention)
         self.outputs = retention.Outputs(config.outbox, Places(config.inbox, config.state_dir).failed)
         self.dashboard = config.dashboard

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+import threading
 from pathlib import Path
 
 import structlog
@@ -28,6 +29,7 @@ class Recovery:
         self.jobs = jobs
         self.store, self.places, self.outbox = jobs.store, jobs.places, jobs.outbox
         self._reported: set[str] = set()  # folders whose rows could not be written, logged once
+        self._claimed = claims.Seen()  # claimed folders already settled: a rescan does not read them again
 
     # -- claimed folders -------------------------------------------------------------------------
     def _settled(self, orphan: Orphan) -> bool:
@@ -36,9 +38,10 @@ class Recovery:
         return bool(self.store.by_claim(str(orphan.folder)) or self.store.get(orphan.folder.name))
 
     def claims(self) -> bool:
-        """Settle every claimed folder without rows; True when jobs were queued."""
+        """Settle every claimed folder without rows; True when jobs were queued. Called at start and after each scan:
+        a folder seen settled once (its rows written) is not read again, so a rescan costs no more with a long queue."""
         queued = False
-        for orphan in claims.orphans(self.places.claimed, self._settled):
+        for orphan in claims.orphans(self.places.claimed, self._settled, self._claimed):
             try:
                 queued |= self._settle(orphan)
             except sqlite3.OperationalError as exc:  # state_dir full or read-only: the next rescan tries again
@@ -117,14 +120,23 @@ class Recovery:
         self.jobs.end(job, FAILED, error)
 
     # -- leftovers -------------------------------------------------------------------------------
-    def temp_files(self) -> None:
-        """Temp files of outbox writes a kill interrupted (status files, logs, bundles) are removed at start (the
-        daemon is the outbox's only writer, SPEC §11)."""
-        for folder, _, names in os.walk(self.outbox.root):
-            for name in names:
-                if files.TEMP_NAME.match(name):
-                    (Path(folder) / name).unlink(missing_ok=True)
-                    log.info("outbox.temp_removed", path=str(Path(folder) / name))
+    def temp_files(self) -> threading.Thread:
+        """Temp files of outbox writes a kill interrupted (status files, logs, bundles) are removed (the daemon is the
+        outbox's only writer, SPEC §11). A long history means hundreds of thousands of files to list, so the sweep
+        runs beside the start-up, not before READY; it leaves this process's own temp files (`.<name>.<pid>.tmp`)
+        alone, since the daemon writes the outbox meanwhile."""
+        mine = f".{os.getpid()}.tmp"
+
+        def sweep() -> None:
+            for folder, _, names in os.walk(self.outbox.root):
+                for name in names:
+                    if name[0] == "." and files.TEMP_NAME.match(name) and not name.endswith(mine):
+                        (Path(folder) / name).unlink(missing_ok=True)
+                        log.info("outbox.temp_removed", path=str(Path(folder) / name))
+
+        thread = threading.Thread(target=sweep, name="saigeedged-sweep", daemon=True)
+        thread.start()
+        return thread
 
     def work_dirs(self, work_root: Path) -> None:
         """Work folders of our jobs that have ended (a kill left them behind) are removed at start; folders of

@@ -1,0 +1,52 @@
+"""The metrics' counts of ended jobs up to a point in time, kept in the job database so a restart adds only the ends
+since the last summary instead of reading the whole history again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from saigeedged.adapters.store import Store
+
+NAME = "metrics"
+
+
+@dataclass
+class Tally:
+    """Counts of the jobs that ended before `before` (a UTC ISO string; "" = none counted yet)."""
+
+    before: str = ""
+    jobs: dict[str, int] = field(default_factory=dict)  # "target|state|code" -> jobs
+    hits: int = 0
+    buckets: dict[str, list[int]] = field(default_factory=dict)  # target -> jobs per run-time bucket
+    seconds: dict[str, float] = field(default_factory=dict)  # target -> sum of run times
+    last_success: dict[str, str] = field(default_factory=dict)  # target -> latest end of a success
+    attempts: dict[str, int] = field(default_factory=dict)  # "engine|code" -> attempts
+
+    @classmethod
+    def load(cls, store: Store) -> Tally:
+        doc = store.tally(NAME) or {}
+        try:
+            return cls(**doc)
+        except TypeError:  # written by another version: counted again from the rows
+            return cls()
+
+    def save(self, store: Store) -> None:
+        store.set_tally(NAME, self.__dict__)
+
+    def add(self, store: Store, before: str, bounds: tuple[float, ...]) -> None:
+        """Count the jobs that ended in [self.before, before) and move the mark to `before`."""
+        groups = store.ended_groups(self.before, before, bounds)
+        for target, state, code, hit, bucket, jobs, seconds, latest in groups:
+            key = f"{target}|{state}|{code}"
+            self.jobs[key] = self.jobs.get(key, 0) + jobs
+            self.hits += jobs if hit else 0
+            if bucket is not None:
+                counts = self.buckets.setdefault(target, [0] * len(bounds))
+                counts[bucket] += jobs
+                self.seconds[target] = self.seconds.get(target, 0.0) + seconds
+            if state == "succeeded" and latest > self.last_success.get(target, ""):
+                self.last_success[target] = latest
+        for engine, code, attempts in store.ended_attempts(self.before, before):
+            key = f"{engine}|{code}"
+            self.attempts[key] = self.attempts.get(key, 0) + attempts
+        self.before = before
