@@ -65,8 +65,9 @@ def per_step(steps: int) -> dict[str, float]:
             "step_streamed_s": round(statistics.median(streamed), 4)}
 
 
-def _one_reattach(run: int) -> tuple[float, float, float]:
-    """One restart mid-quantize: seconds to the old daemon's exit, to the new one's first log line, to its event."""
+def _one_reattach(run: int) -> tuple[float, float, float, float]:
+    """One restart mid-quantize: seconds to the old daemon's exit, the new one's READY=1, its first log line, its
+    event."""
     import docker
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,10 +88,11 @@ def _one_reattach(run: int) -> tuple[float, float, float]:
             d.proc.wait(30)  # type: ignore[union-attr]
             exited = time.monotonic() - t0
             d.start()
+            ready = time.monotonic() - t0
             wait_for(lambda: "re-attached in step" in log.read_text(), 60, "the job log going on")
             line = time.monotonic() - t0
             wait_for(lambda: d.events("job.reattached"), 60, "job.reattached")
-            return exited, line, time.monotonic() - t0
+            return exited, ready, line, time.monotonic() - t0
         finally:
             d.stop()
             try:
@@ -101,8 +103,8 @@ def _one_reattach(run: int) -> tuple[float, float, float]:
 
 def reattach(runs: int) -> dict[str, float]:
     """Median seconds from the SIGTERM of a daemon mid-quantize to the new daemon's first job-log line and event."""
-    exits, lines, events = zip(*(_one_reattach(run) for run in range(runs)), strict=True)
-    return {"stop_exit_s": round(statistics.median(exits), 3),
+    exits, readies, lines, events = zip(*(_one_reattach(run) for run in range(runs)), strict=True)
+    return {"stop_exit_s": round(statistics.median(exits), 3), "restart_ready_s": round(statistics.median(readies), 3),
             "reattach_next_log_line_s": round(statistics.median(lines), 3),
             "reattach_event_s": round(statistics.median(events), 3)}
 

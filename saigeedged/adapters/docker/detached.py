@@ -18,7 +18,8 @@ from saigeedged.adapters.docker.api import APIError, ContainerRef, DockerAPI
 from saigeedged.adapters.docker.transfer import LIST_FORMAT, STEPS_DIR
 from saigeedged.errors import SaigeError
 
-POLL_S = 0.05  # between looks at a local step's files (a file read: no engine call)
+POLL_S = (0.005, 0.05)  # between looks at a local step's files (a file read, no engine call): from the first to
+# the longest, doubling, so a short step ends within milliseconds and a long one costs a stat every 50 ms
 REMOTE_POLL_S = 0.5  # between looks at a remote step's files (one exec each)
 LIVENESS_S = 2.0  # how often the engine is asked whether the step's exec still runs
 # $0 = .steps/<n> (no suffix), $1 = the pidfile, then timeout's argv. The wrapper writes its own pid and then the
@@ -138,7 +139,7 @@ class Follower:
 
     def follow(self, stopping: Stopping) -> int:
         """The step's exit code; CONTAINER_LOST when it vanished; `stopping()`: leave it running (CANCELLED, stop)."""
-        poll = POLL_S if self.local else REMOTE_POLL_S
+        poll = POLL_S[0] if self.local else REMOTE_POLL_S
         while True:
             code = self._look()
             if code is not None:
@@ -155,3 +156,5 @@ class Follower:
                     raise SaigeError("CONTAINER_LOST", f"step {self.files.n} left no exit code: its container died "
                                      "or was recreated under it")
             time.sleep(poll)
+            if self.local:
+                poll = min(poll * 2, POLL_S[1])
