@@ -142,7 +142,8 @@ def main() -> None:
 
 def _table(rows: list[dict[str, Any]]) -> None:
     """Per setup and model kind: the range of each statistic."""
-    print("\nsetup task       gain  n  | out worst min  out mean min | score worst min/max | score mean min/max")
+    print("\nsetup task       gain  n  | out worst min/max  out mean min/max | score worst min/max | score mean min/max"
+          " | mAP drop min/max")
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["setup"], r["task"], r["gain"], r.get("calibration_method", ""), r.get("qtype", "")),
@@ -151,8 +152,8 @@ def _table(rows: list[dict[str, Any]]) -> None:
         def rng(k: str, rs: list[dict[str, Any]] = rs) -> str:
             vals = [r[k] for r in rs if r[k] is not None]
             return f"{min(vals):.4f}/{max(vals):.4f}" if vals else "   -   "
-        print(f"{key:5} {task:9} {gain:5.0f} {len(rs):2d}  | {rng('out_worst'):>13}  {rng('out_mean'):>12} | "
-              f"{rng('score_worst'):>19} | {rng('score_mean'):>18}  {method}{qtype}")
+        print(f"{key:5} {task:9} {gain:5.0f} {len(rs):2d}  | {rng('out_worst'):>17}  {rng('out_mean'):>16} | "
+              f"{rng('score_worst'):>19} | {rng('score_mean'):>18} | {rng('drop'):>15}  {method}{qtype}")
 
 
 if __name__ == "__main__":
