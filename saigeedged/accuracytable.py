@@ -6,7 +6,8 @@ from typing import Any
 
 
 def worst_cosine(result: dict[str, Any]) -> float | None:
-    """The lowest cosine the gate reads: every output's worst image and, for detection, the decoded scores."""
+    """The lowest cosine of the report: every output's worst image and, for detection, the decoded scores' (the gate
+    reads the means over the images, see compile/report.judge)."""
     values = [float(row["cosine"]) for row in result.get("outputs", {}).values()]
     score = (result.get("task") or {}).get("score_cosine")
     values += [float(score)] if score is not None else []
@@ -16,11 +17,11 @@ def worst_cosine(result: dict[str, Any]) -> float | None:
 def table(result: dict[str, Any]) -> list[str]:
     """The report as the job log and `saigeedged status JOB` print it."""
     lines = [f"accuracy ({result['method']}, {result['images']} held-out images)"]
-    lines += [f"  output {name:<28} cosine {row['cosine']:.4f}  max abs {row['max_abs_error']:.4g}"
-              for name, row in result["outputs"].items()]
+    lines += [f"  output {name:<28} {_cosine(row['cosine'], row.get('cosine_mean'))}  "
+              f"max abs {row['max_abs_error']:.4g}" for name, row in result["outputs"].items()]
     task = result.get("task") or {}
     if task.get("score_cosine") is not None:
-        lines.append(f"  decoded scores                      cosine {task['score_cosine']:.4f}")
+        lines.append(f"  decoded scores                      {_cosine(task['score_cosine'], task.get('score_cosine_mean'))}")
     if task.get("map50_vs_float") is not None:
         lines.append(f"  {task['metric']} against the float model's detections {task['map50_vs_float']:.4f}")
     if task.get("drop") is not None:
@@ -28,16 +29,21 @@ def table(result: dict[str, Any]) -> list[str]:
                      f"drop {task['drop']:.4f}")
     elif task.get("labels"):
         lines.append(f"  {task['labels']}")
-    lines += [f"  layer {row['tensor']:<29} cosine {row['cosine_mean']:.4f}  max abs {row['max_abs_error']:.4g}"
+    lines += [f"  layer {row['tensor']:<29} cosine mean {row['cosine_mean']:.4f}  max abs {row['max_abs_error']:.4g}"
               for row in result.get("worst_layers", [])[:3]]
     if result.get("default_quantization"):
         lines.append(f"  left at default quantization (scale 1, zero point 0): {', '.join(result['default_quantization'])}")
     if result.get("gate"):
         verdict = "passed" if result["gate"]["passed"] else "FAILED: " + "; ".join(result["gate"]["failures"])
-        lines.append(f"  gate min_cosine {result['gate']['min_cosine']} max_map_drop {result['gate']['max_map_drop']}: "
-                     f"{verdict}")
+        lines.append(f"  gate min_cosine {result['gate']['min_cosine']} (mean over the images) max_map_drop "
+                     f"{result['gate']['max_map_drop']}: {verdict}")
     lines += [f"  note: {note}" for note in result.get("notes", [])]
     return lines + variant_lines(result)
+
+
+def _cosine(worst: float, mean: float | None) -> str:
+    """The mean over the held-out images (what the gate reads), then the worst image's."""
+    return f"cosine {worst:.4f}" if mean is None else f"cosine mean {mean:.4f} worst {worst:.4f}"
 
 
 def variant_lines(result: dict[str, Any]) -> list[str]:

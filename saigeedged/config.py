@@ -65,7 +65,8 @@ DEFAULTS: dict[str, Any] = {
         "seed": 1337,
         "eval_samples": 16,  # held-out images of the accuracy report (SPEC §17)
     },
-    # the accuracy gate (SPEC §17): a compile below it ends failed ACCURACY_GATE and is never published
+    # the accuracy gate (SPEC §17), on means over the held-out images: a compile below it ends failed ACCURACY_GATE and
+    # is never published
     "accuracy": {"min_cosine": 0.95, "max_map_drop": 0.1},
     "cache": {"max_bytes": 10 * 1024**3},  # compiled artifacts under <state_dir>/cache/ (SPEC §12); 0 turns it off
     "keep_work": False,
@@ -154,8 +155,10 @@ class Defaults:
 
 @dataclass(frozen=True)
 class Accuracy:
-    """The gate (SPEC §17): the worst output cosine may not fall below `min_cosine`, nor the compiled model's mAP@0.5
-    below the float model's by more than `max_map_drop` (where it is measured); a manifest's `accuracy:` wins."""
+    """The gate (SPEC §17): no output's cosine, nor a detector's decoded-score correlation, averaged over the held-out
+    images, may fall below `min_cosine`, nor the compiled model's mAP@0.5 below the float model's by more than
+    `max_map_drop` (where it is measured); a manifest's `accuracy:` wins. The defaults are measured (bench/gate.py):
+    ordinary uint8 quantization stays >= 0.96, a collapsed score head falls to <= 0.93."""
 
     min_cosine: float = 0.95
     max_map_drop: float = 0.1

@@ -122,16 +122,30 @@ def test_mixed_head_trips_the_gate_the_normal_detector_passes(daemon: Any, tmp_p
     good, bad = d.wait_job("good"), d.wait_job("mixed")
     assert good["state"] == "succeeded", good
     assert bad["state"] == "failed" and bad["error"]["code"] == "ACCURACY_GATE", bad
-    assert "decoded scores cosine" in bad["error"]["message"]
+    assert "decoded scores mean cosine" in bad["error"]["message"]
     assert not (d.outbox / "mixed.host.saigeedge").exists()
     kept = d.inbox / ".saigeedged" / "failed" / bad["job_id"] / f"{bad['job_id']}.saigeedge"
     with zipfile.ZipFile(kept) as zf:
         rep = json.loads(zf.read("accuracy.json"))
-    assert not rep["gate"]["passed"] and rep["task"]["score_cosine"] < 0.95
+    assert not rep["gate"]["passed"] and rep["task"]["score_cosine_mean"] < 0.95
     log = (d.outbox / bad["log"]).read_text()
     assert "accuracy (int8, 16 held-out images)" in log and "FAILED" in log
     with zipfile.ZipFile(d.outbox / good["bundle"]["path"]) as zf:
         assert json.loads(zf.read("accuracy.json"))["gate"]["passed"]
+
+
+def test_gate_reads_the_mean_over_the_held_out_images() -> None:
+    """One held-out image below `min_cosine` (quantization noise) passes when every mean is above it; a mean below
+    it, of an output or of the decoded scores, fails and is named."""
+    from saigeedged.compile import report
+
+    gate = {"min_cosine": 0.95, "max_map_drop": 0.1}
+    noisy = {"outputs": {"out": {"cosine": 0.92, "cosine_mean": 0.98, "max_abs_error": 1.0}},
+             "task": {"metric": "mAP@0.5", "score_cosine": 0.91, "score_cosine_mean": 0.97, "drop": None}}
+    assert report.judge(noisy, gate) == []
+    noisy["task"]["score_cosine_mean"] = 0.93
+    noisy["outputs"]["out"]["cosine_mean"] = 0.94
+    assert report.judge(noisy, gate) == ["out mean cosine 0.9400 < 0.95", "decoded scores mean cosine 0.9300 < 0.95"]
 
 
 def test_report_shows_in_status_dashboard_and_table() -> None:

@@ -16,7 +16,7 @@ def installed_copy(tmp_path: Path) -> Path:
     """The unit with ExecStart pointing at this venv's entry point (verify checks that it exists)."""
     exe = shutil.which("saigeedged", path=str(Path(sys.executable).parent))
     assert exe
-    text = UNIT.read_text().replace("/opt/saigeedged/.venv/bin/saigeedged", exe)
+    text = UNIT.read_text().replace("/opt/saigeedged/bin/saigeedged", exe)
     dest = tmp_path / "saigeedged.service"
     dest.write_text(text)
     return dest

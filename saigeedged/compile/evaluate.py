@@ -197,6 +197,7 @@ def _detection(spec: Spec, ref: list[list[NDArray[Any]]], got: list[list[NDArray
     found_got = [accuracy.decode_yolox(g) for g in got]
     agreed = [(d.boxes[d.scores >= spec.conf], d.classes[d.scores >= spec.conf]) for d in found_ref]
     out: dict[str, Any] = {"metric": "mAP@0.5", "score_cosine": round(min(scores), 6),
+                           "score_cosine_mean": round(float(np.mean(scores)), 6),
                            "map50_vs_float": _round(accuracy.map50(found_got, agreed, spec.num_classes))}
     if all(boxes is not None for boxes, _ in spec.truth):
         truth = [(_letterboxed(spec, path, boxes or ()), np.asarray(labels, np.int64))

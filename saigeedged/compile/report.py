@@ -110,14 +110,19 @@ def thresholds(prep: Prepared, config: Config) -> dict[str, float]:
 
 
 def judge(result: dict[str, Any], gate: dict[str, float]) -> list[str]:
-    """Why the report is below the gate (empty: it passes). The worst image's cosine of every output, for detection
-    also of the decoded scores (a box channel in pixels hides collapsed scores in its output's cosine), and the mAP
-    drop where labels allowed one."""
-    failures = [f"{name} cosine {row['cosine']:.4f} < {gate['min_cosine']}"
-                for name, row in result["outputs"].items() if row["cosine"] < gate["min_cosine"]]
+    """Why the report is below the gate (empty: it passes). The mean over the held-out images of every output's
+    cosine, for detection also of the decoded scores' correlation (a box channel in pixels hides collapsed scores in
+    its output's cosine), and the mAP drop where labels allowed one.
+
+    The mean, not the worst image: on a handful of held-out images the worst one is noise (bench/gate.py: ordinary
+    uint8 models' worst image goes down to 0.88, their means stay >= 0.96, while a head whose scores share one scale
+    with pixel boxes has a mean score correlation <= 0.93, <= 0.90 at 100x). The worst image stays in the report."""
+    failures = [f"{name} mean cosine {row['cosine_mean']:.4f} < {gate['min_cosine']}"
+                for name, row in result["outputs"].items() if row["cosine_mean"] < gate["min_cosine"]]
     task = result.get("task") or {}
-    if task.get("score_cosine") is not None and task["score_cosine"] < gate["min_cosine"]:
-        failures.append(f"decoded scores cosine {task['score_cosine']:.4f} < {gate['min_cosine']}")
+    score = task.get("score_cosine_mean")
+    if score is not None and score < gate["min_cosine"]:
+        failures.append(f"decoded scores mean cosine {score:.4f} < {gate['min_cosine']}")
     if task.get("drop") is not None and task["drop"] > gate["max_map_drop"]:
         failures.append(f"{task['metric']} drop {task['drop']:.4f} > {gate['max_map_drop']}")
     return failures

@@ -1,10 +1,13 @@
-"""A booted systemd 252 (Debian bookworm) in a container of the host's engine, driven with `docker exec`."""
+"""A booted systemd 252 (a bare Debian bookworm with docker.io) in a container of the host's engine, driven with
+`docker exec`; and the Debian package that installs saigeedged in it."""
 
 from __future__ import annotations
 
+import functools
 import json
-import re
+import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,38 +37,29 @@ def missing_caps() -> list[str]:
     return [name for bit, name in enumerate(CAPS) if not bounding >> bit & 1]
 
 
-def source_copy(dest: Path) -> Path:
-    """The worktree's files as a fresh checkout would have them (tracked and new, no .venv nor caches)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, listed):
-        src = ROOT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            (dest / rel).write_bytes(src.read_bytes())
-            (dest / rel).chmod(src.stat().st_mode & 0o777)
-    return dest
-
-
-def install_block() -> str:
-    """The shell block of systemd/INSTALL.md, as an operator would paste it."""
-    text = (ROOT / "systemd" / "INSTALL.md").read_text()
-    match = re.search(r"```sh\n(.*?)```", text, re.S)
-    assert match, "no ```sh block in systemd/INSTALL.md"
-    return match.group(1)
+@functools.cache
+def package(version: str | None = None) -> Path:
+    """scripts/package's .deb of this worktree (with a version override, if given), built once per test session."""
+    argv = [str(ROOT / "scripts" / "package"), *(["--version", version] if version else [])]
+    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=2400)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return ROOT / run.stdout.strip().splitlines()[-1]
 
 
 class Box:
     """One booted box. Paths under `shared` are bind-mounted at the same path, like the host's docker socket."""
 
-    def __init__(self, tag: str, shared: Path) -> None:
+    def __init__(self, tag: str, shared: Path, mounts: dict[Path, str] | None = None) -> None:
+        """`mounts`: more host paths, bind-mounted at the box path given for each."""
         self.name = f"saigeedged-systemdbox-{uuid.uuid4().hex[:8]}"
+        self.shared = shared
         drop = [f"--cap-drop={c}" for c in missing_caps()]
+        binds = [arg for src, dest in (mounts or {}).items() for arg in ("-v", f"{src}:{dest}")]
         subprocess.run(["docker", "run", "-d", "--name", self.name, "--hostname", "saigeedged-box", "--network", "none",
                         "--cap-add=ALL", *drop, "--security-opt", "seccomp=unconfined", "--security-opt",
                         "apparmor=unconfined", "--security-opt", "systempaths=unconfined", "--cgroupns=host",
                         "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock",
-                        "-v", f"{DOCKER_SOCKET}:/run/docker.sock", "-v", f"{shared}:{shared}", tag],
+                        "-v", f"{DOCKER_SOCKET}:/run/docker.sock", "-v", f"{shared}:{shared}", *binds, tag],
                        check=True, capture_output=True, timeout=120)
 
     def sh(self, script: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -84,11 +78,19 @@ class Box:
         return self.sh(script, timeout=120).stdout.strip()
 
     def host_setup(self) -> None:
-        """What installing docker.io does on a real host: a `docker` group owning the engine's socket; and a
-        resolvable host name, which `--network none` leaves out of /etc/hosts."""
+        """The box's docker group is the one owning the (host's) engine socket, as docker.io makes it on a real host;
+        and a resolvable host name, which `--network none` leaves out of /etc/hosts."""
         gid = DOCKER_SOCKET.stat().st_gid
-        self.sh(f"getent group docker >/dev/null || groupadd -g {gid} docker")
-        self.sh("grep -q saigeedged-box /etc/hosts || echo '127.0.1.1 saigeedged-box' >> /etc/hosts")  # for sudo
+        self.sh(f"groupmod -o -g {gid} docker")
+        self.sh("grep -q saigeedged-box /etc/hosts || echo '127.0.1.1 saigeedged-box' >> /etc/hosts")
+
+    def apt_install(self, deb: Path) -> float:
+        """`apt install ./<deb>` as an operator runs it (offline: the dependencies wait in apt's cache); its seconds."""
+        copy = self.shared / deb.name
+        shutil.copyfile(deb, copy)
+        start = time.monotonic()
+        self.sh(f"cd {self.shared} && DEBIAN_FRONTEND=noninteractive apt-get install -y -q ./{deb.name}", timeout=600)
+        return time.monotonic() - start
 
     def show(self, *props: str) -> dict[str, str]:
         out = self.sh(f"systemctl show saigeedged -p {','.join(props)}").stdout
