@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -181,3 +182,36 @@ def drop(folder: Path, stem: str, onnx_src: Path, manifest: dict[str, Any]) -> N
     tmp = folder / f"{stem}.yml.tmp"
     tmp.write_text(yaml.safe_dump(manifest))
     tmp.rename(folder / f"{stem}.yml")
+
+
+def job_named(outbox: Path, name: str, states: tuple[str, ...], steps: tuple[str, ...], timeout: float,
+              context: Callable[[], str] = lambda: "") -> dict[str, Any]:
+    """The status document of job `name` once it is in one of `states` (and at one of `steps`, if given); `context`
+    is added to the timeout's message (e.g. the journal of a box)."""
+    def find() -> dict[str, Any] | None:
+        for path in (outbox / "status").glob(f"{name}-*.json"):
+            doc = read_status(outbox, path.stem)
+            if doc and doc["name"] == name and doc["state"] in states and (not steps or doc["step"] in steps):
+                return doc
+        return None
+
+    return wait_for(find, timeout, f"job {name} in {states} {steps}\n" + context())  # type: ignore[no-any-return]
+
+
+def drop_detector(inbox: Path, data: Path, name: str, **fields: Any) -> None:
+    """Drop a small YOLOX detector calibrated on `data`/val.json; its weights are seeded by the name, as an identical
+    model would be served from the cache and skip the stand-in's name-chosen behaviour (slow*, hang...)."""
+    from factory import yolox
+
+    size = fields.pop("size", (64, 64))
+    manifest = {"task": "detection", "num_classes": 3, "calib": str(data / "val.json"), "n_samples": 4, **fields}
+    drop(inbox, name, yolox(data / f"{name}.onnx", size=size, seed=zlib.crc32(name.encode())), manifest)
+
+
+def remove_containers(client: Any, *names: str) -> None:
+    """Remove these containers of the engine if they exist (a fixture's clean-up: never created, or already gone)."""
+    for name in names:
+        try:
+            client.containers.get(name).remove(force=True)
+        except Exception:  # not there: nothing to remove
+            continue

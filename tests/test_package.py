@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tomllib
 import uuid
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +22,8 @@ from typing import Any
 
 import pytest
 from conftest import STANDIN_ACUITY, STANDIN_MOBILINT
-from factory import random_labels, valjson, yolox
-from harness import drop, read_status, wait_for
+from factory import random_labels, valjson
+from harness import drop_detector, job_named, read_status, remove_containers, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent / "systemdbox"))
 from box import ROOT, Box, image, package  # noqa: E402
@@ -56,24 +55,11 @@ class Host:
 
     def job(self, name: str, states: tuple[str, ...] = ("succeeded", "failed", "cancelled"),
             timeout: float = 120, steps: tuple[str, ...] = ()) -> dict[str, Any]:
-        """The status document of job `name` once it is in one of `states` (and at one of `steps`, if given)."""
-        def find() -> dict[str, Any] | None:
-            for path in (self.srv / "outbox" / "status").glob(f"{name}-*.json"):
-                doc = self.status(path.stem)
-                if doc and doc["name"] == name and doc["state"] in states and (not steps or doc["step"] in steps):
-                    return doc
-            return None
-
-        return wait_for(find, timeout, f"job {name} in {states}\n"  # type: ignore[no-any-return]
-                        + "\n".join(self.box.messages()[-40:]))
+        return job_named(self.srv / "outbox", name, states, steps, timeout,
+                         lambda: "\n".join(self.box.messages()[-40:]))
 
     def drop(self, name: str, **fields: Any) -> None:
-        size = fields.pop("size", (64, 64))
-        manifest = {"task": "detection", "num_classes": 3, "calib": str(self.data / "val.json"), "n_samples": 4,
-                    "target": "host", **fields}
-        # weights seeded by the name: an identical model would be served from the cache
-        model = yolox(self.data / f"{name}.onnx", size=size, seed=zlib.crc32(name.encode()))
-        drop(self.srv / "inbox", name, model, manifest)
+        drop_detector(self.srv / "inbox", self.data, name, **{"target": "host", **fields})
 
     def check(self) -> subprocess.CompletedProcess[str]:
         """`saigeedged check` as the service's user, with the installed config."""
@@ -100,11 +86,7 @@ def host(tmp_path_factory: pytest.TempPathFactory, docker_client: Any) -> Iterat
     finally:
         lintian.kill()
         b.remove()
-        for name in (container, f"{container}-mobilint"):
-            try:
-                docker_client.containers.get(name).remove(force=True)
-            except Exception:  # never created, or already gone
-                pass
+        remove_containers(docker_client, container, f"{container}-mobilint")
 
 
 def md5sums(deb: Path) -> dict[str, str]:
