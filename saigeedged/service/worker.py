@@ -64,8 +64,9 @@ class Worker(threading.Thread):
         self.stop_event = threading.Event()
         self.current: Job | None = None
         self.work: Path | None = None  # the current job's work dir
-        # the fence of an attempt that was requeued under this worker (its engine stopped answering mid-call): every
-        # row write, status file and publication of the job is made holding `lease` and only while not `abandoned`
+        # an attempt requeued under this worker by the engine watch (its engine stopped answering mid-call): `lease`
+        # keeps that requeue out of a write under way, `abandoned` skips this worker's later writes at once; the store's
+        # Attempt fence (`attempt`) is the arbiter either way (SPEC §15)
         self.lease = threading.Lock()
         self.abandoned = False
         self.outage = Outage()
