@@ -150,6 +150,7 @@ class Container(Lifecycle):
             return
         if self._sync is None or self._sync.work != workdir:  # a step re-attached after a restart: all comes back
             self._sync, self.moved = WorkSync(workdir, owner_ids(exec_user(self.spec.user))), 0
+            self._sync.started = True  # the container's copy is this attempt's own: the next push must not empty it
         self.moved += self._sync.pull(self.docker, ctr, lambda argv: self._fixed(ctr, argv), listing)
 
     def _fixed(self, ctr: ContainerRef, argv: list[str]) -> bytes:
