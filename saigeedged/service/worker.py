@@ -262,21 +262,14 @@ class Worker(threading.Thread):
                 resume.started(self.slot.work_dir(self.config.work_root, job)):
             self._detach(job)  # its container step runs on: the row stays running, the next daemon re-attaches
             return
-        if exc.code == "DOCKER_UNAVAILABLE" and self.slot.pooled:  # the engine monitor decides whether it moves
-            self.slot.on_lost(exc.message)
-            if resume.started(self.slot.work_dir(self.config.work_root, job)):
-                self._keep_running(job, exc)
-                return
-            self.jobs.requeue(job, "docker_unavailable", exc, spend_attempt=False,  # no step yet: any slot may take it
-                              fence=fence)
+        if exc.code == "DOCKER_UNAVAILABLE":
+            self._hold(job, exc, fence)
             return
         end_attempt(job, jobid.iso(jobid.utc_now()), exc.code)
         if exc.code == "CANCELLED" and exc.fields.get("reason") == "stop":  # the operator's, not the job's fault:
             self.jobs.requeue(job, "stop", spend_attempt=job.attempt < max_attempts, fence=fence)  # not past max
         elif exc.code == "CANCELLED":
             self.jobs.end(job, CANCELLED, exc, fence=fence)
-        elif exc.code == "DOCKER_UNAVAILABLE":
-            self._hold(job, exc)
         elif exc.retryable and job.attempt < max_attempts and not exc.fields.get("exhausted"):
             if exc.code == "CONTAINER_LOST":
                 self._recreate(job)
@@ -319,16 +312,21 @@ class Worker(threading.Thread):
         (work / resume.DETACHED).touch()
         event("job.detached", job, attempt=job.attempt)
 
-    def _hold(self, job: Job, exc: SaigeError) -> None:
+    def _hold(self, job: Job, exc: SaigeError, fence: Attempt) -> None:
         """The engine is unreachable: not the job's fault, so it waits with its attempt unspent. A step already
-        started in the container may run on: the job stays running and is re-attached once the engine answers."""
-        if self.outage.begin(job.target):
+        started in the container may run on: the job stays running, its attempt open, and re-attaches once the engine
+        answers; a job without one goes back to the queue (any slot may take it). In a pool the engine watch decides
+        whether it moves to another engine; with one engine the worker's outage pings it."""
+        if self.slot.pooled:
+            self.slot.on_lost(exc.message)
+        elif self.outage.begin(job.target):
             log.warning("docker.unavailable", error_code=exc.code, message=exc.message, hint=exc.hint)
             self.slot.on_lost(exc.message)
         if resume.started(self.slot.work_dir(self.config.work_root, job)):
             self._keep_running(job, exc)
             return
-        self.jobs.requeue(job, "docker_unavailable", exc, spend_attempt=False, fence=Attempt.of(job))
+        end_attempt(job, jobid.iso(jobid.utc_now()), exc.code)
+        self.jobs.requeue(job, "docker_unavailable", exc, spend_attempt=False, fence=fence)
 
     def _keep_running(self, job: Job, exc: SaigeError) -> None:
         """The job's step may run on while its engine does not answer: it stays running (the reason in its status
