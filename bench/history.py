@@ -133,7 +133,7 @@ def dashboard_write(cfg: Path) -> float:
     """One page write as the ops thread does it, in this process (the daemon is stopped)."""
     config = configmod.load(cfg)
     store = Store(config.state_dir / "saigeedged.db")
-    ops = Ops(config, store, lambda: True)
+    ops = Ops(config, store)
     t0 = time.monotonic()
     ops.write_page()
     spent = time.monotonic() - t0

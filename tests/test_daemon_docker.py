@@ -28,8 +28,9 @@ def cubie_daemon(daemon: Any, docker_config: Path) -> Any:
 
     def start(**overrides: Any) -> Any:
         limits = {**settings["limits"], **overrides.pop("limits", {})}
-        return daemon(cubie=settings["cubie"], mobilint=settings["mobilint"], limits=limits,
-                      defaults={"target": "cubie"}, **overrides)
+        cubie = {**settings["cubie"], **overrides.pop("cubie", {})}
+        return daemon(cubie=cubie, mobilint=settings["mobilint"], limits=limits, defaults={"target": "cubie"},
+                      **overrides)
 
     return start
 
@@ -242,12 +243,28 @@ def test_engine_outage_holds_container_jobs_while_host_jobs_go_on(cubie_daemon: 
     d.expect("Docker engine unreachable", 10, after=seen)
     drop(d.inbox, "onhost", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
     assert d.wait_job("onhost")["state"] == "succeeded"
+    waiting = d.events("job.waiting")
+    assert [(e["job_id"], e["error_code"]) for e in waiting] == [(job["job_id"], "DOCKER_UNAVAILABLE")]
     proxy.up()
-    wait_for(lambda: d.events("docker.available"), 60, "the engine seen again")
     wait_for(lambda: d.events("job.reattached"), 30, "the job re-attached")
     assert procs(docker_client, d).count("sleep 100000") == 1  # the same step: it ran on, nothing started again
-    assert len(d.events("docker.unavailable")) == 1 and not d.events("job.requeued")
+    assert not d.events("job.requeued") and not d.events("engine.down")  # back within engine_timeout_s: not down
     assert len(calls(docker_client, d, "quantize")) == 1 and d.status(job["job_id"])["attempt"] == 1
+
+
+def test_a_missing_image_fails_its_job_with_the_image_named_and_the_daemon_goes_on(cubie_daemon: Any,
+                                                                                  det_inputs: dict[str, Any]) -> None:
+    """One engine without the cubie image: the monitor takes the engine up all the same (no engine has the image),
+    so the cubie job fails IMAGE_NOT_FOUND naming the image instead of waiting for ever, and a host job runs."""
+    d = cubie_daemon(cubie={"image": "saigeedged-standin/not-loaded:none"})
+    drop(d.inbox, "noimage", det_inputs["onnx"], det_inputs["manifest"])
+    failed = d.wait_job("noimage")
+    assert failed["state"] == "failed" and failed["error"]["code"] == "IMAGE_NOT_FOUND", failed
+    assert "saigeedged-standin/not-loaded:none" in failed["error"]["message"] and failed["error"]["hint"]
+    missing = d.events("engine.image_missing")
+    assert [(e["engine"], e["targets"]) for e in missing] == [("local", "cubie")]
+    drop(d.inbox, "onhost", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
+    assert d.wait_job("onhost")["state"] == "succeeded"
 
 
 def test_submit_wait_outlasts_the_claim_wait(cubie_daemon: Any, tmp_path: Path, det_inputs: dict[str, Any],

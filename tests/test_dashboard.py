@@ -109,7 +109,7 @@ def test_page_escapes_names_and_is_rewritten_at_most_once_a_second(tmp_path: Pat
     """A hostile drop name is shown as text; changes within a second wait for the next second's rewrite."""
     store = Store(tmp_path / "state" / "saigeedged.db")
     cfg = config.load(write_config(tmp_path, dashboard=True))
-    ops = Ops(cfg, store, lambda: True, clock=lambda: 0.0)
+    ops = Ops(cfg, store, clock=lambda: 0.0)
     now = jobid.iso(jobid.utc_now())
     job = Job(job_id="x-1", name='<img src=x onerror="alert(1)">', target="host", task="mlc", entry={"onnx": "a.onnx"},
               subdir="", claim_dir=str(tmp_path), manifest="m.yml", state=FAILED, created_at=now, finished_at=now,
@@ -145,7 +145,7 @@ def test_a_long_queue_shows_its_head_and_counts_the_rest(tmp_path: Path) -> None
     store = Store(tmp_path / "state" / "saigeedged.db")
     for job in jobs[:dashboard.QUEUE_SHOWN + 5]:
         store.add(job)
-    view = Ops(config.load(write_config(tmp_path, dashboard=True)), store, lambda: True).view()
+    view = Ops(config.load(write_config(tmp_path, dashboard=True)), store).view()
     assert len(view.queued) == dashboard.QUEUE_SHOWN and view.waiting == dashboard.QUEUE_SHOWN + 5
 
 

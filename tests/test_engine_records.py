@@ -156,15 +156,19 @@ def test_status_of_a_job_names_its_engine_and_attempts(tmp_path: Path, capsys: A
     assert doc["engine"] == "compile2" and doc["attempts"][0]["engine"] == "compile2"
 
 
-def test_status_without_engines_is_unchanged(tmp_path: Path, config_path: Path, capsys: Any) -> None:
-    """Without `engines:` in the config, `status` prints the job table only, as before the pool."""
+def test_status_without_engines_lists_the_one_local_engine(tmp_path: Path, config_path: Path, capsys: Any) -> None:
+    """Without `engines:` the one local engine is a pool of one (SPEC §15): `status` prints the job table, then that
+    engine as the monitor recorded it (down, with why and since when), and a job's attempts."""
     store = Store(tmp_path / "state" / "saigeedged.db")
-    store.set_engine("local", True, None, ["cubie", "mobilint"])
+    store.set_engine("local", False, "does not answer", ["cubie", "mobilint"])
     store.add(job("det-1"))
     store.close()
     assert cli.main(["status", "-c", str(config_path)]) == 0
-    out = capsys.readouterr().out
-    assert "ENGINE" not in out and out.splitlines()[0].startswith("JOB")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("JOB") and lines[-2].startswith("ENGINE")
+    assert lines[-1].split()[:2] == ["local", "down"] and "does not answer, since" in lines[-1]
+    assert cli.main(["status", "det-1", "-c", str(config_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "engine -"
 
 
 def test_dashboard_and_metrics_show_each_recorded_engine(tmp_path: Path) -> None:
@@ -185,7 +189,7 @@ def test_dashboard_and_metrics_show_each_recorded_engine(tmp_path: Path) -> None
     begin_attempt(moved, "local", T2)
     end_attempt(moved, T3, None)
     store.add(moved)
-    ops = Ops(load(_with_metrics(path)), store, lambda: True)
+    ops = Ops(load(_with_metrics(path)), store)
     slots = [(s.engine, s.target, s.up, s.job.name if s.job else None) for s in ops.view().slots]
     assert slots == [("local", "cubie", True, None), ("local", "mobilint", True, None),
                      ("compile2", "cubie", False, "det"), ("this host", "host", True, None)]

@@ -24,9 +24,10 @@ pytestmark = pytest.mark.docker
 def test_an_engine_that_does_not_answer_holds_jobs_and_keeps_the_worker(cubie_daemon: Any,  # noqa: F811
                                                                         det_inputs: dict[str, Any],
                                                                         tmp_path: Path) -> None:
-    """An engine that takes connections but never answers (ReadTimeout, not a refused socket): the cubie job
-    waits in the queue as DOCKER_UNAVAILABLE, the pings that time out too do not kill the worker, and once the
-    engine answers the job succeeds."""
+    """An engine that takes connections but never answers (ReadTimeout, not a refused socket): past
+    limits.engine_timeout_s the monitor marks it down (one engine.down), the cubie job waits in the queue with its
+    attempt unspent, a host job still runs (the pings that time out do not hold up the worker), and once the engine
+    answers (engine.up) the job succeeds on its first attempt."""
     proxy = EngineProxy(tmp_path / "engine.sock")
     proxy.up()
     d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host}, limits={"engine_timeout_s": 2.0})
@@ -35,14 +36,16 @@ def test_an_engine_that_does_not_answer_holds_jobs_and_keeps_the_worker(cubie_da
     proxy.hang()
     drop(d.inbox, "busy", det_inputs["onnx"], det_inputs["manifest"])
     job = d.wait_job("busy", ("queued",))
-    held = wait_for(lambda: (s := d.status(job["job_id"])) and s["error"] and s, 30, "the job held")
-    assert held["error"]["code"] == "DOCKER_UNAVAILABLE" and held["attempt"] == 1
-    wait_for(lambda: len(d.events("docker.unavailable")) == 1 and len(d.messages) > 0, 10, "the outage seen")
+    down = wait_for(lambda: d.events("engine.down"), 30, "the engine marked down")
+    assert down[0]["engine"] == "local" and down[0]["error_code"] == "DOCKER_UNAVAILABLE"
+    assert d.status(job["job_id"])["state"] == "queued"  # waits: nothing can compile it now
+    d.expect("Docker engine unreachable", 10)
     drop(d.inbox, "onhost", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
     assert d.wait_job("onhost")["state"] == "succeeded"  # the worker thread outlived the pings that timed out
     proxy.resume()
     done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=90)
     assert (done["state"], done["attempt"]) == ("succeeded", 1)
+    assert len(d.events("engine.down")) == 1 and len(d.events("engine.up")) == 1
     assert not d.events("job.internal_error")
 
 
@@ -157,11 +160,11 @@ def test_sigterm_on_a_hung_engine_exits_in_time_and_the_job_runs_again(cubie_dae
 
 def test_a_frozen_engine_holds_the_job_which_reattaches_when_it_answers(cubie_daemon: Any,  # noqa: F811
                                                                        docker_client: Any, tmp_path: Path,
-                                                                       det_inputs: dict[str, Any]) -> None:
+                                                                       det_inputs: dict[str, Any], capsys: Any) -> None:
     """The only engine stops answering mid-step for longer than limits.engine_timeout_s (a hung dockerd): the job
-    waits running with DOCKER_UNAVAILABLE and its first attempt, STATUS= says the engine is unreachable while the
-    watchdog pings go on; once the engine answers the job re-attaches to the step that ran on and succeeds, the
-    step run once."""
+    waits running with DOCKER_UNAVAILABLE and its first attempt, the monitor marks the engine down (STATUS= and
+    `status` say so) while the watchdog pings go on; once the engine answers the job re-attaches to the step that
+    ran on and succeeds, the step run once."""
     from test_daemon_docker import calls
 
     proxy = EngineProxy(tmp_path / "engine.sock")
@@ -176,9 +179,15 @@ def test_a_frozen_engine_holds_the_job_which_reattaches_when_it_answers(cubie_da
     d.expect("Docker engine unreachable", 10, after=seen)
     seen = len(d.messages)
     d.expect("WATCHDOG=1", 10, after=seen)  # the main loop stays healthy while the engine hangs
+    wait_for(lambda: d.events("engine.down"), 30, "the engine marked down")
+    capsys.readouterr()
+    assert cli.main(["status", "-c", str(d.config)]) == 0
+    (local,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local ")]
+    assert local.split()[1] == "down" and "does not answer" in local, local
     proxy.resume()
     done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=90)
     assert (done["state"], done["attempt"], done["error"]) == ("succeeded", 1, None), done
     assert [(a["engine"], a["error"]) for a in done["attempts"]] == [("local", None)]  # one attempt, held open
     assert [e["job_id"] for e in d.events("job.reattached")] == [job["job_id"]]
     assert len(calls(docker_client, d, "quantize")) == 1
+    assert [e["engine"] for e in d.events("engine.up")] == ["local"]

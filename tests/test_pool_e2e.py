@@ -240,7 +240,7 @@ def test_engine_lost_mid_step_moves_the_job_and_never_publishes_the_lost_attempt
         fault: str, pool: Any, engine_hosts: Any, det_inputs: dict[str, Any]) -> None:
     """kill -9 or SIGSTOP (past engine_timeout_s) of the dockerd running a job's quantize: engine.down, the job moves
     (job.moved) and succeeds on the other engine after an ENGINE_LOST attempt; when the engine is back (engine.up)
-    the old attempt's step is already killed there, and nothing is published twice."""
+    the old attempt's step is already killed there and its folders removed, and nothing is published twice."""
     d, doc, engine = moved_job(pool, engine_hosts, det_inputs, f"{fault}_sleep{LONG}")
     lose, come_back = FAULTS[fault]
     getattr(engine, lose)()
@@ -251,6 +251,9 @@ def test_engine_lost_mid_step_moves_the_job_and_never_publishes_the_lost_attempt
         getattr(engine, come_back)()
     journal_event(d, "engine.up", after=down, engine=engine.name)
     assert f"sleep {LONG}" not in procs(engine.client(), cubie(d)["container"])  # killed before engine.up
+    old = d.state_dir / "work" / doc["job_id"] / "attempt1"  # the lost attempt's folder went with its step:
+    assert not old.exists()  # here, and in the engine's container
+    assert engine.client().containers.get(cubie(d)["container"]).exec_run(["test", "-e", str(old)]).exit_code == 1
     done = assert_moved_once(d, doc["job_id"], engine.name)
     assert_published_once(d, doc["job_id"], done["bundle"])
 

@@ -116,3 +116,19 @@ def test_an_attempt_requeued_under_its_worker_publishes_nothing(tmp_path: Path, 
     finally:
         w.stop()
         w.join(30)
+
+
+def test_a_stop_asked_just_before_a_take_stops_the_job_before_its_first_step(tmp_path: Path) -> None:
+    """SIGTERM landing between a worker's look at the queue and its take: the take does not erase the stop, so the
+    job runs no step (not even validate) and goes back to the queue, its inputs still claimed."""
+    config = configmod.load(write_config(tmp_path, allowed_roots=[str(tmp_path / "data")]))
+    jobs, places = setup(config)
+    job = queued_job(tmp_path, config, jobs, "stopped")
+    w = worker(config, jobs, places, "local")
+    w.stop_event.set()  # the stop arrives after next_queued() returned the job, before execute() takes it
+    w.execute(job)
+    after = jobs.store.get(job.job_id)
+    assert after is not None and (after.state, after.step) == ("queued", None), after
+    assert [a["error"] for a in after.attempts] == ["CANCELLED"]
+    assert "before step validate (stop)" in places.local_log(job.job_id).read_text()
+    assert Path(after.entry["onnx"]).is_file()

@@ -24,6 +24,7 @@ from saigeedged.files import sha256_file
 from saigeedged.jobs import Job, entry_to_doc
 from saigeedged.manifest import load as load_manifest
 from saigeedged.service.ahead import Preparer
+from saigeedged.service.slot import work_dir
 
 docker = pytest.mark.docker
 
@@ -52,17 +53,18 @@ def test_preparer_keeps_the_window_and_hands_over_unchanged_preps(tmp_path: Path
     try:
         first = queued(config, store, "first", det_inputs["onnx"], det_inputs["manifest"])
         preparer.wake.set()
-        wait_for(lambda: (config.work_root / "first" / "dataset.txt").is_file(), 60, "first prepared")
+        wait_for(lambda: (config.work_root / "first" / "attempt1" / "dataset.txt").is_file(), 60, "first prepared")
         urgent = queued(config, store, "urgent", det_inputs["onnx"], det_inputs["manifest"], priority=5)
         preparer.wake.set()
-        wait_for(lambda: (config.work_root / "urgent" / "dataset.txt").is_file(), 60, "urgent prepared")
+        wait_for(lambda: (config.work_root / "urgent" / "attempt1" / "dataset.txt").is_file(), 60, "urgent prepared")
         wait_for(lambda: not (config.work_root / "first").exists(), 10, "first's prep thrown away")
         assert preparer.take(first, lambda: None) is None
         urgent.attempt = 2  # e.g. requeued meanwhile: made for attempt 1, not used
         assert preparer.take(urgent, lambda: None) is None and not (config.work_root / "urgent").exists()
         store.save(Job.from_doc({**urgent.to_doc(), "attempt": 1, "state": "cancelled"}))
         preparer.wake.set()
-        wait_for(lambda: (config.work_root / "first" / "dataset.txt").is_file(), 60, "first prepared again")
+        wait_for(lambda: (config.work_root / "first" / "attempt1" / "dataset.txt").is_file(), 60, "first prepared again")
+        first = store.take(first.job_id, "local", "2026-12-01T00:00:00Z") or first  # as a slot does: not queued now
         prep = preparer.take(first, lambda: None)
         assert prep is not None and prep.result is not None and prep.beside == "compiling-job"
         assert prep.result.onnx_sha256 == sha256_file(det_inputs["onnx"]) and len(prep.result.chosen) == 4
@@ -137,6 +139,29 @@ def test_next_job_is_prepared_while_one_compiles(cubie_daemon: Any, tmp_path: Pa
     assert "4 calibration images" in host and "cut at /head/Concat_output_0" in host
 
 
+def test_a_job_a_slot_takes_while_the_preparer_chose_it_is_never_prepared(tmp_path: Path,
+                                                                          det_inputs: dict[str, Any]) -> None:
+    """The race of prep-ahead and a slot: the preparer picked the head of the queue, a slot took it before the prep
+    began; the prep leaves the worker's work folder alone and hands nothing over."""
+    config = configmod.load(write_config(tmp_path, allowed_roots=[str(tmp_path / "data")]))
+    store = Store(config.state_dir / "saigeedged.db")
+    preparer = Preparer(config, store, config.inbox, lambda: (1, "compiling-job"))  # not started: driven step by step
+    try:
+        job = queued(config, store, "raced", det_inputs["onnx"], det_inputs["manifest"])
+        chosen = preparer._next()
+        assert chosen is not None and chosen.job_id == job.job_id
+        taken = store.take(job.job_id, "local", "2026-12-01T00:00:00Z")  # the slot wins the race
+        assert taken is not None
+        work = work_dir(config.work_root, taken)
+        work.mkdir(parents=True)
+        (work / "validate.txt").write_text("the worker's own")
+        preparer._prepare(chosen)
+        assert (work / "validate.txt").read_text() == "the worker's own" and not (work / "dataset.txt").exists()
+        assert preparer.take(taken, lambda: None) is None
+    finally:
+        store.close()
+
+
 @docker
 def test_pool_slot_gets_the_prep_in_its_attempt_folder(cubie_daemon: Any, tmp_path: Path,
                                                        det_inputs: dict[str, Any]) -> None:
@@ -169,7 +194,7 @@ def test_cancelled_prepared_job_loses_its_prep(cubie_daemon: Any, tmp_path: Path
     gone = d.wait_job("gone", ("queued",))
     prepared(d, gone["job_id"])
     work = d.state_dir / "work" / gone["job_id"]
-    assert (work / "dataset.txt").is_file()
+    assert (work / "attempt1" / "dataset.txt").is_file()
     cancel(d, gone["job_id"])
     assert d.status(gone["job_id"])["state"] == "cancelled"
     wait_for(lambda: not work.exists(), 30, "the cancelled job's prepared work folder removed")
@@ -256,7 +281,7 @@ def test_stop_during_prep(cubie_daemon: Any, tmp_path: Path, det_inputs: dict[st
     drop(d.inbox, "slow", det_inputs["onnx"], manifest)
     slow = d.wait_job("slow", ("queued",))
     work = d.state_dir / "work" / slow["job_id"]
-    wait_for(lambda: (work / "slow_surgery.onnx").is_file(), 60, "the prep's surgery done, calibration checking")
+    wait_for(lambda: (work / "attempt1" / "slow_surgery.onnx").is_file(), 60, "the prep's surgery done, calibration checking")
     d.signal(signal.SIGTERM)
     assert d.proc.wait(30) == 0
     assert "stop" in discarded(d, slow["job_id"])["reason"]

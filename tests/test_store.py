@@ -1,4 +1,4 @@
-"""The SQLite queue: WAL, priority then FIFO, checked transitions, cancel flags; jobs waiting out an engine outage."""
+"""The SQLite queue: WAL, priority then FIFO, checked transitions, cancel flags."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 
 from saigeedged.adapters.store import Store
 from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, CancelWins, Job, TransitionError, status_text
-from saigeedged.service.outage import Outage
 
 
 def job(job_id: str, priority: int = 0, target: str = "host", **fields: object) -> Job:
@@ -47,23 +46,6 @@ def test_skipped_targets_wait_without_blocking_the_rest(tmp_path: Path) -> None:
     assert store.next_queued().job_id == "a-1"
     assert store.next_queued(("cubie", "mobilint")).job_id == "b-2"
     assert store.next_queued(("cubie", "host")) is None
-
-
-def test_outage_pings_with_a_growing_backoff() -> None:
-    """One outage per engine loss however many jobs meet it; pings at 1, 2, 5, 10, 30, 30 ... s."""
-    now = [100.0]
-    outage = Outage(clock=lambda: now[0])
-    assert not outage.active and not outage.due() and outage.wait_s(1.0) == 1.0
-    assert outage.begin("cubie") and not outage.begin("mobilint")
-    assert outage.targets == {"cubie", "mobilint"}
-    pings = []
-    while len(pings) < 6:
-        now[0] += outage.wait_s(60.0) or 0.5
-        if outage.due():
-            pings.append(now[0] - 100.0)
-            outage.still_down()
-    assert pings == [1.0, 3.0, 8.0, 18.0, 48.0, 78.0]
-    assert outage.end() == 78.0 and not outage.active and not outage.targets
 
 
 def test_transitions_are_checked(tmp_path: Path) -> None:

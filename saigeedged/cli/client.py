@@ -15,7 +15,7 @@ import yaml
 from saigeedged import accuracytable, files
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
-from saigeedged.cli.enginestatus import attempt_lines, engine_lines, pool_configured
+from saigeedged.cli.enginestatus import attempt_lines, engine_lines
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.files import sha256_file
@@ -143,7 +143,7 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
         print(json.dumps(doc, indent=1) if as_json else _row(job), file=out)
         if doc.get("accuracy") and not as_json:
             print(printable("\n".join(accuracytable.table(doc["accuracy"]))), file=out)
-        if pool_configured(config) and not as_json:
+        if not as_json:
             print("\n".join(attempt_lines(job)), file=out)
         return 0
     jobs = store.in_state(RUNNING, QUEUED) + store.recent()
@@ -155,8 +155,7 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
     print(f"{'JOB':<44} {'STATE':<10} {'STEP':<18} {'TARGET':<8} ERROR", file=out)
     for job in jobs:
         print(_row(job), file=out)
-    if pool_configured(config):
-        print("", *engine_lines(config, store.engines(), store.in_state(RUNNING)), sep="\n", file=out)
+    print("", *engine_lines(config, store.engines(), store.in_state(RUNNING)), sep="\n", file=out)  # one or many
     return 0
 
 

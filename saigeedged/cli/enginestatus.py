@@ -1,4 +1,5 @@
-"""What `saigeedged status` says about the engine pool (SPEC §11): engines and their slots, a job's attempts."""
+"""What `saigeedged status` says about the engines (SPEC §11, §15: one engine is a pool of one): engines and their
+slots, a job's attempts."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from saigeedged.service.statusline import configured, doing, slot_views
 
 
 def pool_configured(config: Config) -> bool:
-    """True when the config lists engines: without `engines:` the output stays what it was for the one local engine."""
+    """True when the config lists engines (`check` probes each of them; without, the local engine as before)."""
     return bool(config.raw.get("engines"))
 
 

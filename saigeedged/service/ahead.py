@@ -25,8 +25,9 @@ from saigeedged.compile import ahead, child
 from saigeedged.compile.ahead import Prep
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
+from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.jobs import HOST_ENGINE, QUEUED, RUNNING, Job, entry_from_doc
-from saigeedged.service.outage import DOCKER_TARGETS
+from saigeedged.service.slot import remove_work, work_dir
 
 if TYPE_CHECKING:
     from saigeedged.service.pool import Pool
@@ -40,7 +41,7 @@ YIELD = "yield"
 
 def compiling(job: Job | None) -> bool:
     """Is this running job past its host steps, in a container (the time prep-ahead fills) or finishing?"""
-    return job is not None and job.target in DOCKER_TARGETS and job.step not in (None, *CHILD_STEPS)
+    return job is not None and job.target in CONTAINER_TARGETS and job.step not in (None, *CHILD_STEPS)
 
 
 def hosting(job: Job | None) -> bool:
@@ -62,7 +63,7 @@ def attach(config: Config, store: Store, pool: Pool) -> Preparer | None:
 
     slots = [w for w in workers if w.slot.engine != HOST_ENGINE]
     preparer = Preparer(config, store, config.inbox, busy, lambda: any(hosting(w.current) for w in workers),
-                        len(slots), lambda job: workers[0].slot.work_dir(config.work_root, job))
+                        len(slots))
     for worker in workers:
         worker.ahead = preparer
     return preparer
@@ -73,11 +74,9 @@ class Preparer(threading.Thread):
     first `slots` queued jobs; the worker takes a job's prep with take()."""
 
     def __init__(self, config: Config, store: Store, inbox: Path, busy: Callable[[], tuple[int, str]],
-                 contended: Callable[[], bool] = lambda: False, slots: int = 1,
-                 work_dir: Callable[[Job], Path] | None = None) -> None:
+                 contended: Callable[[], bool] = lambda: False, slots: int = 1) -> None:
         super().__init__(name="saigeedged-ahead", daemon=True)
         self.config, self.store, self.inbox, self.busy, self.slots = config, store, inbox, busy, slots
-        self.work_dir = work_dir or (lambda job: config.work_root / job.job_id)  # the one its worker will use
         self.contended = contended  # a worker runs its own host steps in a child: a prep not taken yields
         self.wake = threading.Event()
         self.stop_event = threading.Event()
@@ -117,7 +116,7 @@ class Preparer(threading.Thread):
 
     # -- preparing -----------------------------------------------------------------------------
     def _prepare(self, job: Job) -> None:
-        work = self.work_dir(job)
+        work = work_dir(self.config.work_root, job)  # the one its worker will use
         prep = Prep(job.job_id, job.attempt, ahead.doc_digest(job.entry), work, beside=self.busy()[1])
         with self._cond:  # take() holds this lock too: a job a slot took meanwhile is never prepared under it
             now = self.store.get(job.job_id)
@@ -146,7 +145,7 @@ class Preparer(threading.Thread):
 
     def _failed(self, prep: Prep, message: str, again: bool = False) -> None:
         with self._cond:  # kept without a result, so that it is not tried again while its job waits
-            shutil.rmtree(prep.work_dir, ignore_errors=True)
+            remove_work(prep.work_dir)
             prep.running = False
             if again and prep.taken is None:  # it only yielded: prepared again when a slot compiles
                 del self._preps[prep.job_id]
@@ -180,14 +179,14 @@ class Preparer(threading.Thread):
             why = prep.unusable(job.attempt, ahead.doc_digest(job.entry), entry_from_doc(job.entry))
             if why is None:
                 return prep
-            shutil.rmtree(prep.work_dir, ignore_errors=True)
+            remove_work(prep.work_dir)
         log.debug("job.prep_discarded", job_id=job.job_id, reason=why)
         return None
 
     def _discard(self, prep: Prep, why: str) -> None:
         """Forget a prep and remove its work folder (called with the lock held: the worker never sees it half gone)."""
         del self._preps[prep.job_id]
-        shutil.rmtree(prep.work_dir, ignore_errors=True)
+        remove_work(prep.work_dir)
         log.debug("job.prep_discarded", job_id=prep.job_id, reason=why)
 
     def _discard_all(self, why: str) -> None:

@@ -18,6 +18,7 @@ from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.compile import child, resume
 from saigeedged.config import Config
+from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.errors import SaigeError
 from saigeedged.intake import claims, inbox, ownfolders
 from saigeedged.intake.inbox import Drop, Rejected, Scanner
@@ -27,7 +28,6 @@ from saigeedged.manifest import safe_stem
 from saigeedged.service import ahead
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.ops import Ops
-from saigeedged.service.outage import DOCKER_TARGETS
 from saigeedged.service.pool import Pool
 from saigeedged.service.recovery import Recovery
 
@@ -68,7 +68,7 @@ class Daemon:
         self.worker = Pool(config, self.jobs, self.places, self._container_event,
                            lambda: log.info("container.lock_wait", state_dir=str(config.state_dir)), self._changed, clock)
         self.ahead = ahead.attach(config, self.store, self.worker)
-        self.ops = Ops(config, self.store, lambda: not self.worker.outage.active)
+        self.ops = Ops(config, self.store)
         self.jobs.observers.append(self.ops.observe)
 
     @staticmethod
@@ -82,12 +82,12 @@ class Daemon:
         their leftover steps are killed; claimed folders without rows and leftover temp files are settled."""
         self.recovery.temp_files()
         interrupted = self.store.in_state(RUNNING)
-        attached = [j for j in interrupted if j.target in DOCKER_TARGETS and self._resumable(j)]
-        for job in self.worker.resume(attached) + [j for j in interrupted if j.target not in DOCKER_TARGETS]:
+        attached = [j for j in interrupted if j.target in CONTAINER_TARGETS and self._resumable(j)]
+        for job in self.worker.resume(attached) + [j for j in interrupted if j.target not in CONTAINER_TARGETS]:
             self.recovery.interrupted(job, self.config.limits.max_attempts)
         self.recovery.claims()
         if not self.config.keep_work:
-            self.recovery.work_dirs(self.config.work_root)
+            self.recovery.work_dirs(self.config.work_root, self.worker.reaping())
         if self.store.created:
             self.recovery.lost_statuses()
         leftover = sorted(self.places.logs.glob("*.log"))

@@ -36,12 +36,11 @@ CONTAINER_TARGETS = ("cubie", "mobilint")
 
 
 class Ops(threading.Thread):
-    """The surfaces the config turns on; `engine_up` says whether the local Docker engine answers."""
+    """The surfaces the config turns on; the engines' health is what the engine monitor recorded in the store."""
 
-    def __init__(self, config: Config, store: Store, engine_up: Callable[[], bool],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(name="saigeedged-ops", daemon=True)
-        self.config, self.store, self.engine_up, self.clock = config, store, engine_up, clock
+        self.config, self.store, self.clock = config, store, clock
         self.listen, self.textfile = config.metrics.listen, config.metrics.textfile
         if self.listen:
             parse_listen(self.listen)  # a bad address stops the start-up, as any bad key does
@@ -121,24 +120,15 @@ class Ops(threading.Thread):
             retention.prune(self.store, self.outputs, self.policy, time.time())
 
     def engines_up(self) -> dict[str, bool]:
-        """Each configured engine's last recorded state (SPEC §11); without `engines:`, the local engine's."""
-        pool = configured(self.config, self.store.engines())
-        return {e.name: e.up for e in pool} if pool else {"local": self.engine_up()}
+        """Each configured engine's last recorded state (SPEC §11, §15: one engine is a pool of one)."""
+        return {e.name: e.up for e in configured(self.config, self.store.engines())}
 
     def view(self) -> View:
-        running, up = self.store.in_state(RUNNING), self.engine_up()  # the rows, not the worker: one truth per page
-
-        def busy(target: str) -> Job | None:
-            return next((job for job in running if job.target == target), None)
-
+        running = self.store.in_state(RUNNING)  # the rows, not the workers: one truth per page
         pool = configured(self.config, self.store.engines())
-        if pool:
-            ups = {e.name: e.up for e in pool}
-            slots = [Slot(s.engine, s.target, ups[s.engine], s.job) for s in slot_views(pool, running)
-                     if s.engine in ups]
-        else:
-            slots = [Slot("local", t, up, busy(t)) for t in CONTAINER_TARGETS]
-        slots.append(Slot("this host", "host", True, busy("host")))
+        ups = {e.name: e.up for e in pool}
+        slots = [Slot(s.engine, s.target, ups[s.engine], s.job) for s in slot_views(pool, running) if s.engine in ups]
+        slots.append(Slot("this host", "host", True, next((job for job in running if job.target == "host"), None)))
         return View(jobid.iso(jobid.utc_now()), slots, running, self.store.head(QUEUED, dashboard.QUEUE_SHOWN),
                     self.store.recent(dashboard.RECENT), self.store.count(QUEUED))
 

@@ -1,5 +1,5 @@
-"""The daemon's workers: one per slot (engine, target) plus one for host jobs when several engines are
-configured; with one engine, one worker for every target as before the pool (SPEC §9, §11)."""
+"""The daemon's workers and the monitor of their engines: one worker per slot (engine, target) plus one for host
+jobs when several engines are configured; with one engine, one worker for every target (SPEC §2, §11, §15)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,10 @@ import structlog
 
 from saigeedged.adapters.docker import Containers, Engine
 from saigeedged.config import Config
-from saigeedged.engines import EngineSpec
-from saigeedged.errors import SaigeError
 from saigeedged.jobs import HOST_ENGINE, Job
-from saigeedged.service.enginewatch import EngineWatch
 from saigeedged.service.lifecycle import Jobs, Places
-from saigeedged.service.outage import Outage
-from saigeedged.service.slot import Slot
+from saigeedged.service.monitor import EngineMonitor
+from saigeedged.service.slot import Slot, work_dir
 from saigeedged.service.statusline import SlotView, status_line
 from saigeedged.service.worker import Worker
 
@@ -28,7 +25,8 @@ log = structlog.get_logger()
 
 
 class Pool:
-    """Every worker of the daemon, started, woken, interrupted and stopped together."""
+    """Every worker of the daemon, started, woken, interrupted and stopped together, and the one monitor of their
+    engines (one engine is a pool of one: SPEC §15)."""
 
     def __init__(self, config: Config, jobs: Jobs, places: Places, on_event: OnEvent,
                  on_wait: Callable[[], None], on_change: Callable[[], None],
@@ -36,52 +34,49 @@ class Pool:
         self.config, self.jobs, self.places = config, jobs, places
         self.on_event, self.on_wait, self.on_change = on_event, on_wait, on_change
         self.specs = list(config.engines)  # at least the local engine
-        self.pooled = len(self.specs) > 1
         self.engines = [Engine(spec, config, on_event) for spec in self.specs]
         self.wake = threading.Event()
         self.workers: list[Worker] = []
-        self.watch: EngineWatch | None = None
-        if self.pooled:
-            self.watch = EngineWatch(self.engines, jobs.store, self._lose, on_change, clock, config.limits.engine_timeout_s)
+        self.monitor = EngineMonitor(self.engines, jobs.store, self._lose, self._changed, clock,
+                                     config.limits.engine_timeout_s)
+        if len(self.engines) > 1:  # a slot per (engine, target), host jobs their own (SPEC §11)
             for engine in self.engines:
                 for target in engine.spec.targets:
-                    self._add(engine, Slot(engine.name, (target,), True, self._ready(engine.name), self._lost(engine.name)))
+                    self._add(engine, Slot(engine.name, (target,), True, self._ready(engine.name),
+                                           self._lost(engine.name)))
             self._add(self.engines[0], Slot(HOST_ENGINE, ("host",), True))
-        else:
+        else:  # the one engine: one job at a time, whatever its target (SPEC §2)
             (engine,) = self.engines
+            ready = self._ready(engine.name)
             self._add(engine, Slot(engine.name, (*engine.spec.targets, "host"), False,
-                                   on_lost=lambda reason: self._record(engine.spec, False, reason),
-                                   on_back=lambda: self._record(engine.spec, True, None)))
-        self._idle = Outage()  # what `outage` says in a pool: the one-engine rule's outage never begins there
+                                   lambda target: target == "host" or ready(target), self._lost(engine.name)))
 
     def _add(self, engine: Engine, slot: Slot) -> None:
         containers = Containers(self.config, self.on_event, self.on_wait, engine=engine)
         self.workers.append(Worker(self.config, self.jobs, containers, self.places, self.on_change, slot, self.wake))
 
     def _ready(self, name: str) -> Callable[[str], bool]:
-        watch = self.watch
-        assert watch is not None
-        return lambda target: watch.ready(name, target)
+        return lambda target: self.monitor.ready(name, target)
 
     def _lost(self, name: str) -> Callable[[str], None]:
-        watch = self.watch
-        assert watch is not None
-        return lambda reason: watch.lost(name, reason)
+        return lambda reason: self.monitor.lost(name, reason)
+
+    def _changed(self) -> None:
+        """An engine came up or went down: the workers look at the queue again, STATUS= follows."""
+        self.wake.set()
+        self.on_change()
 
     def _lose(self, name: str, reason: str) -> None:
-        """The engine is down: requeue the jobs its workers wait on (ENGINE_LOST), so they run elsewhere; the steps
-        of exactly those attempts are killed when it answers again."""
-        watch = self.watch
-        assert watch is not None
+        """The engine is down: move the jobs its workers wait on whose target another ready engine serves
+        (ENGINE_LOST); the steps of exactly those attempts are killed when it answers again."""
         lost = [work for w in self.workers if w.slot.engine == name
-                for work in w.lose(reason, lambda target: watch.elsewhere(name, target))]
+                for work in w.lose(reason, lambda target: self.monitor.elsewhere(name, target))]
         if lost:
-            watch.abandoned(name, lost)
+            self.monitor.abandoned(name, lost)
             self.wake.set()
 
     def work_dir(self, job: Job) -> Path:
-        """Where the job's current attempt works (the slots of one daemon all use the same rule)."""
-        return self.workers[0].slot.work_dir(self.config.work_root, job)
+        return work_dir(self.config.work_root, job)
 
     def resume(self, jobs: list[Job]) -> list[Job]:
         """Hand running container jobs to the workers of their slots to re-attach; returns those no slot serves."""
@@ -96,25 +91,13 @@ class Pool:
         return left
 
     def reap(self, job: Job) -> None:
-        """Kill the step of the job's current attempt, wherever it runs (never raises)."""
-        engine = next((e for e in self.engines if e.name == job.engine), self.engines[0])
-        try:
-            engine.container(job.target).reap([self.work_dir(job)])
-        except SaigeError as exc:
-            log.warning("container.reap_failed", job_id=job.job_id, error_code=exc.code, message=exc.message)
+        """Kill the step of the job's current attempt when its engine answers, before its slots take work."""
+        name = job.engine if job.engine in self.monitor.engines else self.engines[0].name
+        self.monitor.abandoned(name, [self.work_dir(job)])
 
-    def _record(self, spec: EngineSpec, up: bool, reason: str | None) -> None:
-        self.jobs.store.set_engine(spec.name, up, reason, list(spec.targets))
-
-    # -- the interface the daemon had with its one worker ----------------------------------------------
-    @property
-    def containers(self) -> Containers:
-        """The first worker's containers (with one engine: the engine's), for start-up recovery."""
-        return self.workers[0].containers
-
-    @property
-    def outage(self) -> Outage:
-        return self._idle if self.pooled else self.workers[0].outage
+    def reaping(self) -> set[str]:
+        """The jobs whose abandoned attempts' steps are still to be killed (their work dirs stay until then)."""
+        return {work.relative_to(self.config.work_root).parts[0] for work in self.monitor.pending()}
 
     @property
     def current(self) -> Job | None:
@@ -124,10 +107,7 @@ class Pool:
         return [w for w in self.workers if w.current is not None]
 
     def start(self) -> None:
-        if self.watch is not None:
-            self.watch.start()
-        else:
-            self._record(self.specs[0], True, None)
+        self.monitor.start()
         for worker in self.workers:
             worker.start()
 
@@ -136,8 +116,7 @@ class Pool:
             worker.interrupt(reason)
 
     def stop(self) -> None:
-        if self.watch is not None:
-            self.watch.stop()
+        self.monitor.stop()
         for worker in self.workers:
             worker.stop()
 
@@ -156,8 +135,7 @@ class Pool:
 
     def status(self, queued: int) -> str:
         """The STATUS= line: busy slots by engine (SPEC §11); with one engine the line of §9."""
-        down = self.watch.down() if self.watch is not None else [self.specs[0].name] if self.outage.active else []
-        return status_line(self.slot_views(), queued, down)
+        return status_line(self.slot_views(), queued, self.monitor.unreachable())
 
     def slot_views(self) -> list[SlotView]:
         views = []

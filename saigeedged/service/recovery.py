@@ -138,11 +138,12 @@ class Recovery:
         thread.start()
         return thread
 
-    def work_dirs(self, work_root: Path) -> None:
-        """Work folders of our jobs that have ended (a kill left them behind) are removed at start; folders of
-        other processes (a `saigeedged compile` beside us) have no row and are left alone."""
+    def work_dirs(self, work_root: Path, reaping: set[str]) -> None:
+        """Work folders of our jobs that have ended (a kill left them behind) are removed at start, but for those
+        whose step is still to be killed (`reaping`: its pidfile is there); folders of other processes (a
+        `saigeedged compile` beside us) have no row and are left alone."""
         for folder in sorted(work_root.iterdir()) if work_root.is_dir() else []:
-            job = self.store.get(folder.name)
+            job = None if folder.name in reaping else self.store.get(folder.name)
             if folder.is_dir() and job is not None and job.state in TERMINAL:
                 shutil.rmtree(folder, ignore_errors=True)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,15 +16,14 @@ ALL_TARGETS = ("cubie", "mobilint", "host")
 
 @dataclass
 class Slot:
-    """The targets a worker takes on `engine` (`host` for host jobs); `pooled`: more than one engine, so a job whose
-    engine stops answering goes to another one (ENGINE_LOST) instead of waiting for it (DOCKER_UNAVAILABLE)."""
+    """The targets a worker takes on `engine` (`host` for host jobs); `pooled`: one slot per (engine, target), as
+    with more than one engine; else the one engine's single slot takes every target, one job at a time (SPEC §2)."""
 
     engine: str = LOCAL
     targets: tuple[str, ...] = ALL_TARGETS
     pooled: bool = False
     ready: Callable[[str], bool] = field(default=lambda target: True)  # False: its engine is down or lacks the image
     on_lost: Callable[[str], None] = field(default=lambda reason: None)  # a job found the engine gone
-    on_back: Callable[[], None] = field(default=lambda: None)  # the one engine answers again (its outage ended)
 
     def skip(self) -> tuple[str, ...]:
         """The targets this slot takes nothing of now."""
@@ -32,7 +33,19 @@ class Slot:
         """The engine an attempt of a `target` job is recorded on."""
         return HOST_ENGINE if target == "host" else self.engine
 
-    def work_dir(self, root: Path, job: Job) -> Path:
-        """The job's work dir: in a pool each attempt has its own, as a step of an attempt lost with its engine may
-        still write; the preparer stages a queued job's host steps in it too."""
-        return root / job.job_id / f"attempt{job.attempt}" if self.pooled else root / job.job_id
+
+def work_dir(root: Path, job: Job) -> Path:
+    """The work dir of the job's current attempt: each attempt has its own, as a step of an attempt given up on may
+    still write there until its engine answers; the preparer stages a queued job's host steps in it too.
+
+    A step started by a daemon from before this layout (one engine kept one folder per job) is still found there:
+    an upgrade during a compile re-attaches to it (SPEC §16)."""
+    legacy = root / job.job_id
+    return legacy if (legacy / ".steps").is_dir() else legacy / f"attempt{job.attempt}"
+
+
+def remove_work(work: Path) -> None:
+    """Remove an attempt's work dir, and the job's folder once no attempt of it is left there."""
+    shutil.rmtree(work, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        work.parent.rmdir()

@@ -61,5 +61,5 @@ def slot_views(engines: Sequence[EngineState], running: Sequence[Job]) -> list[S
 def configured(config: Config, engines: Sequence[EngineState]) -> list[EngineState]:
     """The recorded engines the config still lists, in its order (a row of an engine since removed is not shown)."""
     recorded = {e.name: e for e in engines}
-    names = [item.get("name") for item in config.raw.get("engines", []) if isinstance(item, dict)]
+    names = [spec.name for spec in config.engines]
     return [recorded[name] for name in names if name in recorded]

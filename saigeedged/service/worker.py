@@ -1,4 +1,4 @@
-"""The single worker: runs queued jobs one at a time and settles each one (publish, requeue or fail)."""
+"""A worker: runs the queued jobs of its slot one at a time and settles each one (publish, requeue or fail)."""
 
 from __future__ import annotations
 
@@ -34,11 +34,11 @@ from saigeedged.jobs import (
     entry_from_doc,
 )
 from saigeedged.service.lifecycle import Jobs, Places
-from saigeedged.service.outage import DOCKER_TARGETS, Outage
 from saigeedged.service.publishing import publish_patiently
-from saigeedged.service.slot import Slot
+from saigeedged.service.slot import Slot, remove_work, work_dir
 
 log = structlog.get_logger()
+IDLE_S = 1.0  # an idle worker looks at the queue this often when nothing wakes it
 
 
 class Ahead(Protocol):
@@ -69,11 +69,10 @@ class Worker(threading.Thread):
         # Attempt fence (`attempt`) is the arbiter either way (SPEC §15)
         self.lease = threading.Lock()
         self.abandoned = False
-        self.outage = Outage()
         self._reason: str | None = None
         self._lock = threading.Lock()
         self.ahead: Ahead | None = None  # set by the daemon: host steps of queued jobs done while one compiles
-        # running jobs whose container step outlived the daemon before this one, or an engine outage: re-attached
+        # running jobs whose container step outlived the daemon before this one, or its engine's outage: re-attached
         # (the same attempt goes on) before this worker takes anything new
         self.resumable: list[Job] = []
         self.attempt: Attempt | None = None  # the current job's attempt: the store must still name it to write
@@ -81,13 +80,10 @@ class Worker(threading.Thread):
 
     def run(self) -> None:
         while not self.stop_event.is_set():
-            if self.outage.due():
-                self._ping_engine()
             resumed = self._next_resumable()
-            skip = self.slot.skip() + (DOCKER_TARGETS if self.outage.active else ())
-            job = resumed or self.jobs.store.next_queued(skip)
+            job = resumed or self.jobs.store.next_queued(self.slot.skip())
             if job is None:
-                self.wake.wait(self.outage.wait_s(1.0))
+                self.wake.wait(IDLE_S)
                 self.wake.clear()
                 continue
             try:
@@ -100,7 +96,7 @@ class Worker(threading.Thread):
 
     def _next_resumable(self) -> Job | None:
         """A job to re-attach, once its engine answers; None when there is none (or it is not running any more)."""
-        while not self.outage.active:
+        while True:
             with self._lock:  # the engine watch moves held jobs elsewhere from its own thread
                 if not self.resumable or not self.slot.ready(self.resumable[0].target):
                     return None
@@ -108,7 +104,6 @@ class Worker(threading.Thread):
             job = self.jobs.store.get(held.job_id)
             if job is not None and job.state == RUNNING:
                 return job
-        return None
 
     def interrupt(self, reason: str) -> None:
         """Stop the running job: a cancel kills its step in the container; a stop leaves it running there (SPEC §15:
@@ -157,7 +152,7 @@ class Worker(threading.Thread):
         job = self._reattach(queued) if resumed else self._start(queued)
         if job is None:
             return
-        work = self.slot.work_dir(self.config.work_root, job)
+        work = work_dir(self.config.work_root, job)
         self.work = work
         prepared = self.ahead.take(job, lambda: self._reason) if self.ahead and not resumed else None  # made in `work`
         if prepared is None and not resumed:
@@ -183,8 +178,8 @@ class Worker(threading.Thread):
             with self._lock:
                 self.current, self.work = None, None
             self.on_change()
-            if not self.config.keep_work and not self.outage.active and not self.abandoned and not self.detached:
-                shutil.rmtree(work, ignore_errors=True)  # kept: a step that runs on (re-attached), or one to reap
+            if not self.config.keep_work and not self.abandoned and not self.detached:
+                remove_work(work)  # kept: a step that runs on (re-attached), or one to reap
 
     def _reattach(self, job: Job) -> Job:
         """Go on with a running job's attempt: its step outlived the last daemon or an outage of its engine."""
@@ -259,7 +254,7 @@ class Worker(threading.Thread):
         job's attempt (Superseded when the store names another one)."""
         max_attempts, fence = self.config.limits.max_attempts, Attempt.of(job)
         if exc.code == "CANCELLED" and exc.fields.get("reason") == "stop" and \
-                resume.started(self.slot.work_dir(self.config.work_root, job)):
+                resume.started(work_dir(self.config.work_root, job)):
             self._detach(job)  # its container step runs on: the row stays running, the next daemon re-attaches
             return
         if exc.code == "DOCKER_UNAVAILABLE":
@@ -286,7 +281,7 @@ class Worker(threading.Thread):
             moved = [j for j in self.resumable if elsewhere(j.target)]  # waiting to re-attach: moved instead
             self.resumable = [j for j in self.resumable if j not in moved]
         for held in moved:
-            lost.append(self.slot.work_dir(self.config.work_root, held))  # before the requeue moves its attempt on
+            lost.append(work_dir(self.config.work_root, held))  # before the requeue moves its attempt on
             with contextlib.suppress(Superseded):  # cancelled or retried meanwhile: nothing of it to move
                 self._settle(held, SaigeError("ENGINE_LOST", f"engine {held.engine} stopped answering: {reason}",
                                               step=held.step))
@@ -307,7 +302,7 @@ class Worker(threading.Thread):
     def _detach(self, job: Job) -> None:
         """A stop leaves the job's container step running: its work dir says the daemon left it on purpose."""
         self.detached = True
-        work = self.slot.work_dir(self.config.work_root, job)
+        work = work_dir(self.config.work_root, job)
         (work / resume.DETACHED).parent.mkdir(parents=True, exist_ok=True)
         (work / resume.DETACHED).touch()
         event("job.detached", job, attempt=job.attempt)
@@ -315,14 +310,11 @@ class Worker(threading.Thread):
     def _hold(self, job: Job, exc: SaigeError, fence: Attempt) -> None:
         """The engine is unreachable: not the job's fault, so it waits with its attempt unspent. A step already
         started in the container may run on: the job stays running, its attempt open, and re-attaches once the engine
-        answers; a job without one goes back to the queue (any slot may take it). In a pool the engine watch decides
-        whether it moves to another engine; with one engine the worker's outage pings it."""
-        if self.slot.pooled:
-            self.slot.on_lost(exc.message)
-        elif self.outage.begin(job.target):
-            log.warning("docker.unavailable", error_code=exc.code, message=exc.message, hint=exc.hint)
-            self.slot.on_lost(exc.message)
-        if resume.started(self.slot.work_dir(self.config.work_root, job)):
+        answers; a job without one goes back to the queue (any slot may take it). The engine monitor decides whether
+        it moves to another engine (SPEC §15)."""
+        self.slot.on_lost(exc.message)
+        self.detached = True  # its work dir stays: whatever may still run there is the monitor's to reap
+        if resume.started(work_dir(self.config.work_root, job)):
             self._keep_running(job, exc)
             return
         end_attempt(job, jobid.iso(jobid.utc_now()), exc.code)
@@ -331,25 +323,11 @@ class Worker(threading.Thread):
     def _keep_running(self, job: Job, exc: SaigeError) -> None:
         """The job's step may run on while its engine does not answer: it stays running (the reason in its status
         file, no attempt spent) and re-attaches once the engine answers."""
-        self.detached = True  # its work dir (and the remote copy) stay for the re-attach
         job.error = exc.as_dict(job.step)
         self.jobs.save(job, fence=Attempt.of(job))
+        event("job.waiting", job, "warning", error_code=exc.code, message=exc.message, engine=job.engine)
         with self._lock:
             self.resumable.append(job)
-
-    def _ping_engine(self) -> None:
-        """End the outage once the engine answers (never raises); the jobs it held are re-attached next."""
-        try:
-            if not self.containers.engine_up():
-                raise SaigeError("DOCKER_UNAVAILABLE", "the engine does not answer")
-        except Exception as exc:  # a guard: whatever the engine does, the worker thread goes on
-            if not isinstance(exc, SaigeError):
-                log.warning("docker.ping_failed", message=f"{type(exc).__name__}: {exc}")
-            self.outage.still_down()
-            return
-        log.info("docker.available", down_s=round(self.outage.end(), 1))
-        self.slot.on_back()
-        self.on_change()
 
     def _abandon(self, job: Job, exc: Exception) -> None:
         """Mark a job that hit a bug failed (INTERNAL) so the queue moves on; never raises."""

@@ -24,8 +24,8 @@ TIMEOUT_BIN = "/usr/bin/timeout"
 _KILL = 'touch "${0%.pid}.stop" 2>/dev/null; for p in $(cat "$0" 2>/dev/null); do ' \
         'kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; done; rm -f "$0"'
 # $0 and every further argument: pidfiles of attempts to end
-_REAP = 'for f in "$0" "$@"; do [ -f "$f" ] || continue; for p in $(cat "$f"); ' \
-        'do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done; rm -f "$f"; done; true'
+_REAP = 'for f in "$0" "$@"; do if [ -f "$f" ]; then for p in $(cat "$f"); ' \
+        'do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done; fi; rm -rf "${f%/*}"; done; true'
 Sink = Callable[[bytes], None]
 
 
@@ -196,7 +196,7 @@ class Container(Lifecycle):
 
     def reap(self, workdirs: Sequence[Path]) -> None:
         """Kill the steps of these attempts' work dirs by their pidfiles (attempts requeued elsewhere, or ended by a
-        crash limit): nothing else in the container is touched."""
+        crash limit) and remove those dirs there: nothing else in the container is touched."""
         if not workdirs:
             return
         with self._reach(f"killing leftover steps in {self.spec.name}"):

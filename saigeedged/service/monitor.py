@@ -1,10 +1,11 @@
-"""The engines of a pool, watched: each is pinged on its own thread; a slot takes work only while its engine
-answers and has the target's image (SPEC §11, §15).
+"""The engine monitor: the one owner of every engine's health, whether the config lists one engine or many
+(SPEC §11, §15). Each engine is pinged on its own thread; a slot takes work only while its engine answers and has
+the target's image.
 
-An engine none of whose pings has succeeded for limits.engine_timeout_s is marked down (`engine.down`); its jobs
-whose target another ready engine serves are requeued with ENGINE_LOST, so they run elsewhere, and the others wait
-for it. When it answers again, the steps of exactly the attempts requeued off it are killed first; then it is up
-(`engine.up`) and its waiting jobs re-attach.
+An engine none of whose pings has succeeded for limits.engine_timeout_s is marked down (`engine.down`): one slow
+answer is not an outage. Its jobs whose target another ready engine serves are moved (ENGINE_LOST, an attempt spent);
+the others wait for it (DOCKER_UNAVAILABLE, no attempt spent). When it answers again, the steps of exactly the
+attempts moved off it are killed first; then it is up (`engine.up`) and its waiting jobs re-attach.
 """
 
 from __future__ import annotations
@@ -19,29 +20,33 @@ import structlog
 from saigeedged.adapters.docker import Engine
 from saigeedged.adapters.store import Store
 from saigeedged.errors import SaigeError
+from saigeedged.service.slot import remove_work
 
 log = structlog.get_logger()
 PING_S = 1.0  # between pings of an engine that answers
 DOWN_PING_S = 2.0  # between pings of an engine that does not
 IMAGE_RECHECK_S = 30.0  # an engine without a target's image is asked again this often (an image loaded meanwhile)
+HINT = "is its dockerd running and reachable? `saigeedged check` says why; its container jobs wait (no attempt " \
+       "spent) unless another engine serves their target"
 
 
 @dataclass
 class Health:
-    """What the pool knows of one engine."""
+    """What the monitor knows of one engine."""
 
     up: bool = False
     reason: str | None = "not probed yet"
     images: dict[str, bool] = field(default_factory=dict)
-    reap: list[Path] = field(default_factory=list)  # work dirs of attempts requeued off it: their steps are killed
+    reap: list[Path] = field(default_factory=list)  # work dirs of attempts abandoned there: their steps are killed
     # before its slots take work
     since_images: float = 0.0
     seen: bool = False  # probed at least once
     last_ok: float | None = None  # when a ping last succeeded
-    failing: bool = False  # the last ping failed: no new work goes there, but it is not down before engine_timeout_s
+    down_since: float | None = None  # when it was marked down
+    failing: bool = False  # the last call failed: no new work goes there, but it is not down before engine_timeout_s
 
 
-class EngineWatch:
+class EngineMonitor:
     """One thread per engine; `ready(engine, target)` tells a slot whether it may take a job now."""
 
     def __init__(self, engines: Sequence[Engine], store: Store, lose: Callable[[str, str], None],
@@ -56,15 +61,23 @@ class EngineWatch:
         self._threads: list[threading.Thread] = []
 
     def ready(self, name: str, target: str) -> bool:
+        """May a slot of `target` on engine `name` take a job? Only while it answers; without the target's image only
+        when no engine serving the target has it (the job then fails IMAGE_NOT_FOUND, naming the image, instead of
+        waiting for ever)."""
         health = self.health[name]
-        return health.up and not health.failing and health.images.get(target, False)
+        if not health.up or health.failing:
+            return False
+        return health.images.get(target, False) or not any(
+            h.images.get(target, False) for other, h in self.health.items() if other != name)
 
     def elsewhere(self, name: str, target: str) -> bool:
         """Does another engine that is ready now serve `target`? (Else a job of that engine waits for it.)"""
-        return any(self.ready(other, target) for other in self.engines if other != name)
+        return any(self.ready(other, target) for other in self.engines
+                   if other != name and target in self.engines[other].spec.targets)
 
-    def down(self) -> list[str]:
-        return [name for name, h in self.health.items() if h.seen and not h.up]
+    def unreachable(self) -> list[str]:
+        """The engines down or failing now (no new work goes there): what STATUS= names."""
+        return [name for name, h in self.health.items() if h.seen and (not h.up or h.failing)]
 
     def start(self) -> None:
         for name in self.engines:
@@ -79,13 +92,20 @@ class EngineWatch:
             kick.set()
 
     def abandoned(self, name: str, work_dirs: list[Path]) -> None:
-        """Attempts requeued off the engine: their steps are killed when it answers again, nothing else (SPEC §15)."""
+        """Attempts given up on that engine (moved elsewhere, or ended under daemons that kept dying): their steps are
+        killed when it answers, before its slots take work, and nothing else is (SPEC §15)."""
         with self._lock:
             self.health[name].reap.extend(work_dirs)
+        self.kick[name].set()
+
+    def pending(self) -> list[Path]:
+        """The work dirs whose steps are still to be killed, on every engine."""
+        with self._lock:
+            return [work for health in self.health.values() for work in health.reap]
 
     def lost(self, name: str, reason: str) -> None:
         """A job found the engine unreachable: no new work goes there, and it is pinged now (down only once no call
-        has succeeded for limits.engine_timeout_s: one slow answer is not an outage)."""
+        has succeeded for limits.engine_timeout_s)."""
         self.health[name].failing = True
         self.kick[name].set()
 
@@ -103,13 +123,14 @@ class EngineWatch:
         engine, health = self.engines[name], self.health[name]
         if not engine.up():
             health.failing = True
-            if health.up and health.last_ok is not None and self.clock() - health.last_ok < self.timeout_s:
+            recent = health.last_ok is not None and self.clock() - health.last_ok < self.timeout_s
+            if health.up and recent:
                 return  # not down yet: hysteresis
             self._mark_down(name, "does not answer")
             self.lose(name, f"{engine.spec.url or 'the local engine'} does not answer")
             return
         health.last_ok, health.failing = self.clock(), False
-        if not health.up:
+        if not health.up or health.reap:
             self._bring_up(name)
         elif not all(health.images.values()) and self.clock() >= health.since_images + IMAGE_RECHECK_S:
             self._images(name)
@@ -121,39 +142,48 @@ class EngineWatch:
         missing = [t for t, ok in health.images.items() if not ok]
         if missing:
             log.warning("engine.image_missing", engine=name, targets=",".join(missing),
-                        message=f"engine {name} lacks the image of {', '.join(missing)}: its slot takes no job "
-                        "(`saigeedged check` says which image)")
+                        message=f"engine {name} lacks the image of {', '.join(missing)}: its slot takes no job while "
+                        "another engine has it (`saigeedged check` says which image)")
 
     def _bring_up(self, name: str) -> None:
-        """Kill the steps left running there (they belong to attempts already requeued), then take work."""
+        """Kill the steps left running there for attempts given up on, then take work."""
         engine, health = self.engines[name], self.health[name]
-        if health.reap:
-            for target in engine.spec.targets:
-                try:
-                    engine.container(target).reap(health.reap)
-                except SaigeError as exc:
-                    if exc.code == "DOCKER_UNAVAILABLE":
-                        raise
-                    log.warning("container.reap_failed", engine=name, error_code=exc.code, message=exc.message)
+        with self._lock:
+            reap, health.reap = health.reap, []
+        for target in engine.spec.targets if reap else ():
+            try:
+                engine.container(target).reap(reap)
+            except SaigeError as exc:
+                if exc.code == "DOCKER_UNAVAILABLE":
+                    with self._lock:
+                        health.reap = reap + health.reap
+                    raise
+                log.warning("container.reap_failed", engine=name, error_code=exc.code, message=exc.message)
+        for work in reap:
+            remove_work(work)  # the daemon's side of it (a remote engine's copy went with the reap)
         self._images(name)
         with self._lock:
-            was_seen = health.seen
-            health.up, health.reason, health.reap, health.seen = True, None, [], True
+            first, since, was_up = not health.seen, health.down_since, health.up
+            health.up, health.reason, health.seen, health.down_since = True, None, True, None
         self._record(name)
-        if was_seen:  # it was down: engine.up; an engine found up at start is only ready
-            log.info("engine.up", engine=name, message=f"engine {name} answers again; its leftover steps are killed")
-        else:
+        if since is not None:  # it was down: engine.up; an engine found up at start is only ready
+            log.info("engine.up", engine=name, down_s=round(self.clock() - since, 1),
+                     message=f"engine {name} answers again" + ("; its leftover steps were killed" if reap else ""))
+        elif first:
             log.info("engine.ready", engine=name, targets=",".join(t for t, ok in health.images.items() if ok))
-        self.on_change()
+        if not was_up:
+            self.on_change()
 
     def _mark_down(self, name: str, reason: str) -> None:
         health = self.health[name]
         with self._lock:
-            changed = health.up or not health.seen
+            changed = health.down_since is None
             health.up, health.reason, health.seen = False, reason, True
+            health.down_since = health.down_since if health.down_since is not None else self.clock()
         if changed:
             self._record(name)
-            log.warning("engine.down", engine=name, error_code="ENGINE_LOST", message=f"engine {name} {reason}")
+            log.warning("engine.down", engine=name, error_code="DOCKER_UNAVAILABLE", hint=HINT,
+                        message=f"engine {name} ({self.engines[name].spec.url or 'the local engine'}) {reason}")
             self.on_change()
 
     def _record(self, name: str) -> None:
