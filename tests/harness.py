@@ -63,10 +63,11 @@ class Daemon:
         self.prefix: list[str] = []  # a command the daemon runs under, e.g. ["prlimit", "--as=6000000000"]
 
     def start(self, ready_timeout: float = 30) -> Daemon:
+        after = len(self.messages)  # this start's READY=1, not the one of a daemon started before
         with self.stderr_path.open("ab") as err:
             self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "saigeedged", "run", "-c", str(self.config)],
                                          stdout=subprocess.DEVNULL, stderr=err, env=self.env)
-        self.expect("READY=1", ready_timeout)
+        self.expect("READY=1", ready_timeout, after=after)
         return self
 
     def launch(self, ready_timeout: float = 30) -> int | None:

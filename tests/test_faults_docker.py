@@ -106,6 +106,30 @@ def test_a_job_the_daemon_keeps_dying_under_ends_failed_at_max_attempts(cubie_da
     assert not (d.state_dir / "work" / job["job_id"]).exists()  # no work folder left behind by the kills
 
 
+def test_start_up_on_a_hung_engine_is_ready_at_once_and_reaps_when_it_answers(cubie_daemon: Any,  # noqa: F811
+                                                                              docker_client: Any, tmp_path: Path,
+                                                                              det_inputs: dict[str, Any]) -> None:
+    """A daemon killed mid-step at limits.max_attempts, restarted while its only engine hangs: READY=1 comes at once
+    (no Docker call before it), the job ends failed INTERNAL, a host job runs; its step and work folder are kept
+    until the engine answers, then the monitor kills the step and removes the folder."""
+    proxy = EngineProxy(tmp_path / "engine.sock")
+    proxy.up()
+    d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host}, limits={"max_attempts": 1})
+    job = in_quantize(d, docker_client, tmp_path, "hangstart", det_inputs["manifest"])
+    d.kill()
+    proxy.hang()
+    d.start()  # within the harness's ready timeout (30 s), far below engine_timeout_s (120 s): nothing waited on it
+    failed = d.wait_state(job["job_id"], ("failed",))
+    assert failed["error"]["code"] == "INTERNAL" and "stopped during this job 1 time" in failed["error"]["message"]
+    drop(d.inbox, "onhost", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
+    assert d.wait_job("onhost")["state"] == "succeeded"
+    work = d.state_dir / "work" / job["job_id"]
+    assert "sleep 100000" in procs(docker_client, d) and (work / "attempt1" / ".step.pid").is_file()  # still to reap
+    proxy.resume()
+    wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 30, "the step killed once the engine answers")
+    wait_for(lambda: not work.exists(), 10, "its work folder removed")
+
+
 def test_two_daemons_with_one_container_name_do_not_remove_each_others(docker_config: Path, tmp_path: Path,
                                                                         docker_client: Any) -> None:
     """A second daemon (another state_dir) configured with the same container name refuses with CONTAINER_FAILED
