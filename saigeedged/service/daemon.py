@@ -65,9 +65,9 @@ class Daemon:
         self._blind_until = 0.0  # see BLIND_WINDOW_S
         self._next_catch_up = 0.0
         self._hung_up = False  # set by the SIGHUP handler: a plain flag, no lock in signal context
-        self.worker = Pool(config, self.jobs, self.places, self._container_event,
+        self.pool = Pool(config, self.jobs, self.places, self._container_event,
                            lambda: log.info("container.lock_wait", state_dir=str(config.state_dir)), self._changed, clock)
-        self.ahead = ahead.attach(config, self.store, self.worker)
+        self.ahead = ahead.attach(config, self.store, self.pool)
         self.ops = Ops(config, self.store)
         self.jobs.observers.append(self.ops.observe)
 
@@ -83,11 +83,11 @@ class Daemon:
         self.recovery.temp_files()
         interrupted = self.store.in_state(RUNNING)
         attached = [j for j in interrupted if j.target in CONTAINER_TARGETS and self._resumable(j)]
-        for job in self.worker.resume(attached) + [j for j in interrupted if j.target not in CONTAINER_TARGETS]:
+        for job in self.pool.resume(attached) + [j for j in interrupted if j.target not in CONTAINER_TARGETS]:
             self.recovery.interrupted(job, self.config.limits.max_attempts)
         self.recovery.claims()
         if not self.config.keep_work:
-            self.recovery.work_dirs(self.config.work_root, self.worker.reaping())
+            self.recovery.work_dirs(self.config.work_root, self.pool.reaping())
         if self.store.created:
             self.recovery.lost_statuses()
         leftover = sorted(self.places.logs.glob("*.log"))
@@ -96,10 +96,10 @@ class Daemon:
     def _resumable(self, job: Job) -> bool:
         """A container job the last daemon left running goes on in its attempt (its step outlives daemons, SPEC §15),
         unless daemons keep dying under it: then it ends failed at limits.max_attempts and its step is killed."""
-        crashes = resume.interrupted(self.worker.work_dir(job))
+        crashes = resume.interrupted(self.pool.work_dir(job))
         if crashes < self.config.limits.max_attempts:
             return True
-        self.worker.reap(job)
+        self.pool.reap(job)
         self.recovery.died_under(job, crashes)
         return False
 
@@ -146,7 +146,7 @@ class Daemon:
         except Exception as exc:  # a row that cannot be written: the record lets recovery finish or fail the claim
             log.error("claim.unqueued", claim=str(claim_dir), error_code="INTERNAL", message=f"{type(exc).__name__}: {exc}")
             self.recovery.claims()
-        self.worker.wake.set()
+        self.pool.wake.set()
 
     def reject(self, bad: Rejected) -> None:
         """A manifest that cannot compile becomes a failed job with its error; its files go to failed/."""
@@ -189,7 +189,7 @@ class Daemon:
         try:
             self.scan()
             if self.recovery.claims():  # a claim whose rows could not be written before (state_dir full, read-only)
-                self.worker.wake.set()
+                self.pool.wake.set()
         except Exception as exc:  # a guard, not control flow: everything expected is handled inside scan()
             log.error("scan.failed", error_code="INTERNAL", message=f"{type(exc).__name__}: {exc}")
 
@@ -222,10 +222,10 @@ class Daemon:
         return self.config.watch.poll_interval_s if self.polling else period
 
     def healthy(self) -> bool:
-        return self.worker.is_alive() and (self.watcher is None or self.watcher.alive())
+        return self.pool.is_alive() and (self.watcher is None or self.watcher.alive())
 
     def _check_cancel(self) -> None:
-        for worker in self.worker.running():
+        for worker in self.pool.running():
             job = worker.current
             if job is not None and self.store.cancel_requested(job.job_id):
                 worker.interrupt("cancel")
@@ -244,7 +244,7 @@ class Daemon:
     def _status(self) -> None:
         """STATUS= from the main loop and from the worker at each job and step change."""
         with self._status_lock:
-            self.notifier.status(self.worker.status(self.store.count(QUEUED)))
+            self.notifier.status(self.pool.status(self.store.count(QUEUED)))
 
     def run(self) -> int:
         self.recover()
@@ -254,7 +254,7 @@ class Daemon:
             except OSError as exc:  # e.g. fs.inotify.max_user_watches reached: scanning alone still finds every drop
                 log.warning("watch.unavailable", message=str(exc), mode="poll")
                 self.watcher, self.polling = None, True
-        self.worker.start()
+        self.pool.start()
         if self.ahead is not None:
             self.ahead.start()
         self.ops.start()
@@ -294,20 +294,20 @@ class Daemon:
     def shutdown(self) -> int:
         """Stop claiming, kill the running step, requeue its job, exit 0."""
         self.notifier.stopping()
-        log.info("daemon.stopping", running=self.worker.current.job_id if self.worker.current else None,
+        log.info("daemon.stopping", running=",".join(w.current.job_id for w in self.pool.running() if w.current) or None,
                  message="container steps run on and are re-attached at the next start")
-        self.worker.stop()
+        self.pool.stop()
         if self.ahead is not None:
             self.ahead.stop()
-        self.worker.join(timeout=STOP_GRACE_S)
+        self.pool.join(timeout=STOP_GRACE_S)
         self.ops.stop()
         if self.ahead is not None:
             self.ahead.join(AHEAD_STOP_S)
-        if self.worker.stopped() and not (self.ahead is not None and self.ahead.is_alive()):
+        if self.pool.stopped() and not (self.ahead is not None and self.ahead.is_alive()):
             child.shutdown()  # the fork server and the resource tracker end with us, not by systemd's SIGKILL
         if self.watcher is not None:
             self.watcher.stop()
-        if not self.worker.stopped():  # e.g. blocked on a hung engine: its row stays `running`, requeued at next start
+        if not self.pool.stopped():  # e.g. blocked on a hung engine: its row stays `running`, requeued at next start
             log.error("daemon.stop_timeout", message=f"the running job did not stop within {STOP_GRACE_S:.0f}s; "
                       "it runs again at the next start")
         else:

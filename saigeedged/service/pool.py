@@ -99,10 +99,6 @@ class Pool:
         """The jobs whose abandoned attempts' steps are still to be killed (their work dirs stay until then)."""
         return {work.relative_to(self.config.work_root).parts[0] for work in self.monitor.pending()}
 
-    @property
-    def current(self) -> Job | None:
-        return next((w.current for w in self.workers if w.current is not None), None)
-
     def running(self) -> list[Worker]:
         return [w for w in self.workers if w.current is not None]
 
