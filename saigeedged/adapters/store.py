@@ -499,6 +499,15 @@ class Store:
             "GROUP BY 1, 2", (after, before))
         return [(str(e), str(c), int(str(n))) for e, c, n in rows]
 
+    def last_measured(self, after: str, before: str) -> list[tuple[str, str, str, dict[str, Any]]]:
+        """Per (target, task), the accuracy report of the job that ended last in [after, before) with one: (target,
+        task, its end, the report). One pass along jobs_finished; SQLite takes a bare column from the MAX() row."""
+        rows = self._rows(
+            f"SELECT json_extract(doc, '$.target'), json_extract(doc, '$.task'), MAX({FINISHED}), "
+            f"json_extract(doc, '$.accuracy') FROM jobs INDEXED BY jobs_finished WHERE {self._ended_in(after)} "
+            "AND json_type(doc, '$.accuracy') = 'object' GROUP BY 1, 2", (after, before))
+        return [(str(t), str(k), str(f or ""), json.loads(str(a))) for t, k, f, a in rows]
+
     def tally(self, name: str) -> dict[str, Any] | None:
         """A summary kept beside the rows (the metrics' counts up to some end), or None."""
         rows = self._rows("SELECT doc FROM tallies WHERE name = ?", (name,))
