@@ -454,6 +454,16 @@ class Store:
         return self._jobs(f"SELECT doc FROM jobs INDEXED BY jobs_finished WHERE {FINAL} AND {FINISHED} >= ? "
                           "ORDER BY seq", (stamp,))
 
+    def end_keys_since(self, stamp: str) -> list[tuple[str, str | None, int]]:
+        """(job_id, finished_at, seq) of the final jobs `ended_since(stamp)` returns, in the same order, without
+        their docs: a caller that has seen most of them decodes only the others (`by_seqs`)."""
+        if not stamp:
+            rows = self._rows(f"SELECT job_id, {FINISHED}, seq FROM jobs WHERE {FINAL} ORDER BY seq")
+        else:
+            rows = self._rows(f"SELECT job_id, {FINISHED}, seq FROM jobs INDEXED BY jobs_finished WHERE {FINAL} AND "
+                              f"{FINISHED} >= ? ORDER BY seq", (stamp,))
+        return [(str(i), None if f is None else str(f), int(str(n))) for i, f, n in rows]
+
     def newest_end(self) -> str:
         """The latest `finished_at` of a final job ("" when none): one step along jobs_finished."""
         rows = self._rows(f"SELECT MAX({FINISHED}) FROM jobs INDEXED BY jobs_finished WHERE {FINAL}")
