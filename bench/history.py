@@ -15,12 +15,13 @@ import os
 import shutil
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -129,16 +130,24 @@ def scrape(cfg: Path) -> float:
     return time.monotonic() - t0
 
 
-def dashboard_write(cfg: Path) -> float:
-    """One page write as the ops thread does it, in this process (the daemon is stopped)."""
+def dashboard_write(cfg: Path, times: int = 5) -> dict[str, float]:
+    """Page writes as the ops thread makes them, in this process (the daemon is stopped): the first, then the median
+    of `times` (the page is fsync'ed with its folder: on a shared disk that, not the history, is most of a write) and
+    the median of the page's queries alone."""
     config = configmod.load(cfg)
     store = Store(config.state_dir / "saigeedged.db")
     ops = Ops(config, store)
-    t0 = time.monotonic()
-    ops.write_page()
-    spent = time.monotonic() - t0
+    writes, views = [], []
+    for _ in range(times):
+        t0 = time.monotonic()
+        ops.write_page()
+        writes.append(time.monotonic() - t0)
+        t0 = time.monotonic()
+        ops.view()
+        views.append(time.monotonic() - t0)
     store.close()
-    return spent
+    return {"first_dashboard_write_s": writes[0], "dashboard_write_s": statistics.median(writes),
+            "dashboard_view_s": statistics.median(views)}
 
 
 def history(n: int, work: Path) -> dict[str, float]:
@@ -173,7 +182,7 @@ def history(n: int, work: Path) -> dict[str, float]:
     finally:
         d.stop()
         d.close()
-    res["dashboard_write_s"] = dashboard_write(cfg)
+    res.update(dashboard_write(cfg))
     shutil.rmtree(root, ignore_errors=True)
     return res
 
@@ -220,13 +229,42 @@ def burst(n: int, seconds: float, work: Path, window_s: float = 30.0) -> dict[st
             time.sleep(1.0)
             samples.append((time.monotonic() - t0, counts(db)[1]))
         assert d.proc is not None
-        rss = rss_mb(d.proc.pid)
+        rss, cpu = rss_mb(d.proc.pid), cpu_seconds(d.proc.pid)
     finally:
         d.stop(timeout=60)
         d.close()
+    per_job = job_times(db, window_s)
     shutil.rmtree(root, ignore_errors=True)
     return {"drops": n, "first_claim_s": first_claim, "succeeded": samples[-1][1], "elapsed_s": samples[-1][0],
-            "rss_mb": rss, "windows_jobs_per_s": windows(samples, window_s)}
+            "rss_mb": rss, "daemon_cpu_s": cpu, "windows_jobs_per_s": windows(samples, window_s), **per_job}
+
+
+def job_times(db: Path, width: float) -> dict[str, list[float]]:
+    """Per window of `width` s (by end, from the first end): the median seconds a job ran (its attempt's start to
+    end: the worker's cost of one job) and the median gap before it (the previous end to its start: taking the
+    next job). A cost that grows with the queue or the history shows as a rising median."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        rows = con.execute("SELECT json_extract(doc, '$.started_at'), json_extract(doc, '$.finished_at') FROM jobs "
+                           "WHERE state = 'succeeded' ORDER BY 2").fetchall()
+    finally:
+        con.close()
+    spans = sorted(((seconds_of(a), seconds_of(b)) for a, b in rows if a and b), key=lambda span: span[1])
+    runs: list[list[float]] = []
+    gaps: list[list[float]] = []
+    for i, (start, end) in enumerate(spans[1:], 1):  # the first job compiles for real
+        k = int((end - spans[0][1]) // width)
+        while len(runs) <= k:
+            runs.append([])
+            gaps.append([])
+        runs[k].append(end - start)
+        gaps[k].append(max(0.0, start - spans[i - 1][1]))
+    return {"windows_job_s": [round(statistics.median(r), 3) if r else 0.0 for r in runs],
+            "windows_gap_s": [round(statistics.median(g), 3) if g else 0.0 for g in gaps]}
+
+
+def seconds_of(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def windows(samples: list[tuple[float, int]], width: float) -> list[float]:
@@ -249,14 +287,19 @@ def table(results: dict[str, Any]) -> str:
                        ("idle_cpu_percent", f"idle CPU over {IDLE_S:.0f} s (%)"),
                        ("first_scrape_s", "first /metrics scrape (s)"), ("scrape_s", "later /metrics scrape (s)"),
                        ("status_s", "`saigeedged status` (s)"), ("status_job_s", "`saigeedged status NAME` (s)"),
-                       ("dashboard_write_s", "a dashboard write (s)"), ("prune_dry_run_s", "`prune --dry-run` (s)")):
+                       ("first_dashboard_write_s", "first dashboard write (s)"),
+                       ("dashboard_write_s", "a dashboard write, median (s)"),
+                       ("dashboard_view_s", "its queries, median (s)"), ("prune_dry_run_s", "`prune --dry-run` (s)")):
         rows.append((label, *(f"{h[key]:.3f}" for h in results["history"])))
     lines = [f"{r[0]:<34}" + "".join(f"{c:>14}" for c in r[1:]) for r in rows]
     if "burst" in results:
         b = results["burst"]
         lines += ["", f"burst of {b['drops']} cache-hit drops: first claim {b['first_claim_s']:.2f} s, "
                   f"{b['succeeded']} succeeded in {b['elapsed_s']:.0f} s, RSS {b['rss_mb']:.1f} MB",
-                  f"  jobs/s per 30 s window: {b['windows_jobs_per_s']}"]
+                  f"  jobs/s per 30 s window: {b['windows_jobs_per_s']}",
+                  f"  median job (start to end, s) per window: {b['windows_job_s']}",
+                  f"  median gap before a job (s) per window: {b['windows_gap_s']}",
+                  f"  daemon CPU over the burst: {b['daemon_cpu_s']:.0f} s"]
     return "\n".join(lines)
 
 

@@ -122,10 +122,13 @@ class Metrics:
         made, summed by SQLite (a long history is neither decoded here nor read again at each start); the ends from
         `before` on are counted one by one by `_count`, as they come."""
         tally = Tally.load(self.store)
+        changed = tally.fill_accuracy(self.store)  # first, from the ends the summary counted up to its own mark
         if tally.before > before:  # rows deleted since, or a clock set back: the summary has those ends already
             self._ends.floor = tally.before
         elif tally.before < before:
             tally.add(self.store, before, JOB_BUCKETS)
+            changed = True
+        if changed:
             self._keep(tally)
         self._tally = tally
         for key, jobs in tally.jobs.items():
@@ -138,13 +141,21 @@ class Metrics:
             for bucket, jobs in enumerate(counts):
                 child._buckets[bucket].inc(jobs)  # prometheus_client has no public way to add observed counts
             child._sum.inc(tally.seconds.get(target, 0.0))
+        for key, attempts in tally.attempts.items():
+            engine, code = key.split("|", 1)
+            self.engine_attempts.labels(engine, code).inc(attempts)
+        self._restore_gauges(tally)
+
+    def _restore_gauges(self, tally: Tally) -> None:
+        """The last success per target and the last measured accuracy per target and task, as the summary says."""
         for target, stamp in tally.last_success.items():
             name = _target(target)
             self._last[name] = max(seconds(stamp), self._last.get(name, 0.0))
             self.last_success.labels(name).set(self._last[name])
-        for key, attempts in tally.attempts.items():
-            engine, code = key.split("|", 1)
-            self.engine_attempts.labels(engine, code).inc(attempts)
+        for key, (_, worst) in (tally.accuracy or {}).items():  # the ends from `before` on may set it again
+            target, task = key.split("|", 1)
+            if task in TASKS:
+                self.accuracy_cosine.labels(_target(target), task).set(worst)
 
     def _roll(self) -> None:
         """Move the kept summary up to the ends already counted live, at most daily: the next start reads only the

@@ -24,12 +24,14 @@ from saigeedged.jobs import (
     begin_attempt,
     check_transition,
 )
+from saigeedged.manifest import TARGETS
 
 # Final rows, spelled as in the partial indexes below (a query uses one only when its WHERE names the same terms).
 # Queries over the history name their index (INDEXED BY): without statistics the planner would take jobs_queue for
 # the state and sort every final row, and an index that cannot serve the query is then an error, not a slow scan.
 FINAL = "state IN ('cancelled', 'failed', 'succeeded')"
 FINISHED = "json_extract(doc, '$.finished_at')"
+TARGET = "json_extract(doc, '$.target')"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -51,6 +53,8 @@ CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (json_extract(doc, '$.finished_
     WHERE state IN ('cancelled', 'failed', 'succeeded');
 CREATE INDEX IF NOT EXISTS jobs_bundle ON jobs (json_extract(doc, '$.bundle.path'))
     WHERE json_extract(doc, '$.bundle.path') IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_queued_target ON jobs (json_extract(doc, '$.target'), priority DESC, seq)
+    WHERE state = 'queued';
 CREATE TABLE IF NOT EXISTS behind (job_id TEXT NOT NULL, kind TEXT NOT NULL, PRIMARY KEY (job_id, kind));
 CREATE TABLE IF NOT EXISTS tallies (name TEXT PRIMARY KEY, doc TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS engines (
@@ -358,11 +362,20 @@ class Store:
                                (fence.job_id, RUNNING, *_fence_args(fence))))
 
     def next_queued(self, skip_targets: tuple[str, ...] = ()) -> Job | None:
-        """The job to run next: highest priority, then first in (jobs for `skip_targets` wait)."""
-        marks = ",".join("?" * len(skip_targets))
-        jobs = self._jobs(f"SELECT doc FROM jobs WHERE state = ? AND json_extract(doc, '$.target') NOT IN ({marks}) "
-                          "ORDER BY priority DESC, seq LIMIT 1", (QUEUED, *skip_targets))
-        return jobs[0] if jobs else None
+        """The job to run next: highest priority, then first in (jobs for `skip_targets` wait).
+
+        With targets to skip, the head of each other target's queue (jobs_queued_target), the best of them: a slot
+        that serves no host job must not read past every queued host job of a burst at each look."""
+        if not skip_targets:
+            jobs = self._jobs("SELECT doc FROM jobs WHERE state = ? ORDER BY priority DESC, seq LIMIT 1", (QUEUED,))
+            return jobs[0] if jobs else None
+        heads = [row for target in TARGETS if target not in skip_targets for row in self._rows(
+            "SELECT priority, seq, doc FROM jobs INDEXED BY jobs_queued_target WHERE state = 'queued' AND "
+            f"{TARGET} = ? ORDER BY priority DESC, seq LIMIT 1", (target,))]
+        if not heads:
+            return None
+        best = min(heads, key=lambda row: (-int(str(row[0])), int(str(row[1]))))
+        return Job.from_doc(json.loads(str(best[2])))
 
     def in_state(self, *states: str) -> list[Job]:
         marks = ",".join("?" * len(states))
@@ -376,7 +389,13 @@ class Store:
         return self._jobs("SELECT doc FROM jobs WHERE state = ? ORDER BY priority DESC, seq LIMIT ?", (state, limit))
 
     def count_by_target(self, state: str) -> dict[str, int]:
-        rows = self._rows("SELECT json_extract(doc, '$.target'), COUNT(*) FROM jobs WHERE state = ? GROUP BY 1", (state,))
+        """Jobs in `state` per target; the queue's from jobs_queued_target alone (no doc read: a scrape, a textfile
+        and each page ask, with a burst of thousands queued)."""
+        if state == QUEUED:
+            rows = self._rows(f"SELECT {TARGET}, COUNT(*) FROM jobs INDEXED BY jobs_queued_target WHERE state = 'queued' "
+                              "GROUP BY 1")
+        else:
+            rows = self._rows(f"SELECT {TARGET}, COUNT(*) FROM jobs WHERE state = ? GROUP BY 1", (state,))
         return {str(target): int(str(n)) for target, n in rows}
 
     def recent(self, limit: int = 20) -> list[Job]:
@@ -434,6 +453,16 @@ class Store:
             return self._jobs(f"SELECT doc FROM jobs WHERE {FINAL} ORDER BY seq")
         return self._jobs(f"SELECT doc FROM jobs INDEXED BY jobs_finished WHERE {FINAL} AND {FINISHED} >= ? "
                           "ORDER BY seq", (stamp,))
+
+    def end_keys_since(self, stamp: str) -> list[tuple[str, str | None, int]]:
+        """(job_id, finished_at, seq) of the final jobs `ended_since(stamp)` returns, in the same order, without
+        their docs: a caller that has seen most of them decodes only the others (`by_seqs`)."""
+        if not stamp:
+            rows = self._rows(f"SELECT job_id, {FINISHED}, seq FROM jobs WHERE {FINAL} ORDER BY seq")
+        else:
+            rows = self._rows(f"SELECT job_id, {FINISHED}, seq FROM jobs INDEXED BY jobs_finished WHERE {FINAL} AND "
+                              f"{FINISHED} >= ? ORDER BY seq", (stamp,))
+        return [(str(i), None if f is None else str(f), int(str(n))) for i, f, n in rows]
 
     def newest_end(self) -> str:
         """The latest `finished_at` of a final job ("" when none): one step along jobs_finished."""
@@ -498,6 +527,15 @@ class Store:
             f"FROM jobs INDEXED BY jobs_finished, json_each(jobs.doc, '$.attempts') AS a WHERE {self._ended_in(after)} "
             "GROUP BY 1, 2", (after, before))
         return [(str(e), str(c), int(str(n))) for e, c, n in rows]
+
+    def last_measured(self, after: str, before: str) -> list[tuple[str, str, str, dict[str, Any]]]:
+        """Per (target, task), the accuracy report of the job that ended last in [after, before) with one: (target,
+        task, its end, the report). One pass along jobs_finished; SQLite takes a bare column from the MAX() row."""
+        rows = self._rows(
+            f"SELECT json_extract(doc, '$.target'), json_extract(doc, '$.task'), MAX({FINISHED}), "
+            f"json_extract(doc, '$.accuracy') FROM jobs INDEXED BY jobs_finished WHERE {self._ended_in(after)} "
+            "AND json_type(doc, '$.accuracy') = 'object' GROUP BY 1, 2", (after, before))
+        return [(str(t), str(k), str(f or ""), json.loads(str(a))) for t, k, f, a in rows]
 
     def tally(self, name: str) -> dict[str, Any] | None:
         """A summary kept beside the rows (the metrics' counts up to some end), or None."""
