@@ -20,7 +20,7 @@ from saigeedged.adapters.store import Store
 from saigeedged.engines import EngineSpec
 from saigeedged.jobs import Job
 from saigeedged.service.monitor import EngineMonitor
-from saigeedged.service.slot import remove_work, work_dir
+from saigeedged.service.slot import fresh_work_dir, remove_work, work_dir
 
 
 def mobilint_procs(docker_client: Any, d: Any) -> str:
@@ -117,7 +117,10 @@ def test_a_later_attempt_of_a_job_with_a_legacy_folder_gets_a_folder_of_its_own(
     in work/<job>/attempt2, not in the folder whose step may still run and whose .steps/1.exec it would re-attach to."""
     root = tmp_path / "work"
     (root / "j-1" / ".steps").mkdir(parents=True)
-    assert work_dir(root, job(2)) == root / "j-1" / "attempt2"
+    (root / "j-1" / ".steps" / "1.exec").write_text("old")
+    assert work_dir(root, job(1)) == root / "j-1"  # the legacy attempt itself, re-attached after the upgrade
+    assert fresh_work_dir(root, job(2)) == root / "j-1" / "attempt2"  # the next one starts in a folder of its own
+    assert work_dir(root, job(2)) == root / "j-1" / "attempt2" and (root / "j-1" / ".steps" / "1.exec").is_file()
 
 
 def test_removing_a_legacy_work_folder_keeps_the_work_root(tmp_path: Path) -> None:
