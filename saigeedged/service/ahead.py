@@ -9,7 +9,6 @@ job runs its host steps itself, with their own errors. Nothing of it survives a 
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
 from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.jobs import HOST_ENGINE, QUEUED, RUNNING, Job, entry_from_doc
-from saigeedged.service.slot import remove_work, work_dir
+from saigeedged.service.slot import fresh_work_dir, remove_work, work_dir
 
 if TYPE_CHECKING:
     from saigeedged.service.pool import Pool
@@ -116,7 +115,7 @@ class Preparer(threading.Thread):
 
     # -- preparing -----------------------------------------------------------------------------
     def _prepare(self, job: Job) -> None:
-        work = work_dir(self.config.work_root, job)  # the one its worker will use
+        work = work_dir(self.config.work_root, job)  # the one its worker will use (made fresh below)
         prep = Prep(job.job_id, job.attempt, ahead.doc_digest(job.entry), work, beside=self.busy()[1])
         with self._cond:  # take() holds this lock too: a job a slot took meanwhile is never prepared under it
             now = self.store.get(job.job_id)
@@ -129,7 +128,8 @@ class Preparer(threading.Thread):
             policy = PathPolicy((Path(job.claim_dir), self.inbox, *self.config.allowed_roots))
             limits = self.config.limits
             prep.inputs = ahead.fingerprint([entry.onnx, entry.calib])
-            shutil.rmtree(work, ignore_errors=True)
+            work = fresh_work_dir(self.config.work_root, job)
+            prep.work_dir = work
             result = child.run(ahead.host_steps, (entry, work, policy, limits.max_onnx_bytes), "prepare",
                                float(limits.step_timeout_s), lambda: self._interrupted(prep),
                                (limits.child_memory_bytes, "ONNX_INVALID"))

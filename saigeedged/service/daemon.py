@@ -11,6 +11,7 @@ from pathlib import Path
 import structlog
 
 from saigeedged import guards, jobid
+from saigeedged.adapters.docker.execs import PIDFILE
 from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.adapters.notify import Notifier
@@ -30,6 +31,7 @@ from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.ops import Ops
 from saigeedged.service.pool import Pool
 from saigeedged.service.recovery import Recovery
+from saigeedged.service.slot import work_dir
 
 log = structlog.get_logger()
 CANCEL_POLL_S = 1.0  # how often the loop looks for `saigeedged cancel` requests when nothing else wakes it
@@ -86,12 +88,31 @@ class Daemon:
         for job in self.pool.resume(attached) + [j for j in interrupted if j.target not in CONTAINER_TARGETS]:
             self.recovery.interrupted(job, self.config.limits.max_attempts)
         self.recovery.claims()
+        self._orphaned_steps()
         if not self.config.keep_work:
             self.recovery.work_dirs(self.config.work_root, self.pool.reaping())
         if self.store.created:
             self.recovery.lost_statuses()
         leftover = sorted(self.places.logs.glob("*.log"))
         self.jobs.strand([j.job_id for p in leftover if (j := self.store.get(p.stem)) and j.state in TERMINAL])
+
+    def _orphaned_steps(self) -> None:
+        """Attempts given up on under an earlier daemon that stopped before their engine answered (the reap list lives
+        in memory): a pidfile still in an attempt's folder that is not the running attempt's is reaped again."""
+        root, pending = self.config.work_root, set(self.worker.monitor.pending())
+        for folder in sorted(root.iterdir()) if root.is_dir() else []:
+            job = self.store.get(folder.name)
+            if job is None or job.target not in CONTAINER_TARGETS:
+                continue
+            live = work_dir(root, job) if job.state == RUNNING else None
+            for pidfile in [*folder.glob(f"attempt*/{PIDFILE}"), *folder.glob(PIDFILE)]:
+                work = pidfile.parent
+                if work == live or work in pending:
+                    continue
+                number = int(work.name[len("attempt"):]) if work.name[len("attempt"):].isdigit() else job.attempt
+                engine = job.attempts[number - 1]["engine"] if len(job.attempts) >= number else job.engine
+                if engine in self.worker.monitor.engines:
+                    self.worker.monitor.abandoned(engine, [(job.target, work)])
 
     def _resumable(self, job: Job) -> bool:
         """A container job the last daemon left running goes on in its attempt (its step outlives daemons, SPEC §15),

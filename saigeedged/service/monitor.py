@@ -37,8 +37,8 @@ class Health:
     up: bool = False
     reason: str | None = "not probed yet"
     images: dict[str, bool] = field(default_factory=dict)
-    reap: list[Path] = field(default_factory=list)  # work dirs of attempts abandoned there: their steps are killed
-    # before its slots take work
+    reap: list[tuple[str, Path]] = field(default_factory=list)  # (target, work dir) of attempts abandoned there: their
+    # steps are killed, in their own target's container, before its slots take work
     since_images: float = 0.0
     seen: bool = False  # probed at least once
     last_ok: float | None = None  # when a ping last succeeded
@@ -67,8 +67,10 @@ class EngineMonitor:
         health = self.health[name]
         if not health.up or health.failing:
             return False
-        return health.images.get(target, False) or not any(
-            h.images.get(target, False) for other, h in self.health.items() if other != name)
+        # an engine not probed yet (or down since start) may have it: wait for it rather than fail a job for good
+        return health.images.get(target, False) or all(
+            self.health[other].images.get(target) is False for other, e in self.engines.items()
+            if other != name and target in e.spec.targets)
 
     def elsewhere(self, name: str, target: str) -> bool:
         """Does another engine that is ready now serve `target`? (Else a job of that engine waits for it.)"""
@@ -91,7 +93,7 @@ class EngineMonitor:
         for kick in self.kick.values():
             kick.set()
 
-    def abandoned(self, name: str, work_dirs: list[Path]) -> None:
+    def abandoned(self, name: str, work_dirs: list[tuple[str, Path]]) -> None:
         """Attempts given up on that engine (moved elsewhere, or ended under daemons that kept dying): their steps are
         killed when it answers, before its slots take work, and nothing else is (SPEC §15)."""
         with self._lock:
@@ -101,7 +103,7 @@ class EngineMonitor:
     def pending(self) -> list[Path]:
         """The work dirs whose steps are still to be killed, on every engine."""
         with self._lock:
-            return [work for health in self.health.values() for work in health.reap]
+            return [work for health in self.health.values() for _, work in health.reap]
 
     def lost(self, name: str, reason: str) -> None:
         """A job found the engine unreachable: no new work goes there, and it is pinged now (down only once no call
@@ -151,15 +153,16 @@ class EngineMonitor:
         with self._lock:
             reap, health.reap = health.reap, []
         for target in engine.spec.targets if reap else ():
-            try:
-                engine.container(target).reap(reap)
+            try:  # a pidfile's pids are those of its own container: another container (the local engine bind-mounts
+                # every work dir into each) would kill strangers and remove the pidfile the right one needs
+                engine.container(target).reap([work for t, work in reap if t == target])
             except SaigeError as exc:
                 if exc.code == "DOCKER_UNAVAILABLE":
                     with self._lock:
                         health.reap = reap + health.reap
                     raise
                 log.warning("container.reap_failed", engine=name, error_code=exc.code, message=exc.message)
-        for work in reap:
+        for _, work in reap:
             remove_work(work)  # the daemon's side of it (a remote engine's copy went with the reap)
         self._images(name)
         with self._lock:

@@ -93,7 +93,7 @@ class Pool:
     def reap(self, job: Job) -> None:
         """Kill the step of the job's current attempt when its engine answers, before its slots take work."""
         name = job.engine if job.engine in self.monitor.engines else self.engines[0].name
-        self.monitor.abandoned(name, [self.work_dir(job)])
+        self.monitor.abandoned(name, [(job.target, self.work_dir(job))])
 
     def reaping(self) -> set[str]:
         """The jobs whose abandoned attempts' steps are still to be killed (their work dirs stay until then)."""

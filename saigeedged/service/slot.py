@@ -40,12 +40,22 @@ def work_dir(root: Path, job: Job) -> Path:
 
     A step started by a daemon from before this layout (one engine kept one folder per job) is still found there:
     an upgrade during a compile re-attaches to it (SPEC §16)."""
-    legacy = root / job.job_id
-    return legacy if (legacy / ".steps").is_dir() else legacy / f"attempt{job.attempt}"
+    legacy, own = root / job.job_id, root / job.job_id / f"attempt{job.attempt}"
+    # an attempt started by this daemon made its folder first (fresh): a legacy folder kept for its reap is not its
+    return legacy if (legacy / ".steps").is_dir() and not own.is_dir() else own
+
+
+def fresh_work_dir(root: Path, job: Job) -> Path:
+    """An empty work dir for an attempt that starts now (not re-attached): its own, even beside a legacy folder."""
+    own = root / job.job_id / f"attempt{job.attempt}"
+    shutil.rmtree(own, ignore_errors=True)
+    own.mkdir(parents=True)
+    return own
 
 
 def remove_work(work: Path) -> None:
     """Remove an attempt's work dir, and the job's folder once no attempt of it is left there."""
     shutil.rmtree(work, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        work.parent.rmdir()
+    if work.name.startswith("attempt"):  # a legacy job folder's parent is the work root, bind-mounted: it stays
+        with contextlib.suppress(OSError):
+            work.parent.rmdir()

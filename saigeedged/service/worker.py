@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -35,7 +34,7 @@ from saigeedged.jobs import (
 )
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.publishing import publish_patiently
-from saigeedged.service.slot import Slot, remove_work, work_dir
+from saigeedged.service.slot import Slot, fresh_work_dir, remove_work, work_dir
 
 log = structlog.get_logger()
 IDLE_S = 1.0  # an idle worker looks at the queue this often when nothing wakes it
@@ -125,6 +124,13 @@ class Worker(threading.Thread):
         self.stop_event.set()
         self.wake.set()
         self.interrupt("stop")
+        with self._lock:  # held jobs (their engine does not answer) are left on purpose too: not a daemon dying
+            held = list(self.resumable)
+        for job in held:
+            marker = work_dir(self.config.work_root, job) / resume.DETACHED
+            with contextlib.suppress(OSError):
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.touch()
 
     def _start(self, job: Job) -> Job | None:
         """Take `job` if it is still queued and not cancelled: one conditional write (Store.take), so of the workers
@@ -152,11 +158,10 @@ class Worker(threading.Thread):
         job = self._reattach(queued) if resumed else self._start(queued)
         if job is None:
             return
-        work = work_dir(self.config.work_root, job)
-        self.work = work
         prepared = self.ahead.take(job, lambda: self._reason) if self.ahead and not resumed else None  # made in `work`
-        if prepared is None and not resumed:
-            shutil.rmtree(work, ignore_errors=True)
+        work = fresh_work_dir(self.config.work_root, job) if prepared is None and not resumed else \
+            work_dir(self.config.work_root, job)
+        self.work = work
         joblog = JobLog(self.places.local_log(job.job_id))
         joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'saigeedged'}"
                     + (f", re-attached in step {job.step}" if resumed else ""))
@@ -272,7 +277,7 @@ class Worker(threading.Thread):
         else:
             self.jobs.end(job, FAILED, exc, fence=fence)
 
-    def lose(self, reason: str, elsewhere: Callable[[str], bool]) -> list[Path]:
+    def lose(self, reason: str, elsewhere: Callable[[str], bool]) -> list[tuple[str, Path]]:
         """The engine is down: the jobs of this worker that wait on it and whose target another ready engine serves
         (`elsewhere`) are requeued (ENGINE_LOST) now, from the watching thread, and whatever those attempts do later
         is fenced off. Returns their work dirs (their steps are killed when the engine answers again)."""
@@ -281,7 +286,7 @@ class Worker(threading.Thread):
             moved = [j for j in self.resumable if elsewhere(j.target)]  # waiting to re-attach: moved instead
             self.resumable = [j for j in self.resumable if j not in moved]
         for held in moved:
-            lost.append(work_dir(self.config.work_root, held))  # before the requeue moves its attempt on
+            lost.append((held.target, work_dir(self.config.work_root, held)))  # before the requeue moves its attempt on
             with contextlib.suppress(Superseded):  # cancelled or retried meanwhile: nothing of it to move
                 self._settle(held, SaigeError("ENGINE_LOST", f"engine {held.engine} stopped answering: {reason}",
                                               step=held.step))
@@ -295,7 +300,7 @@ class Worker(threading.Thread):
             with contextlib.suppress(Superseded):
                 self._settle(job, SaigeError("ENGINE_LOST", f"engine {job.engine} stopped answering: {reason}",
                                              step=job.step))
-            return [*lost, *([work] if work is not None else [])]
+            return [*lost, *([(job.target, work)] if work is not None else [])]
         finally:
             self.lease.release()
 
