@@ -99,7 +99,7 @@ class Daemon:
     def _orphaned_steps(self) -> None:
         """Attempts given up on under an earlier daemon that stopped before their engine answered (the reap list lives
         in memory): a pidfile still in an attempt's folder that is not the running attempt's is reaped again."""
-        root, pending = self.config.work_root, set(self.worker.monitor.pending())
+        root, pending = self.config.work_root, set(self.pool.monitor.pending())
         for folder in sorted(root.iterdir()) if root.is_dir() else []:
             job = self.store.get(folder.name)
             if job is None or job.target not in CONTAINER_TARGETS:
@@ -111,8 +111,8 @@ class Daemon:
                     continue
                 number = int(work.name[len("attempt"):]) if work.name[len("attempt"):].isdigit() else job.attempt
                 engine = job.attempts[number - 1]["engine"] if len(job.attempts) >= number else job.engine
-                if engine in self.worker.monitor.engines:
-                    self.worker.monitor.abandoned(engine, [(job.target, work)])
+                if engine in self.pool.monitor.engines:
+                    self.pool.monitor.abandoned(engine, [(job.target, work)])
 
     def _resumable(self, job: Job) -> bool:
         """A container job the last daemon left running goes on in its attempt (its step outlives daemons, SPEC §15),

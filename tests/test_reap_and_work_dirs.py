@@ -1,4 +1,5 @@
-"""Review of the one-engine-monitor change (w17): failing tests that prove defects found in review."""
+"""Abandoned attempts and work folders (SPEC §15): each step reaped in its own container, once, by this daemon or the
+next; a held job is not a crash; an engine without the image waits for the others; legacy folders upgrade safely."""
 
 from __future__ import annotations
 
