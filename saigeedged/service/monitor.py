@@ -109,6 +109,7 @@ class EngineMonitor:
         """A job found the engine unreachable: no new work goes there, and it is pinged now (down only once no call
         has succeeded for limits.engine_timeout_s)."""
         self.health[name].failing = True
+        self.engines[name].suspect()
         self.kick[name].set()
 
     def _loop(self, name: str) -> None:

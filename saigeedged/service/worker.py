@@ -96,10 +96,11 @@ class Worker(threading.Thread):
     def _next_resumable(self) -> Job | None:
         """A job to re-attach, once its engine answers; None when there is none (or it is not running any more)."""
         while True:
-            with self._lock:  # the engine watch moves held jobs elsewhere from its own thread
-                if not self.resumable or not self.slot.ready(self.resumable[0].target):
+            with self._lock:  # the engine monitor moves held jobs elsewhere from its own thread
+                held = next((j for j in self.resumable if self.slot.ready(j.target)), None)
+                if held is None:
                     return None
-                held = self.resumable.pop(0)
+                self.resumable.remove(held)
             job = self.jobs.store.get(held.job_id)
             if job is not None and job.state == RUNNING:
                 return job

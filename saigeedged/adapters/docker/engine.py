@@ -49,6 +49,11 @@ class Engine:
                     container.docker = self._api
             return self._api
 
+    def suspect(self) -> None:
+        """A job's call found the engine unreachable: the jobs' client is made anew before its next use (the ping's
+        own client may answer while this one's transport is dead)."""
+        self._stale = True
+
     def up(self) -> bool:
         """Does the engine answer a ping within PING_TIMEOUT_S now? Never raises. A ping that fails drops the ping's
         client (the next one connects afresh) and marks the jobs' client for rebuilding."""
