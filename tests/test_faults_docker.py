@@ -106,12 +106,10 @@ def test_a_job_the_daemon_keeps_dying_under_ends_failed_at_max_attempts(cubie_da
     assert not (d.state_dir / "work" / job["job_id"]).exists()  # no work folder left behind by the kills
 
 
-def test_start_up_on_a_hung_engine_is_ready_at_once_and_reaps_when_it_answers(cubie_daemon: Any,  # noqa: F811
-                                                                              docker_client: Any, tmp_path: Path,
-                                                                              det_inputs: dict[str, Any]) -> None:
-    """A daemon killed mid-step at limits.max_attempts, restarted while its only engine hangs: READY=1 comes at once
-    (no Docker call before it), the job ends failed INTERNAL, a host job runs; its step and work folder are kept
-    until the engine answers, then the monitor kills the step and removes the folder."""
+def died_at_the_limit_on_a_hung_engine(cubie_daemon: Any, docker_client: Any, tmp_path: Path,  # noqa: F811
+                                       det_inputs: dict[str, Any]) -> tuple[Any, EngineProxy, dict[str, Any]]:
+    """A daemon killed mid-step at limits.max_attempts 1, started again while its only engine hangs; returns once
+    the job ended failed (daemon, engine proxy, final status)."""
     proxy = EngineProxy(tmp_path / "engine.sock")
     proxy.up()
     d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host}, limits={"max_attempts": 1})
@@ -119,7 +117,17 @@ def test_start_up_on_a_hung_engine_is_ready_at_once_and_reaps_when_it_answers(cu
     d.kill()
     proxy.hang()
     d.start()  # within the harness's ready timeout (30 s), far below engine_timeout_s (120 s): nothing waited on it
-    failed = d.wait_state(job["job_id"], ("failed",))
+    return d, proxy, d.wait_state(job["job_id"], ("failed",))
+
+
+def test_start_up_on_a_hung_engine_is_ready_at_once_and_reaps_when_it_answers(cubie_daemon: Any,  # noqa: F811
+                                                                              docker_client: Any, tmp_path: Path,
+                                                                              det_inputs: dict[str, Any]) -> None:
+    """A daemon killed mid-step at limits.max_attempts, restarted while its only engine hangs: READY=1 comes at once
+    (no Docker call before it), the job ends failed INTERNAL, a host job runs; its step and work folder are kept
+    until the engine answers, then the monitor kills the step and removes the folder."""
+    d, proxy, failed = died_at_the_limit_on_a_hung_engine(cubie_daemon, docker_client, tmp_path, det_inputs)
+    job = failed
     assert failed["error"]["code"] == "INTERNAL" and "stopped during this job 1 time" in failed["error"]["message"]
     drop(d.inbox, "onhost", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
     assert d.wait_job("onhost")["state"] == "succeeded"

@@ -14,6 +14,7 @@ from engineproxy import EngineProxy
 from factory import classifier
 from harness import drop, wait_for
 from test_daemon_docker import cubie_daemon, in_quantize, procs  # noqa: F401 (cubie_daemon is a fixture)
+from test_faults_docker import died_at_the_limit_on_a_hung_engine
 
 from saigeedged import config as configmod
 from saigeedged.adapters.docker import Engine
@@ -73,14 +74,7 @@ def test_a_reap_pending_at_a_stop_is_done_by_the_next_daemon(
         cubie_daemon: Any, docker_client: Any, tmp_path: Path, det_inputs: dict[str, Any]) -> None:  # noqa: F811
     """The crash-limit reap waits for a hung engine; the daemon is stopped meanwhile: the next daemon, on an engine
     that answers, still kills the abandoned step (the reap list lived only in the stopped daemon's memory)."""
-    proxy = EngineProxy(tmp_path / "engine.sock")
-    proxy.up()
-    d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host}, limits={"max_attempts": 1})
-    job = in_quantize(d, docker_client, tmp_path, "hangstart", det_inputs["manifest"])
-    d.kill()
-    proxy.hang()
-    d.start()
-    d.wait_state(job["job_id"], ("failed",))
+    d, proxy, _ = died_at_the_limit_on_a_hung_engine(cubie_daemon, docker_client, tmp_path, det_inputs)
     assert d.stop() == 0
     proxy.resume()
     d.start()
