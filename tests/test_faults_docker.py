@@ -208,7 +208,8 @@ def test_a_frozen_engine_holds_the_job_which_reattaches_when_it_answers(cubie_da
     proxy.hang()
     held = wait_for(lambda: (s := d.status(job["job_id"])) and s["error"] and s, 30, "the job held")
     assert (held["state"], held["attempt"], held["error"]["code"]) == ("running", 1, "DOCKER_UNAVAILABLE")
-    d.expect("Docker engine unreachable", 10, after=seen)
+    line = d.expect("Docker engine unreachable", 10, after=seen)
+    assert "compiling slowfrozen (quantize" in line, line  # its step runs on: the slot is not idle
     seen = len(d.messages)
     d.expect("WATCHDOG=1", 10, after=seen)  # the main loop stays healthy while the engine hangs
     wait_for(lambda: d.events("engine.down"), 30, "the engine marked down")

@@ -136,7 +136,7 @@ class Pool:
     def slot_views(self) -> list[SlotView]:
         views = []
         for worker in self.workers:
-            job = worker.current
+            job = worker.shown()
             targets = (job.target,) if job is not None and not worker.slot.pooled else worker.slot.targets[:1]
             views.append(SlotView(worker.slot.engine_of(targets[0]), targets[0], job))
         return views

@@ -105,6 +105,12 @@ class Worker(threading.Thread):
             if job is not None and job.state == RUNNING:
                 return job
 
+    def shown(self) -> Job | None:
+        """The job STATUS= shows in this slot: the running one, else one whose step runs on while it waits for its
+        engine (a compile under way, not an idle slot)."""
+        with self._lock:
+            return self.current or (self.resumable[0] if self.resumable else None)
+
     def interrupt(self, reason: str) -> None:
         """Stop the running job: a cancel kills its step in the container; a stop leaves it running there (SPEC §15:
         the step belongs to its attempt, the next daemon re-attaches); in-process steps stop at the next step.
