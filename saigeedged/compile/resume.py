@@ -24,6 +24,13 @@ def started(work: Path) -> bool:
     return any((work / NAME).parent.glob("*.exec"))
 
 
+def detach(work: Path) -> None:
+    """The daemon stops and leaves this attempt's step running on purpose: the next start re-attaches, counting
+    no crash."""
+    (work / DETACHED).parent.mkdir(parents=True, exist_ok=True)
+    (work / DETACHED).touch()
+
+
 def interrupted(work: Path) -> int:
     """The last daemon ended: how many daemons died under this attempt, this one included (0: it stopped cleanly)."""
     marker = work / DETACHED

@@ -31,7 +31,7 @@ from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.ops import Ops
 from saigeedged.service.pool import Pool
 from saigeedged.service.recovery import Recovery
-from saigeedged.service.slot import work_dir
+from saigeedged.service.slot import ATTEMPT, attempt_of, work_dir
 
 log = structlog.get_logger()
 CANCEL_POLL_S = 1.0  # how often the loop looks for `saigeedged cancel` requests when nothing else wakes it
@@ -105,11 +105,11 @@ class Daemon:
             if job is None or job.target not in CONTAINER_TARGETS:
                 continue
             live = work_dir(root, job) if job.state == RUNNING else None
-            for pidfile in [*folder.glob(f"attempt*/{PIDFILE}"), *folder.glob(PIDFILE)]:
+            for pidfile in [*folder.glob(f"{ATTEMPT}*/{PIDFILE}"), *folder.glob(PIDFILE)]:
                 work = pidfile.parent
                 if work == live or work in pending:
                     continue
-                number = int(work.name[len("attempt"):]) if work.name[len("attempt"):].isdigit() else job.attempt
+                number = attempt_of(work) or job.attempt
                 engine = job.attempts[number - 1]["engine"] if len(job.attempts) >= number else job.engine
                 if engine in self.pool.monitor.engines:
                     self.pool.monitor.abandoned(engine, [(job.target, work)])

@@ -62,8 +62,8 @@ class EngineMonitor:
 
     def ready(self, name: str, target: str) -> bool:
         """May a slot of `target` on engine `name` take a job? Only while it answers; without the target's image only
-        when no engine serving the target has it (the job then fails IMAGE_NOT_FOUND, naming the image, instead of
-        waiting for ever)."""
+        when every other engine serving the target is known to lack it too (the job then fails IMAGE_NOT_FOUND,
+        naming the image, instead of waiting for ever)."""
         health = self.health[name]
         if not health.up or health.failing:
             return False
@@ -153,7 +153,7 @@ class EngineMonitor:
         engine, health = self.engines[name], self.health[name]
         with self._lock:
             reap, health.reap = health.reap, []
-        for target in engine.spec.targets if reap else ():
+        for target in dict.fromkeys(t for t, _ in reap):
             try:  # a pidfile's pids are those of its own container: another container (the local engine bind-mounts
                 # every work dir into each) would kill strangers and remove the pidfile the right one needs
                 engine.container(target).reap([work for t, work in reap if t == target])

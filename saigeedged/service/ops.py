@@ -32,7 +32,6 @@ PAGE_MAX_S = 30.0  # ... and at least this often (changes made by other processe
 TEXTFILE_S = 15.0
 TICK_S = 5.0  # the thread looks at least this often
 RETENTION_S = 86400.0
-CONTAINER_TARGETS = ("cubie", "mobilint")
 
 
 class Ops(threading.Thread):

@@ -12,6 +12,7 @@ from saigeedged.engines import LOCAL
 from saigeedged.jobs import HOST_ENGINE, Job
 
 ALL_TARGETS = ("cubie", "mobilint", "host")
+ATTEMPT = "attempt"  # an attempt's work dir is work/<job>/attempt<N>
 
 
 @dataclass
@@ -40,14 +41,24 @@ def work_dir(root: Path, job: Job) -> Path:
 
     A step started by a daemon from before this layout (one engine kept one folder per job) is still found there:
     an upgrade during a compile re-attaches to it (SPEC §16)."""
-    legacy, own = root / job.job_id, root / job.job_id / f"attempt{job.attempt}"
+    legacy, own = root / job.job_id, _own(root, job)
     # an attempt started by this daemon made its folder first (fresh): a legacy folder kept for its reap is not its
     return legacy if (legacy / ".steps").is_dir() and not own.is_dir() else own
 
 
+def _own(root: Path, job: Job) -> Path:
+    return root / job.job_id / f"{ATTEMPT}{job.attempt}"
+
+
+def attempt_of(work: Path) -> int | None:
+    """The attempt number of an attempt's work dir; None for a legacy job folder."""
+    number = work.name.removeprefix(ATTEMPT)
+    return int(number) if work.name.startswith(ATTEMPT) and number.isdigit() else None
+
+
 def fresh_work_dir(root: Path, job: Job) -> Path:
     """An empty work dir for an attempt that starts now (not re-attached): its own, even beside a legacy folder."""
-    own = root / job.job_id / f"attempt{job.attempt}"
+    own = _own(root, job)
     shutil.rmtree(own, ignore_errors=True)
     own.mkdir(parents=True)
     return own
@@ -56,6 +67,6 @@ def fresh_work_dir(root: Path, job: Job) -> Path:
 def remove_work(work: Path) -> None:
     """Remove an attempt's work dir, and the job's folder once no attempt of it is left there."""
     shutil.rmtree(work, ignore_errors=True)
-    if work.name.startswith("attempt"):  # a legacy job folder's parent is the work root, bind-mounted: it stays
+    if attempt_of(work) is not None:  # a legacy job folder's parent is the work root, bind-mounted: it stays
         with contextlib.suppress(OSError):
             work.parent.rmdir()

@@ -134,10 +134,8 @@ class Worker(threading.Thread):
         with self._lock:  # held jobs (their engine does not answer) are left on purpose too: not a daemon dying
             held = list(self.resumable)
         for job in held:
-            marker = work_dir(self.config.work_root, job) / resume.DETACHED
             with contextlib.suppress(OSError):
-                marker.parent.mkdir(parents=True, exist_ok=True)
-                marker.touch()
+                resume.detach(work_dir(self.config.work_root, job))
 
     def _start(self, job: Job) -> Job | None:
         """Take `job` if it is still queued and not cancelled: one conditional write (Store.take), so of the workers
@@ -314,9 +312,7 @@ class Worker(threading.Thread):
     def _detach(self, job: Job) -> None:
         """A stop leaves the job's container step running: its work dir says the daemon left it on purpose."""
         self.detached = True
-        work = work_dir(self.config.work_root, job)
-        (work / resume.DETACHED).parent.mkdir(parents=True, exist_ok=True)
-        (work / resume.DETACHED).touch()
+        resume.detach(work_dir(self.config.work_root, job))
         event("job.detached", job, attempt=job.attempt)
 
     def _hold(self, job: Job, exc: SaigeError, fence: Attempt) -> None:

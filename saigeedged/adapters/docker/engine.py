@@ -121,10 +121,6 @@ class Containers:
     def api(self) -> DockerAPI:
         return self.engine.api()
 
-    def engine_up(self) -> bool:
-        """Does the engine answer a ping now? (A dead client is made anew first.)"""
-        return self.engine.up()
-
     def container(self, target: str) -> Container:
         return self.engine.container(target)
 
