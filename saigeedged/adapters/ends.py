@@ -11,7 +11,6 @@ from saigeedged.jobs import Job
 
 # An end is stamped before its row is saved, so a later look also reads back this far behind the newest end seen.
 LOOK_BACK = timedelta(seconds=120)
-PAGE = 500  # rows decoded at a time
 
 
 def _key(job: Job) -> tuple[str, str]:
@@ -46,7 +45,7 @@ class Ends:
         since = self.since()
         # the look-back window is read again at every call (a burst: hundreds of ends): decode only the new ones
         seqs = [seq for job_id, end, seq in self.store.end_keys_since(since) if (job_id, end or "") not in self._seen]
-        jobs = [job for start in range(0, len(seqs), PAGE) for job in self.store.by_seqs(seqs[start:start + PAGE])]
+        jobs = list(self.store.paged(seqs))
         self.newest = max([self.newest, *(job.finished_at or "" for job in jobs)])
         self._seen = {key for key in self._seen if key[1] >= since} | {_key(job) for job in jobs if job.finished_at}
         return jobs

@@ -30,7 +30,6 @@ from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job, entry_from_doc
 
 log = structlog.get_logger()
 DAY_S = 86400.0
-PAGE = 500  # rows decoded at a time
 
 
 @dataclass(frozen=True)
@@ -109,18 +108,13 @@ def _stamp(epoch: float) -> str:
     return iso(datetime.fromtimestamp(epoch, UTC))
 
 
-def _pages(store: Store, seqs: list[int]) -> Iterator[Job]:
-    for start in range(0, len(seqs), PAGE):
-        yield from store.by_seqs(seqs[start:start + PAGE])
-
-
 def unkept(store: Store, outputs: Outputs, policy: Policy, now: float) -> Iterator[Job]:
     """The final jobs no rule keeps, found by index: with an age rule only jobs that ended before its cutoff can
     qualify (a job's files are written when it ends, or later), else only jobs of names with more than N."""
     if not policy.enabled:
         return
     if policy.max_age_days > 0:
-        candidates: Iterator[Job] = _pages(store, store.ended_before(_stamp(now - policy.max_age_days * DAY_S)))
+        candidates: Iterator[Job] = store.paged(store.ended_before(_stamp(now - policy.max_age_days * DAY_S)))
     else:
         candidates = (job for name in store.crowded_names(policy.keep_last_per_name) for job in store.final_named(name))
     groups: dict[str, set[str]] = {}  # name -> ids keep_last_per_name keeps

@@ -32,6 +32,7 @@ from saigeedged.manifest import TARGETS
 FINAL = "state IN ('cancelled', 'failed', 'succeeded')"
 FINISHED = "json_extract(doc, '$.finished_at')"
 TARGET = "json_extract(doc, '$.target')"
+PAGE = 500  # rows decoded at a time by a caller that walks many (`paged`)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -447,16 +448,10 @@ class Store:
     def behind(self, kind: str) -> list[str]:
         return [str(r[0]) for r in self._rows("SELECT job_id FROM behind WHERE kind = ? ORDER BY job_id", (kind,))]
 
-    def ended_since(self, stamp: str) -> list[Job]:
-        """Final jobs whose `finished_at` is `stamp` or later (UTC ISO strings sort by time; "" = every final job)."""
-        if not stamp:
-            return self._jobs(f"SELECT doc FROM jobs WHERE {FINAL} ORDER BY seq")
-        return self._jobs(f"SELECT doc FROM jobs INDEXED BY jobs_finished WHERE {FINAL} AND {FINISHED} >= ? "
-                          "ORDER BY seq", (stamp,))
-
     def end_keys_since(self, stamp: str) -> list[tuple[str, str | None, int]]:
-        """(job_id, finished_at, seq) of the final jobs `ended_since(stamp)` returns, in the same order, without
-        their docs: a caller that has seen most of them decodes only the others (`by_seqs`)."""
+        """(job_id, finished_at, seq) of the final jobs whose `finished_at` is `stamp` or later (UTC ISO strings sort by
+        time; "" = every final job), by seq, without their docs: a caller that has seen most of them decodes only the
+        others (`paged`)."""
         if not stamp:
             rows = self._rows(f"SELECT job_id, {FINISHED}, seq FROM jobs WHERE {FINAL} ORDER BY seq")
         else:
@@ -479,6 +474,11 @@ class Store:
     def by_seqs(self, seqs: list[int]) -> list[Job]:
         marks = ",".join("?" * len(seqs))
         return self._jobs(f"SELECT doc FROM jobs WHERE seq IN ({marks}) ORDER BY seq", tuple(seqs)) if seqs else []
+
+    def paged(self, seqs: list[int]) -> Iterator[Job]:
+        """The jobs of `seqs`, decoded PAGE at a time (a long history is never whole in memory)."""
+        for start in range(0, len(seqs), PAGE):
+            yield from self.by_seqs(seqs[start:start + PAGE])
 
     def crowded_names(self, keep: int) -> list[str]:
         """Names with more than `keep` final jobs (from jobs_final_name alone)."""
@@ -532,7 +532,7 @@ class Store:
         """Per (target, task), the accuracy report of the job that ended last in [after, before) with one: (target,
         task, its end, the report). One pass along jobs_finished; SQLite takes a bare column from the MAX() row."""
         rows = self._rows(
-            f"SELECT json_extract(doc, '$.target'), json_extract(doc, '$.task'), MAX({FINISHED}), "
+            f"SELECT {TARGET}, json_extract(doc, '$.task'), MAX({FINISHED}), "
             f"json_extract(doc, '$.accuracy') FROM jobs INDEXED BY jobs_finished WHERE {self._ended_in(after)} "
             "AND json_type(doc, '$.accuracy') = 'object' GROUP BY 1, 2", (after, before))
         return [(str(t), str(k), str(f or ""), json.loads(str(a))) for t, k, f, a in rows]
