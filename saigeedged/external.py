@@ -14,11 +14,15 @@ PROBE_BYTES = 32 << 20
 
 
 def locations(model: Path) -> list[str]:
-    """The `location`s of the model's external tensors, read without loading any weight ([] when unreadable)."""
+    """The `location`s of the model's external tensors, read without loading any weight ([] when unreadable).
+
+    The model's bytes are read once; only those that name a `location` (the key of an external tensor's entry) are
+    parsed: most models keep their weights inside and are never parsed here (the scanner runs in the main loop)."""
     try:
         if model.stat().st_size > PROBE_BYTES:
             return []
-        return tensor_locations(onnx.load(str(model), load_external_data=False))
+        data = model.read_bytes()
+        return tensor_locations(onnx.load_model_from_string(data)) if b"location" in data else []
     except Exception:  # not ours to judge here: validate checks the model and names the problem
         return []
 

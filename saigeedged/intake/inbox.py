@@ -11,7 +11,7 @@ from typing import Any
 
 from saigeedged import manifest
 from saigeedged.errors import SaigeError
-from saigeedged.external import PROBE_BYTES, external_data
+from saigeedged.external import external_data
 from saigeedged.files import sha256_file
 from saigeedged.guards import printable
 from saigeedged.manifest import Entry
@@ -188,7 +188,7 @@ class Scanner:
         waiting = [e for e in entries if not self._complete(e, files, now)]
         if not waiting:
             onnx = sorted({e.onnx for e in entries if e.onnx in files})
-            return Drop(path, entries, [path] + onnx + external_data([m for m in onnx if self._may_have_data(m)], files))
+            return Drop(path, entries, [path] + onnx + external_data(onnx, files))
         if now - first < self.orphan_timeout_s:
             self._due(first + self.orphan_timeout_s)
             return None
@@ -212,17 +212,6 @@ class Scanner:
             return self._digest(onnx, files[onnx]).lower() == entry.sha256.lower()
         settled = [self._stable(p, files[p], now) for p in (entry.manifest, onnx)]  # both clocks start now
         return all(settled)
-
-    def _may_have_data(self, model: Path) -> bool:
-        """Could the model keep weights in other files? Only if its bytes name a `location` (an external tensor
-        says where its data is under that key): most models do not, and are never parsed in the main loop."""
-        try:
-            if model.stat().st_size > PROBE_BYTES:
-                return False  # external.locations does not read it either
-            with model.open("rb") as fh:
-                return b"location" in fh.read()
-        except OSError:
-            return False
 
     def forget(self, paths: list[Path]) -> None:
         for p in paths:
