@@ -243,7 +243,9 @@ class Daemon:
         return self.config.watch.poll_interval_s if self.polling else period
 
     def healthy(self) -> bool:
-        return self.pool.is_alive() and (self.watcher is None or self.watcher.alive())
+        """Every worker alive, none stuck in an engine call far past its bounds, the watcher alive: else no watchdog
+        ping, and systemd restarts the daemon (the steps run on and are re-attached)."""
+        return self.pool.is_alive() and not self.pool.monitor.stuck() and (self.watcher is None or self.watcher.alive())
 
     def _check_cancel(self) -> None:
         for worker in self.pool.running():

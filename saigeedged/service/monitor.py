@@ -26,6 +26,9 @@ log = structlog.get_logger()
 PING_S = 1.0  # between pings of an engine that answers
 DOWN_PING_S = 2.0  # between pings of an engine that does not
 IMAGE_RECHECK_S = 30.0  # an engine without a target's image is asked again this often (an image loaded meanwhile)
+# a call to an engine waits at most engine_timeout_s at a time, and one engine call of the daemon is a few waits
+# (create, start, read, inspect): one under way STUCK_FACTOR times that long is not waiting on the engine any more
+STUCK_FACTOR = 5
 HINT = "is its dockerd running and reachable? `saigeedged check` says why; its container jobs wait (no attempt " \
        "spent) unless another engine serves their target"
 
@@ -44,6 +47,7 @@ class Health:
     last_ok: float | None = None  # when a ping last succeeded
     down_since: float | None = None  # when it was marked down
     failing: bool = False  # the last call failed: no new work goes there, but it is not down before engine_timeout_s
+    slow: bool = False  # a call to it has been under way longer than engine_timeout_s (it answers pings, not calls)
 
 
 class EngineMonitor:
@@ -76,6 +80,11 @@ class EngineMonitor:
         """Does another engine that is ready now serve `target`? (Else a job of that engine waits for it.)"""
         return any(self.ready(other, target) for other in self.engines
                    if other != name and target in self.engines[other].spec.targets)
+
+    def stuck(self) -> list[str]:
+        """The engines a call to which has been under way far past every bound (STUCK_FACTOR x engine_timeout_s): the
+        thread making it is stuck, not waiting; the daemon is then unhealthy (no watchdog ping: systemd restarts it)."""
+        return [name for name, e in self.engines.items() if e.busy_s() > STUCK_FACTOR * self.timeout_s]
 
     def unreachable(self) -> list[str]:
         """The engines down or failing now (no new work goes there): what STATUS= names."""
@@ -132,11 +141,27 @@ class EngineMonitor:
             self._mark_down(name, "does not answer")
             self.lose(name, f"{engine.spec.url or 'the local engine'} does not answer")
             return
-        health.last_ok, health.failing = self.clock(), False
+        health.last_ok, health.failing = self.clock(), self._slow(name)
+        if health.failing:
+            return  # the reap or the images would be one more call that does not end
         if not health.up or health.reap:
             self._bring_up(name)
         elif not all(health.images.values()) and self.clock() >= health.since_images + IMAGE_RECHECK_S:
             self._images(name)
+
+    def _slow(self, name: str) -> bool:
+        """Is a call to the engine under way for longer than engine_timeout_s? (It answers pings but not calls: a
+        hung exec stream, a dockerd half stuck.) Then it takes no new work, and STATUS= names it."""
+        health, busy = self.health[name], self.engines[name].busy_s()
+        slow = busy > self.timeout_s
+        if slow and not health.slow:
+            log.warning("engine.slow", engine=name, error_code="DOCKER_UNAVAILABLE", hint=HINT,
+                        message=f"a call to engine {name} has not returned for {busy:.1f}s: no new work goes there")
+            self.engines[name].suspect()
+            self.on_change()
+        health.slow = slow
+        health.seen = health.seen or slow
+        return slow
 
     def _images(self, name: str) -> None:
         engine, health = self.engines[name], self.health[name]

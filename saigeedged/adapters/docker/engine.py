@@ -74,6 +74,10 @@ class Engine:
         self._stale = True
         return False
 
+    def busy_s(self) -> float:
+        """How long the oldest call to this engine under way (a step's look, a kill, a reap) has lasted; 0 when none."""
+        return max((c.busy_s() for c in list(self._by_target.values())), default=0.0)
+
     def has_image(self, target: str) -> bool:
         """Is the target's image loaded in this engine? (False when the engine does not answer.)"""
         try:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from saigeedged.adapters.docker import detached
+from saigeedged.adapters.docker import detached, stream
 from saigeedged.adapters.docker.api import ENGINE_ERRORS, ContainerRef, DockerAPI, NotFound
 from saigeedged.adapters.docker.lifecycle import Lifecycle, OnEvent
 from saigeedged.adapters.docker.spec import Spec, exec_user
@@ -41,20 +41,26 @@ class Container(Lifecycle):
 
     def _exec(self, ctr: ContainerRef, argv: Sequence[str], workdir: str, env: dict[str, str] | None,
               sink: Sink) -> int | None:
-        """Run a short fixed command, its output to `sink`; its exit code, None if it was cut off."""
+        """Run a short fixed command, its output to `sink`; its exit code, None if it was cut off.
+
+        Every wait is bounded by the client's timeout (limits.engine_timeout_s): the output is read from the raw
+        socket (stream.drain), and the end is awaited for that long at most; TimeoutError (an UNREACHABLE) past it."""
         api = self.docker.api
         exec_id = str(api.exec_create(ctr.id, list(argv), user=exec_user(self.spec.user), workdir=workdir,
                                       environment=env)["Id"])
-        for out, err in api.exec_start(exec_id, stream=True, demux=True):
-            if out:
-                sink(out)
-            if err:
-                sink(err)
+        sock = api.exec_start(exec_id, socket=True)
+        try:
+            stream.drain(sock, api.timeout, sink)
+        finally:
+            sock.close()
+        deadline = time.monotonic() + api.timeout
         while True:  # the stream ends on a broken connection too: only exec_inspect decides
             info = api.exec_inspect(exec_id)
             if not info["Running"]:
                 code = info.get("ExitCode")
                 return None if code is None else int(code)
+            if time.monotonic() >= deadline:
+                raise stream.Stalled(f"exec {argv[0]} still runs {api.timeout:g}s after its output ended")
             time.sleep(0.02)
 
     def probe(self, script: str) -> tuple[int, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,17 +35,28 @@ class Lifecycle:
         self.on_event = on_event
         self.image_id: str | None = None
         self._probed: dict[str, list[str]] = {}
-        self.calls = 0  # engine calls under way: a worker blocked on a hung engine shows here
+        self._calls: list[float] = []  # when each engine call under way started: a worker on a hung engine shows here
+
+    @property
+    def calls(self) -> int:
+        """Engine calls under way (by any thread: a job's worker, the monitor's reap, a cancel's kill)."""
+        return len(self._calls)
+
+    def busy_s(self) -> float:
+        """How long the oldest engine call under way has lasted; 0 when there is none."""
+        calls = list(self._calls)
+        return time.monotonic() - min(calls) if calls else 0.0
 
     @contextlib.contextmanager
     def _reach(self, doing: str) -> Iterator[None]:
-        """An engine call: counted while under way; the engine unreachable is DOCKER_UNAVAILABLE (reaching_engine)."""
-        self.calls += 1
+        """An engine call: timed while under way; the engine unreachable is DOCKER_UNAVAILABLE (reaching_engine)."""
+        started = time.monotonic()
+        self._calls.append(started)
         try:
             with reaching_engine(doing):
                 yield
         finally:
-            self.calls -= 1
+            self._calls.remove(started)
 
     def _runtime(self) -> str | None:
         return pick_runtime(self.spec.runtime, self.docker.info() if self.spec.runtime == "auto" else {})
