@@ -8,7 +8,7 @@ from typing import Any, Literal, TypedDict, get_args
 Code = Literal[
     "MANIFEST_INVALID", "PATH_NOT_ALLOWED", "INPUT_NOT_FOUND", "INPUT_INCOMPLETE", "ONNX_INVALID", "SYMBOLIC_DIM",
     "INPUT_SIZE_MISMATCH", "SURGERY_OUTPUTS_NOT_FOUND", "CALIB_INVALID",
-    "DOCKER_UNAVAILABLE", "IMAGE_NOT_FOUND", "CONTAINER_FAILED", "CONTAINER_LOST", "ENGINE_LOST",
+    "DOCKER_UNAVAILABLE", "IMAGE_NOT_FOUND", "CONTAINER_FAILED", "CONTAINER_LOST", "ENGINE_LOST", "CHILD_LOST",
     "STEP_FAILED", "QUANTIZE_NO_OUTPUT", "EXPORT_FAILED", "NBG_INVALID", "TIMEOUT", "PUBLISH_FAILED", "CANCELLED",
     "INTERNAL", "ACCURACY_GATE",
 ]
@@ -45,6 +45,8 @@ HINTS: dict[Code, str] = {
     "CONTAINER_LOST": "the compiler container died mid-job (dockerd restart, OOM?); it is recreated and the job retried",
     "ENGINE_LOST": "a compile host's Docker engine stopped answering mid-job: the job runs again on another engine; "
     "`saigeedged check` names the engine and what it lacks",
+    "CHILD_LOST": "the host process that ran onnxruntime for the job was killed (OOM killer, `kill`): the job runs "
+    "again; `journalctl -k` says whether the kernel killed it",
     "STEP_FAILED": "read the job log: the compiler's last lines are in the message",
     "QUANTIZE_NO_OUTPUT": "quantize exited 0 without a .quantize file: the quantizer/qtype pair does not match "
     "(asymmetric_affine/uint8, dynamic_fixed_point/int16, perchannel_symmetric_affine/int8, ...)",
@@ -67,7 +69,7 @@ FATAL_HINTS: dict[int, str] = {
     32512: "simulator libraries not found: check cubie.viv_sdk and the image",
 }
 
-RETRYABLE: frozenset[Code] = frozenset({"CONTAINER_LOST", "ENGINE_LOST", "PUBLISH_FAILED"})
+RETRYABLE: frozenset[Code] = frozenset({"CONTAINER_LOST", "ENGINE_LOST", "CHILD_LOST", "PUBLISH_FAILED"})
 MAX_MESSAGE = 4000  # characters: a message quoting a hostile input must not copy it into every status file and log
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,16 @@ def end_attempt(job: Job, now_iso: str, code: str | None) -> None:
     """The open attempt ends (any way: success None, else the error code); no open attempt: nothing to close."""
     if job.attempts and job.attempts[-1]["finished_at"] is None:
         job.attempts[-1].update(finished_at=now_iso, error=code)
+
+
+def remaining_s(started_iso: str, now: datetime, limit_s: float) -> float:
+    """What is left of `limit_s` for an attempt started at `started_iso` (its whole life counts, re-attaches after a
+    restart or an outage included); the whole limit when the start cannot be read."""
+    try:
+        started = datetime.fromisoformat(started_iso.replace("Z", "+00:00"))
+    except (AttributeError, ValueError):
+        return limit_s
+    return limit_s - max(0.0, (now - started).total_seconds())
 
 
 def status_text(running: Job | None, queued: int, engine_down: bool = False) -> str:

@@ -17,6 +17,7 @@ from saigeedged import config as configmod
 from saigeedged.adapters.docker import Engine
 from saigeedged.adapters.store import Store
 from saigeedged.errors import SaigeError
+from saigeedged.jobs import Attempt, Job
 from saigeedged.service.monitor import STUCK_FACTOR, EngineMonitor
 
 TIMEOUT_S = 1.0  # limits.engine_timeout_s of these tests
@@ -81,7 +82,11 @@ def test_monitor_tick_with_a_reap_pending_is_not_frozen(stalling: tuple[Stalling
     store = Store(tmp_path / "state" / "saigeedged.db")
     monitor = EngineMonitor([engine], store, lambda name, reason: None, lambda: None, lambda: 0.0, TIMEOUT_S)
     work = config.work_root / "job-1" / "attempt1"
-    monitor.abandoned("stall", [("cubie", work)])
+    store.add(Job(job_id="job-1", name="job", target="cubie", task="mlc", entry={"onnx": "/x.onnx"}, subdir="",
+                  claim_dir="/c/job-1", manifest="x.yml", created_at="t"))
+    taken = store.take("job-1", "stall", "2026-12-01T00:00:00Z", str(work))
+    assert taken is not None
+    monitor.abandoned([Attempt.of(taken)])
     ended, raised = _ends(lambda: monitor.tick("stall"))
     assert ended, "the monitor's thread is frozen in the reap"
     assert isinstance(raised, SaigeError) and raised.code == "DOCKER_UNAVAILABLE"

@@ -6,13 +6,14 @@ from mypy import api
 
 from saigeedged.errors import CODES, ENVIRONMENT_CODES, HINTS, INPUT_CODES, RETRYABLE, SaigeError
 
-# SPEC §10's list, plus ENGINE_LOST of §11 (SPEC lives outside the repository, so CI cannot read it).
+# SPEC §10's list, plus ENGINE_LOST of §11 and CHILD_LOST (SPEC lives outside the repository, so CI cannot read it).
 SPEC_CODES = {
     "MANIFEST_INVALID", "PATH_NOT_ALLOWED", "INPUT_NOT_FOUND", "INPUT_INCOMPLETE", "ONNX_INVALID", "SYMBOLIC_DIM",
     "INPUT_SIZE_MISMATCH", "SURGERY_OUTPUTS_NOT_FOUND", "CALIB_INVALID", "DOCKER_UNAVAILABLE", "IMAGE_NOT_FOUND",
     "CONTAINER_FAILED", "CONTAINER_LOST", "STEP_FAILED", "QUANTIZE_NO_OUTPUT", "EXPORT_FAILED", "NBG_INVALID",
     "TIMEOUT", "PUBLISH_FAILED", "CANCELLED", "INTERNAL", "ACCURACY_GATE",
     "ENGINE_LOST",  # §11
+    "CHILD_LOST",  # issue 26: a killed host child is a retryable loss, like a lost container
 }
 MYPY = ["--config-file", "", "--strict", "--no-incremental"]  # not pyproject's: it names the package to check
 
@@ -23,7 +24,7 @@ def test_codes_are_specs_list_each_with_a_hint() -> None:
     assert set(CODES) == SPEC_CODES
     assert set(HINTS) == SPEC_CODES
     assert all(HINTS[code].strip() for code in CODES)
-    assert RETRYABLE == {"CONTAINER_LOST", "ENGINE_LOST", "PUBLISH_FAILED"}
+    assert RETRYABLE == {"CONTAINER_LOST", "ENGINE_LOST", "CHILD_LOST", "PUBLISH_FAILED"}
     assert INPUT_CODES | ENVIRONMENT_CODES < SPEC_CODES
 
 

@@ -3,10 +3,18 @@ full, failing or corrupt state_dir looks like to SQLite. Only the store (adapter
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
+
+from saigeedged.jobs import Attempt
+
+P = ParamSpec("P")
+R = TypeVar("R")
+S = TypeVar("S", bound="Patient")
 
 # Final rows, spelled as in the partial indexes below (a query uses one only when its WHERE names the same terms).
 # Queries over the history name their index (INDEXED BY): without statistics the planner would take jobs_queue for
@@ -40,6 +48,15 @@ CREATE INDEX IF NOT EXISTS jobs_queued_target ON jobs (json_extract(doc, '$.targ
     WHERE state = 'queued';
 CREATE TABLE IF NOT EXISTS behind (job_id TEXT NOT NULL, kind TEXT NOT NULL, PRIMARY KEY (job_id, kind));
 CREATE TABLE IF NOT EXISTS tallies (name TEXT PRIMARY KEY, doc TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS attempts (
+    job_id TEXT NOT NULL,
+    take INTEGER NOT NULL,
+    engine TEXT NOT NULL,
+    reap INTEGER NOT NULL DEFAULT 0,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (job_id, take)
+);
+CREATE INDEX IF NOT EXISTS attempts_reap ON attempts (engine) WHERE reap = 1;
 CREATE TABLE IF NOT EXISTS engines (
     name TEXT PRIMARY KEY,
     up INTEGER NOT NULL,
@@ -53,6 +70,15 @@ MIGRATIONS = (("jobs", "engine", "TEXT", "json_extract(doc, '$.engine')"),)
 # PRAGMA user_version: 0 = no version yet (a release before versioning: read as 1); 2 = this one (SPEC §15).
 # STEPS[n] takes a database of version n - 1 to n; each step is idempotent (a crash mid-way runs it again).
 SCHEMA_VERSION = 2
+# the row still names this attempt (jobs.Attempt): its number, how many times the job was taken, its engine
+FENCE = ("json_extract(doc, '$.attempt') = ? AND json_array_length(doc, '$.attempts') = ? "
+         "AND json_extract(doc, '$.attempts[#-1].engine') = ?")
+
+
+def fence_args(fence: Attempt) -> tuple[object, ...]:
+    return (fence.attempt, fence.take, fence.engine)
+
+
 class CorruptDatabase(Exception):
     """The job database cannot be read: the daemon must not start on it (nor replace it)."""
 
@@ -64,6 +90,28 @@ class StoreFull(sqlite3.OperationalError):
     An OperationalError, as SQLite raised it before: the callers that already treat one as "the next round tries
     again" (recovery of claims) keep doing so; the type says which OperationalErrors are worth the wait.
     """
+
+
+class Patient(Protocol):
+    """A store whose writes may wait for room (Store.wait_for_room)."""
+
+    wait_for_room: Callable[[StoreFull], bool] | None
+
+
+def patient(write: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+    """A write that, on a full state_dir, asks `wait_for_room` (which waits) whether to try again: a worker's write
+    waits for space instead of failing its job (issue 26); with no such callback, or when it says no, StoreFull."""
+
+    def again(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        while True:
+            try:
+                return write(self, *args, **kwargs)
+            except StoreFull as exc:
+                if self.wait_for_room is None or not self.wait_for_room(exc):
+                    raise
+
+    functools.update_wrapper(again, write)
+    return again
 
 
 CORRUPT = frozenset({"SQLITE_CORRUPT", "SQLITE_NOTADB"})  # the only answers that say the file itself is bad

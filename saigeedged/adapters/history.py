@@ -135,4 +135,5 @@ class History:
                 if cur.rowcount:
                     deleted += cur.rowcount
                     db.execute("DELETE FROM behind WHERE job_id = ?", (job_id,))
+                    db.execute("DELETE FROM attempts WHERE job_id = ? AND reap = 0", (job_id,))
         return deleted

@@ -3,25 +3,34 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from saigeedged.jobs import Superseded
+
 
 class JobLog:
-    """Append-only log file; compiler output is written as raw bytes, never decoded."""
+    """Append-only log file; compiler output is written as raw bytes, never decoded.
 
-    def __init__(self, path: Path) -> None:
+    `current`: does the store still name the attempt writing it? Fenced like every other write of an attempt (SPEC
+    §15): a stale attempt's write raises Superseded instead of landing in the next attempt's log."""
+
+    def __init__(self, path: Path, current: Callable[[], bool] = lambda: True) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.current = current
         self._fh = path.open("ab", buffering=0)
         self._started: float | None = None
         self._step = ""
 
     def write(self, data: bytes) -> None:
+        if not self.current():
+            raise Superseded(f"{self.path.name}: the attempt writing it is over")
         self._fh.write(data)
 
     def line(self, text: str) -> None:
-        self._fh.write(text.encode(errors="surrogateescape") + b"\n")  # a name that is not UTF-8 keeps its bytes
+        self.write(text.encode(errors="surrogateescape") + b"\n")  # a name that is not UTF-8 keeps its bytes
 
     def begin(self, step: str, index: int, count: int) -> None:
         self.end()

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from saigeedged.adapters import attempts
+from saigeedged.adapters.attempts import AttemptRecords
 from saigeedged.adapters.database import (
+    FENCE,
     FINAL,
     SCHEMA_VERSION,
     TARGET,
@@ -19,6 +22,8 @@ from saigeedged.adapters.database import (
     NewerDatabase,
     StoreFull,
     connect,
+    fence_args,
+    patient,
     private,
     transient,
 )
@@ -36,17 +41,9 @@ from saigeedged.jobs import (
     check_transition,
 )
 from saigeedged.manifest import TARGETS
+from saigeedged.records import AttemptRecord
 
 __all__ = ["FINAL", "SCHEMA_VERSION", "CorruptDatabase", "EngineState", "NewerDatabase", "Store", "StoreFull"]
-
-# the row still names this attempt (jobs.Attempt): its number, how many times the job was taken, its engine
-FENCE = ("json_extract(doc, '$.attempt') = ? AND json_array_length(doc, '$.attempts') = ? "
-         "AND json_extract(doc, '$.attempts[#-1].engine') = ?")
-
-
-def _fence_args(fence: Attempt) -> tuple[object, ...]:
-    return (fence.attempt, fence.take, fence.engine)
-
 
 @dataclass(frozen=True)
 class EngineState:
@@ -59,7 +56,7 @@ class EngineState:
     slots: tuple[str, ...]
 
 
-class Store(History):
+class Store(History, AttemptRecords):
     """Job rows keyed by job_id; every state change is checked against the transition table."""
 
     def __init__(self, path: Path, verify: bool = True) -> None:
@@ -71,6 +68,8 @@ class Store(History):
         private(path)
         self._db = connect(path, verify)
         self._lock = threading.RLock()  # one connection shared by the main loop and the worker thread
+        # set by the daemon: asked (and waits) when a write finds state_dir full; True: try the write again
+        self.wait_for_room: Callable[[StoreFull], bool] | None = None
 
     def close(self) -> None:
         self._db.close()
@@ -125,6 +124,7 @@ class Store(History):
     def _jobs(self, sql: str, args: tuple[object, ...] = ()) -> list[Job]:
         return [Job.from_doc(json.loads(str(r[0]))) for r in self._rows(sql, args)]
 
+    @patient
     def add(self, job: Job) -> None:
         with self._tx() as db:
             db.execute("INSERT INTO jobs (job_id, name, state, priority, created_at, claim_dir, doc, engine) "
@@ -135,6 +135,7 @@ class Store(History):
         jobs = self._jobs("SELECT doc FROM jobs WHERE job_id = ?", (job_id,))
         return jobs[0] if jobs else None
 
+    @patient
     def save(self, job: Job, expect: str | None = None, fence: Attempt | None = None) -> None:
         """Write `job`; when its state changes, the stored state must be `expect` (or any allowed predecessor).
 
@@ -156,7 +157,7 @@ class Store(History):
                 raise CancelWins(f"job {job.job_id} was cancelled while running: it is not requeued")
             cancel = 0 if job.state != stored else None  # a new state clears a pending cancel request
             where, args = ("job_id = ?", (job.job_id,)) if fence is None else \
-                (f"job_id = ? AND {FENCE}", (job.job_id, *_fence_args(fence)))
+                (f"job_id = ? AND {FENCE}", (job.job_id, *fence_args(fence)))
             changed = db.execute(f"UPDATE jobs SET state = ?, priority = ?, claim_dir = ?, doc = ?, "
                                  f"cancel = COALESCE(?, cancel), engine = ? WHERE {where}",
                                  (job.state, job.priority, job.claim_dir, json.dumps(job.to_doc()), cancel, job.engine,
@@ -164,9 +165,11 @@ class Store(History):
             if not changed:
                 raise Superseded(f"job {job.job_id} is on another attempt than {fence}")
 
-    def take(self, job_id: str, engine: str, now_iso: str) -> Job | None:
+    @patient
+    def take(self, job_id: str, engine: str, now_iso: str, work: str = "") -> Job | None:
         """Move a queued job to running on `engine`, its new attempt opened; None if it is no longer queued (another
-        slot took it, it was cancelled). One conditional write: of the slots that saw the job, one runs it."""
+        slot took it, it was cancelled). One conditional write: of the slots that saw the job, one runs it; the attempt's
+        record (`work`: its work dir) is written with it."""
         with self._tx() as db:
             row = db.execute("SELECT doc FROM jobs WHERE job_id = ? AND state = ? AND cancel = 0",
                              (job_id, QUEUED)).fetchone()
@@ -180,12 +183,14 @@ class Store(History):
             taken = db.execute("UPDATE jobs SET state = ?, doc = ?, engine = ? WHERE job_id = ? AND state = ? "
                                "AND cancel = 0 AND COALESCE(json_array_length(doc, '$.attempts'), 0) = ? RETURNING doc",
                                (RUNNING, json.dumps(job.to_doc()), job.engine, job_id, QUEUED, takes)).fetchone()
+            if taken is not None:  # its record, in the same transaction: no attempt runs without one
+                attempts.write(db, AttemptRecord(job_id, takes + 1, job.attempt, engine, job.target, work))
         return None if taken is None else Job.from_doc(json.loads(str(taken[0])))
 
     def still_current(self, fence: Attempt) -> bool:
         """Does the row still name this attempt, running?"""
         return bool(self._rows(f"SELECT 1 FROM jobs WHERE job_id = ? AND state = ? AND {FENCE}",
-                               (fence.job_id, RUNNING, *_fence_args(fence))))
+                               (fence.job_id, RUNNING, *fence_args(fence))))
 
     def next_queued(self, skip_targets: tuple[str, ...] = ()) -> Job | None:
         """The job to run next: highest priority, then first in (jobs for `skip_targets` wait).
@@ -250,6 +255,7 @@ class Store(History):
         rows = self._rows("SELECT cancel FROM jobs WHERE job_id = ?", (job_id,))
         return bool(rows and rows[0][0])
 
+    @patient
     def mark_behind(self, job_id: str, kind: str, behind: bool = True) -> None:
         """Remember (durably, with the row) that the outbox has not taken this job's `kind` file ("status", "log")."""
         with self._tx() as db:
@@ -260,10 +266,6 @@ class Store(History):
 
     def behind(self, kind: str) -> list[str]:
         return [str(r[0]) for r in self._rows("SELECT job_id FROM behind WHERE kind = ? ORDER BY job_id", (kind,))]
-
-    def running_on(self, engine: str) -> list[Job]:
-        """The running jobs whose current attempt is on `engine`."""
-        return self._jobs("SELECT doc FROM jobs WHERE state = ? AND engine = ? ORDER BY seq", (RUNNING, engine))
 
     def set_engine(self, name: str, up: bool, reason: str | None, slots: list[str], now_iso: str | None = None) -> None:
         """Record an engine's state; `since` moves only when it goes up or down (or is first seen)."""

@@ -14,7 +14,7 @@ from typing import Any
 from saigeedged.errors import Code, SaigeError
 
 POLL_S = 0.2  # how often the parent looks at stop/cancel requests while the child works
-# imported once by the fork server, not by each child: a child unpickles its function by reference, and a module
+# imported once by the fork server, not by each child: a child loads its function by reference, and a module
 # the server lacks was imported (compiled, with no .pyc) by every child of every step (issue 21: most of what a
 # cache-hit job cost, 0.5 -> 0.2 s a job)
 PRELOAD = ["saigeedged.compile.backends.host", "onnxruntime.quantization", "saigeedged.compile.prepare",
@@ -77,7 +77,11 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
                 raise SaigeError("TIMEOUT", f"{label} ran longer than {timeout_s:.0f}s and was killed")
             if not proc.is_alive() and not parent.poll():
                 raise _died(label, proc.exitcode, memory)
-        ok, value = parent.recv()
+        try:
+            ok, value = parent.recv()
+        except EOFError:  # killed before it answered: poll() sees the end of the pipe as something to read
+            proc.join()
+            raise _died(label, proc.exitcode, memory) from None
     finally:
         if proc.is_alive():
             proc.kill()
@@ -98,7 +102,7 @@ def _died(label: str, exitcode: int | None, memory: tuple[int, Code] | None) -> 
     """A child killed by a signal under a memory bound ran out of it (C++ allocators abort, the OOM killer kills)."""
     if memory is not None and exitcode is not None and -exitcode in OUT_OF_MEMORY:
         return _over(label, memory)
-    return SaigeError("INTERNAL", f"{label} died with exit code {exitcode}")
+    return SaigeError("CHILD_LOST", f"{label} died with exit code {exitcode}")  # killed: a loss, retried like one
 
 
 @contextmanager

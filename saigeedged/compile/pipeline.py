@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from saigeedged.adapters.joblog import JobLog
-from saigeedged.compile import backends, bundle, inputs, prepare, report, resume, reuse, variants
+from saigeedged.compile import backends, bundle, inputs, prepare, report, reuse, variants
 from saigeedged.compile.backends import Context, cubie
 from saigeedged.compile.inputs import PathPolicy, Prepared
 from saigeedged.errors import SaigeError
@@ -50,6 +50,7 @@ class Job:
     interrupted: Callable[[], str | None] = lambda: None  # "stop" | "cancel" once the job must end
     host: HostSteps | None = None  # validate, surgery, calibration done ahead (compile/ahead.py); None: run them now
     current: Callable[[], bool] = lambda: True  # the store still names this attempt (SPEC §15 fencing)
+    on_prepared: Callable[[Prepared], None] = lambda prep: None  # host steps done: kept for a resume (attempt record)
 
 
 @dataclass
@@ -114,7 +115,7 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
         job.on_inputs({"calib_samples": len(prep.chosen)})
         job.log.line(f"{len(prep.chosen)} calibration images ({entry.profile.sampler}, seed {entry.seed}) -> {prep.dataset}")
         if entry.target != "host":  # a container job's attempt outlives the daemon: a resume starts from here
-            resume.save(prep, job.work_dir)
+            job.on_prepared(prep)
         if entry.variants:
             prep, made, measured = variants.sweep(prep, ctx, job.job_id, lambda p, a: _judged(job, p, a, ctx))
             job.on_inputs({"cache": made.status()})

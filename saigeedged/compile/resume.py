@@ -1,64 +1,95 @@
-"""An attempt's host steps kept in its work dir, so the attempt resumed after a daemon restart (SPEC §15) goes on
-with its container steps as they were: the calibration images are not staged again under a running quantize."""
+"""An attempt's host steps kept in its store record as versioned JSON (SPEC §15), so the attempt resumed after a
+daemon restart goes on with its container steps as they were: the calibration images are not staged again under a
+running quantize. Plain JSON, decoded field by field: the record is data, so a file in a folder the container can
+write, or a class moved by an upgrade, cannot run code in the daemon or break the resume."""
 
 from __future__ import annotations
 
-import pickle
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from saigeedged import files
 from saigeedged.compile.ahead import Replay
+from saigeedged.compile.calibration import CalibSet, Sample
 from saigeedged.compile.inputs import Prepared
+from saigeedged.compile.onnxcheck import ModelInfo
+from saigeedged.jobs import entry_from_doc, entry_to_doc
 
 if TYPE_CHECKING:
     from saigeedged.adapters.joblog import JobLog
 
-NAME = ".steps/prepared.pickle"  # beside the steps' own files; written by the daemon only, in its own state_dir
-DETACHED = ".steps/detached"  # the daemon stopped on purpose and left the attempt's step running
-CRASHES = ".steps/crashes"  # how many daemons died under this attempt without a stop
+VERSION = 1  # of the prepared document; another version is not resumed (the attempt is requeued, its step killed)
 
 
-def started(work: Path) -> bool:
-    """Has this attempt started a container step (which may run on without the daemon)?"""
-    return any((work / NAME).parent.glob("*.exec"))
+def _sample_doc(sample: Sample) -> dict[str, Any]:
+    return {"image": str(sample.image), "labels": list(sample.labels),
+            "boxes": None if sample.boxes is None else [list(b) for b in sample.boxes]}
 
 
-def detach(work: Path) -> None:
-    """The daemon stops and leaves this attempt's step running on purpose: the next start re-attaches, counting
-    no crash."""
-    (work / DETACHED).parent.mkdir(parents=True, exist_ok=True)
-    (work / DETACHED).touch()
+def _sample(doc: dict[str, Any]) -> Sample:
+    boxes = doc["boxes"]
+    return Sample(Path(doc["image"]), tuple(int(v) for v in doc["labels"]),
+                  None if boxes is None else tuple((float(a), float(b), float(c), float(d)) for a, b, c, d in boxes))
 
 
-def interrupted(work: Path) -> int:
-    """The last daemon ended: how many daemons died under this attempt, this one included (0: it stopped cleanly)."""
-    marker = work / DETACHED
-    if marker.exists():
-        marker.unlink()
-        return 0
+def to_doc(prep: Prepared) -> dict[str, Any]:
+    """What validate, surgery and calibration found, as JSON-able data."""
+    info = asdict(prep.info)
+    return {"version": VERSION, "entry": entry_to_doc(prep.entry), "work_dir": str(prep.work_dir), "name": prep.name,
+            "model": str(prep.model),
+            "info": {**info, "path": str(prep.info.path), "input_shape": list(prep.info.input_shape),
+                     "output_names": list(prep.info.output_names),
+                     "output_shapes": [list(s) for s in prep.info.output_shapes]},
+            "input_size": list(prep.input_size),
+            "calib": {"source": str(prep.calib.source), "samples": [_sample_doc(s) for s in prep.calib.samples],
+                      "class_names": None if prep.calib.class_names is None else list(prep.calib.class_names)},
+            "onnx_sha256": prep.onnx_sha256, "surgery": None if prep.surgery is None else list(prep.surgery),
+            "chosen": [_sample_doc(s) for s in prep.chosen],
+            "dataset": None if prep.dataset is None else str(prep.dataset),
+            "held_out": [_sample_doc(s) for s in prep.held_out]}
+
+
+def from_doc(doc: dict[str, Any]) -> Prepared:
+    """The Prepared of `doc`; ValueError when it is not a document of this version (KeyError and TypeError become
+    ValueError too: a damaged document is unreadable, not a bug)."""
+    if doc.get("version") != VERSION:
+        raise ValueError(f"prepared inputs of version {doc.get('version')!r}, this saigeedged reads {VERSION}")
     try:
-        crashes = int((work / CRASHES).read_text() or 0) + 1
-    except (FileNotFoundError, ValueError):
-        crashes = 1
-    if work.is_dir():
-        (work / CRASHES).parent.mkdir(parents=True, exist_ok=True)
-        (work / CRASHES).write_text(str(crashes))
-    return crashes
+        info = doc["info"]
+        calib = doc["calib"]
+        names = calib["class_names"]
+        return Prepared(
+            entry_from_doc(doc["entry"]), Path(doc["work_dir"]), str(doc["name"]), Path(doc["model"]),
+            ModelInfo(Path(info["path"]), str(info["input_name"]), tuple(info["input_shape"]),
+                      tuple(info["output_names"]), tuple(tuple(int(d) for d in s) for s in info["output_shapes"])),
+            (int(doc["input_size"][0]), int(doc["input_size"][1])),
+            CalibSet(Path(calib["source"]), tuple(_sample(s) for s in calib["samples"]),
+                     None if names is None else tuple(str(n) for n in names)),
+            str(doc["onnx_sha256"]), None if doc["surgery"] is None else tuple(doc["surgery"]),
+            tuple(_sample(s) for s in doc["chosen"]), None if doc["dataset"] is None else Path(doc["dataset"]),
+            tuple(_sample(s) for s in doc["held_out"]))
+    except (KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise ValueError(f"prepared inputs are damaged: {type(exc).__name__}: {exc}") from None
 
 
-def save(prep: Prepared, work: Path) -> None:
-    """Keep what validate, surgery and calibration found, for a resume of this attempt."""
-    (work / NAME).parent.mkdir(parents=True, exist_ok=True)
-    files.write_bytes(work / NAME, pickle.dumps(prep))
-
-
-def replay(work: Path, log: JobLog) -> Replay | None:
-    """The host steps of the attempt in `work` as they ended before the restart; None when they did not end."""
+def _readable(doc: dict[str, Any] | None) -> Prepared | None:
+    """The Prepared of `doc` if it can be read and its dataset is still there, else None."""
+    if doc is None:
+        return None
     try:
-        prep = pickle.loads((work / NAME).read_bytes())  # noqa: S301 - the daemon's own file, mode of state_dir
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError):
+        prep = from_doc(doc)
+    except ValueError:
         return None
-    if not isinstance(prep, Prepared) or prep.dataset is None or not prep.dataset.is_file():
-        return None
-    return Replay(prep, log, "host steps done before the restart: kept as they were")
+    return prep if prep.dataset is not None and prep.dataset.is_file() else None
+
+
+def usable(doc: dict[str, Any] | None) -> bool:
+    """Can an attempt resume from these host steps' results (readable, of this version, its dataset there)?"""
+    return _readable(doc) is not None
+
+
+def replay(doc: dict[str, Any] | None, log: JobLog) -> Replay | None:
+    """The host steps of an attempt as they ended before the restart; None when they did not end (or their record
+    cannot be read, or its dataset is gone): the caller must then not run them again beside a started step."""
+    prep = _readable(doc)
+    return None if prep is None else Replay(prep, log, "host steps done before the restart: kept as they were")

@@ -11,27 +11,25 @@ from pathlib import Path
 import structlog
 
 from saigeedged import guards, jobid
-from saigeedged.adapters.docker.execs import PIDFILE
 from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.adapters.notify import Notifier
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
-from saigeedged.compile import child, resume
+from saigeedged.compile import child
 from saigeedged.config import Config
 from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.errors import SaigeError
 from saigeedged.intake import claims, inbox, ownfolders
 from saigeedged.intake.inbox import Drop, Rejected, Scanner
 from saigeedged.intake.watch import Watcher, use_polling
-from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job, entry_to_doc, status_text
+from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Attempt, Job, entry_to_doc, status_text
 from saigeedged.manifest import safe_stem
 from saigeedged.service import ahead
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.ops import Ops
 from saigeedged.service.pool import Pool
 from saigeedged.service.recovery import Recovery
-from saigeedged.service.slot import ATTEMPT, attempt_of, work_dir
 
 log = structlog.get_logger()
 CANCEL_POLL_S = 1.0  # how often the loop looks for `saigeedged cancel` requests when nothing else wakes it
@@ -56,7 +54,7 @@ class Daemon:
         self.places.make(config.outbox)
         self.store = Store(config.state_dir / "saigeedged.db")
         self.jobs = Jobs(self.store, Outbox(config.outbox), self.places)
-        self.recovery = Recovery(self.jobs)
+        self.recovery = Recovery(self.jobs, config.limits.max_attempts)
         watch = config.watch
         self.scanner = Scanner(config.inbox, watch.settle_s, watch.orphan_timeout_s, config.defaults.as_dict(),
                                max_digest_bytes=config.limits.max_onnx_bytes)
@@ -88,7 +86,6 @@ class Daemon:
         for job in self.pool.resume(attached) + [j for j in interrupted if j.target not in CONTAINER_TARGETS]:
             self.recovery.interrupted(job, self.config.limits.max_attempts)
         self.recovery.claims()
-        self._orphaned_steps()
         if not self.config.keep_work:
             self.recovery.work_dirs(self.config.work_root, self.pool.reaping())
         if self.store.created:
@@ -96,32 +93,18 @@ class Daemon:
         leftover = sorted(self.places.logs.glob("*.log"))
         self.jobs.strand([j.job_id for p in leftover if (j := self.store.get(p.stem)) and j.state in TERMINAL])
 
-    def _orphaned_steps(self) -> None:
-        """Attempts given up on under an earlier daemon that stopped before their engine answered (the reap list lives
-        in memory): a pidfile still in an attempt's folder that is not the running attempt's is reaped again."""
-        root, pending = self.config.work_root, set(self.pool.monitor.pending())
-        for folder in sorted(root.iterdir()) if root.is_dir() else []:
-            job = self.store.get(folder.name)
-            if job is None or job.target not in CONTAINER_TARGETS:
-                continue
-            live = work_dir(root, job) if job.state == RUNNING else None
-            for pidfile in [*folder.glob(f"{ATTEMPT}*/{PIDFILE}"), *folder.glob(PIDFILE)]:
-                work = pidfile.parent
-                if work == live or work in pending:
-                    continue
-                number = attempt_of(work) or job.attempt
-                engine = job.attempts[number - 1]["engine"] if len(job.attempts) >= number else job.engine
-                if engine in self.pool.monitor.engines:
-                    self.pool.monitor.abandoned(engine, [(job.target, work)])
-
     def _resumable(self, job: Job) -> bool:
         """A container job the last daemon left running goes on in its attempt (its step outlives daemons, SPEC §15),
-        unless daemons keep dying under it: then it ends failed at limits.max_attempts and its step is killed."""
-        crashes = resume.interrupted(self.pool.work_dir(job))
-        if crashes < self.config.limits.max_attempts:
+        unless its record cannot be resumed (unreadable, another version's, host steps' results gone beside a started
+        step) or daemons keep dying under it: then its step is killed and it runs again or ends failed."""
+        left = self.recovery.attempt_left(job, self.pool.work_dir(job))
+        if left.resumable:
             return True
-        self.pool.reap(job)
-        self.recovery.died_under(job, crashes)
+        self.pool.monitor.abandoned([Attempt.of(job)])
+        if left.crashes >= self.config.limits.max_attempts:
+            self.recovery.died_under(job, left.crashes)
+        else:
+            self.recovery.interrupted(job, self.config.limits.max_attempts)
         return False
 
     # -- claiming ------------------------------------------------------------------------------
@@ -248,10 +231,10 @@ class Daemon:
         return self.pool.is_alive() and not self.pool.monitor.stuck() and (self.watcher is None or self.watcher.alive())
 
     def _check_cancel(self) -> None:
-        for worker in self.pool.running():
-            job = worker.current
-            if job is not None and self.store.cancel_requested(job.job_id):
-                worker.interrupt("cancel")
+        """`saigeedged cancel` flags a running row: the job ends cancelled now, held for its engine or not."""
+        for job in [j for w in self.pool.workers for j in w.owned()]:
+            if self.store.cancel_requested(job.job_id):
+                self.pool.cancel(job.job_id)
 
     def _catch_up(self, now: float) -> None:
         if now >= self._next_catch_up and self.jobs.behind():
@@ -334,5 +317,6 @@ class Daemon:
             log.error("daemon.stop_timeout", message=f"the running job did not stop within {STOP_GRACE_S:.0f}s; "
                       "it runs again at the next start")
         else:
+            self.pool.close()
             self.store.close()  # never under a live worker that may still write its row
         return 0

@@ -104,11 +104,11 @@ class Jobs:
         with held.lock:
             yield
 
-    def take(self, job_id: str, engine: str) -> Job | None:
+    def take(self, job_id: str, engine: str, work: str = "") -> Job | None:
         """Run a queued job on `engine` (Store.take) and write its status file; None when another slot took it or it
         was cancelled meanwhile. The attempt to fence its later writes with is `Attempt.of(job)`."""
         with self._job(job_id), self._writing:
-            job = self.store.take(job_id, engine, jobid.iso(jobid.utc_now()))
+            job = self.store.take(job_id, engine, jobid.iso(jobid.utc_now()), work)
             if job is not None:
                 self._write_status(job)
         if job is not None:

@@ -20,6 +20,8 @@ import structlog
 from saigeedged.adapters.docker import Engine
 from saigeedged.adapters.store import Store
 from saigeedged.errors import SaigeError
+from saigeedged.jobs import Attempt
+from saigeedged.records import AttemptRecord, UnreadableRecord
 from saigeedged.service.slot import remove_work
 
 log = structlog.get_logger()
@@ -40,8 +42,6 @@ class Health:
     up: bool = False
     reason: str | None = "not probed yet"
     images: dict[str, bool] = field(default_factory=dict)
-    reap: list[tuple[str, Path]] = field(default_factory=list)  # (target, work dir) of attempts abandoned there: their
-    # steps are killed, in their own target's container, before its slots take work
     since_images: float = 0.0
     seen: bool = False  # probed at least once
     last_ok: float | None = None  # when a ping last succeeded
@@ -102,17 +102,22 @@ class EngineMonitor:
         for kick in self.kick.values():
             kick.set()
 
-    def abandoned(self, name: str, work_dirs: list[tuple[str, Path]]) -> None:
-        """Attempts given up on that engine (moved elsewhere, or ended under daemons that kept dying): their steps are
-        killed when it answers, before its slots take work, and nothing else is (SPEC §15)."""
-        with self._lock:
-            self.health[name].reap.extend(work_dirs)
-        self.kick[name].set()
+    def abandoned(self, attempts: list[Attempt]) -> None:
+        """Attempts given up on (moved elsewhere, or ended under daemons that kept dying): their records say so, and
+        their steps are killed on the engine each record names when it answers, before its slots take work, and
+        nothing else is (SPEC §15)."""
+        for attempt in attempts:
+            try:
+                record = self.store.update_record(attempt.job_id, attempt.take, reap=True)
+            except UnreadableRecord as exc:
+                log.warning("engine.reap_unrecorded", job_id=attempt.job_id, message=str(exc))
+                continue
+            if record.engine in self.kick:
+                self.kick[record.engine].set()
 
     def pending(self) -> list[Path]:
-        """The work dirs whose steps are still to be killed, on every engine."""
-        with self._lock:
-            return [work for health in self.health.values() for _, work in health.reap]
+        """The work dirs whose steps are still to be killed, on every engine (from the store: they outlive us)."""
+        return [Path(r.work) for r in self.store.reaps()]
 
     def lost(self, name: str, reason: str) -> None:
         """A job found the engine unreachable: no new work goes there, and it is pinged now (down only once no call
@@ -144,8 +149,9 @@ class EngineMonitor:
         health.last_ok, health.failing = self.clock(), self._slow(name)
         if health.failing:
             return  # the reap or the images would be one more call that does not end
-        if not health.up or health.reap:
-            self._bring_up(name)
+        reap = self.store.reaps(name)
+        if not health.up or reap:
+            self._bring_up(name, reap)
         elif not all(health.images.values()) and self.clock() >= health.since_images + IMAGE_RECHECK_S:
             self._images(name)
 
@@ -173,23 +179,22 @@ class EngineMonitor:
                         message=f"engine {name} lacks the image of {', '.join(missing)}: its slot takes no job while "
                         "another engine has it (`saigeedged check` says which image)")
 
-    def _bring_up(self, name: str) -> None:
-        """Kill the steps left running there for attempts given up on, then take work."""
+    def _bring_up(self, name: str, reap: list[AttemptRecord]) -> None:
+        """Kill the steps left running there for attempts given up on (their records say so), then take work."""
         engine, health = self.engines[name], self.health[name]
-        with self._lock:
-            reap, health.reap = health.reap, []
-        for target in dict.fromkeys(t for t, _ in reap):
+        for target in dict.fromkeys(r.target for r in reap):
+            mine = [r for r in reap if r.target == target and r.work]  # a record without a work dir has nothing to kill
             try:  # a pidfile's pids are those of its own container: another container (the local engine bind-mounts
                 # every work dir into each) would kill strangers and remove the pidfile the right one needs
-                engine.container(target).reap([work for t, work in reap if t == target])
+                engine.container(target).reap([Path(r.work) for r in mine])
             except SaigeError as exc:
                 if exc.code == "DOCKER_UNAVAILABLE":
-                    with self._lock:
-                        health.reap = reap + health.reap
-                    raise
+                    raise  # the records stay: tried again when it answers
                 log.warning("container.reap_failed", engine=name, error_code=exc.code, message=exc.message)
-        for _, work in reap:
-            remove_work(work)  # the daemon's side of it (a remote engine's copy went with the reap)
+        for record in reap:
+            if record.work:
+                remove_work(Path(record.work))  # the daemon's side of it (a remote engine's copy went with the reap)
+            self.store.reaped(record)
         self._images(name)
         with self._lock:
             first, since, was_up = not health.seen, health.down_since, health.up

@@ -69,10 +69,10 @@ class Pool:
     def _lose(self, name: str, reason: str) -> None:
         """The engine is down: move the jobs its workers wait on whose target another ready engine serves
         (ENGINE_LOST); the steps of exactly those attempts are killed when it answers again."""
-        lost = [work for w in self.workers if w.slot.engine == name
-                for work in w.lose(reason, lambda target: self.monitor.elsewhere(name, target))]
+        lost = [attempt for w in self.workers if w.slot.engine == name
+                for attempt in w.lose(reason, lambda target: self.monitor.elsewhere(name, target))]
         if lost:
-            self.monitor.abandoned(name, lost)
+            self.monitor.abandoned(lost)
             self.wake.set()
 
     def work_dir(self, job: Job) -> Path:
@@ -90,14 +90,15 @@ class Pool:
                 worker.resumable.append(job)
         return left
 
-    def reap(self, job: Job) -> None:
-        """Kill the step of the job's current attempt when its engine answers, before its slots take work."""
-        name = job.engine if job.engine in self.monitor.engines else self.engines[0].name
-        self.monitor.abandoned(name, [(job.target, self.work_dir(job))])
-
     def reaping(self) -> set[str]:
         """The jobs whose abandoned attempts' steps are still to be killed (their work dirs stay until then)."""
-        return {work.relative_to(self.config.work_root).parts[0] for work in self.monitor.pending()}
+        return {r.job_id for r in self.jobs.store.reaps()}
+
+    def cancel(self, job_id: str) -> None:
+        """`saigeedged cancel` of a running job, whatever its engine's state (Worker.cancel)."""
+        ended = [attempt for w in self.workers for attempt in w.cancel(job_id)]
+        if ended:
+            self.monitor.abandoned(ended)
 
     def running(self) -> list[Worker]:
         return [w for w in self.workers if w.current is not None]

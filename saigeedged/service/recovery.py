@@ -7,26 +7,37 @@ import os
 import shutil
 import sqlite3
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
 from saigeedged import files, jobid
 from saigeedged.adapters.events import event
+from saigeedged.compile import resume
 from saigeedged.errors import SaigeError
 from saigeedged.intake import claims, ownfolders
 from saigeedged.intake.claims import Orphan
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job
+from saigeedged.records import AttemptRecord, UnreadableRecord
 from saigeedged.service.lifecycle import Jobs
 
 log = structlog.get_logger()
 
 
+@dataclass(frozen=True)
+class Left:
+    """An interrupted attempt as found at start: may it go on (re-attach), and how many daemons died under it."""
+
+    resumable: bool
+    crashes: int
+
+
 class Recovery:
     """What the daemon settles at start and at each scan so that every drop ends in one visible state."""
 
-    def __init__(self, jobs: Jobs) -> None:
-        self.jobs = jobs
+    def __init__(self, jobs: Jobs, max_attempts: int) -> None:
+        self.jobs, self.max_attempts = jobs, max_attempts
         self.store, self.places, self.outbox = jobs.store, jobs.places, jobs.outbox
         self._reported: set[str] = set()  # folders whose rows could not be written, logged once
         self._claimed = claims.Seen()  # claimed folders already settled: a rescan does not read them again
@@ -104,6 +115,25 @@ class Recovery:
                 self.outbox.write_status(job)
 
     # -- interrupted jobs ------------------------------------------------------------------------
+    def attempt_left(self, job: Job, work: Path) -> Left:
+        """What the last daemon left of the running `job`'s attempt, counted now: a daemon that did not stop on
+        purpose (no `detached` in the record) died under it. Not resumable when its record cannot be read, or when a
+        step may run but its host steps' results cannot be replayed; then its record is made anew to reap by."""
+        take = len(job.attempts)
+        try:
+            record = self.store.current_record(job)
+        except UnreadableRecord as exc:
+            log.warning("job.record_unreadable", job_id=job.job_id, message=str(exc))
+            record = None
+        if record is None or (record.started and not resume.usable(record.prepared)):
+            engine = str(job.attempts[-1]["engine"]) if job.attempts else ""
+            self.store.put_record(AttemptRecord(job.job_id, take, job.attempt, engine, job.target, str(work),
+                                                started=True, crashes=1 if record is None else record.crashes + 1))
+            return Left(False, 0)
+        crashes = record.crashes + (0 if record.detached else 1)
+        self.store.update_record(job.job_id, take, crashes=crashes, detached=False)
+        return Left(crashes < self.max_attempts, crashes)
+
     def interrupted(self, job: Job, max_attempts: int) -> None:
         """A job the daemon died under (killed, out of memory) runs again, up to max_attempts in all."""
         if job.attempt < max_attempts:

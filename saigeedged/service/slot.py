@@ -46,6 +46,11 @@ def work_dir(root: Path, job: Job) -> Path:
     return legacy if (legacy / ".steps").is_dir() and not own.is_dir() else own
 
 
+def attempt_dir(root: Path, job: Job) -> Path:
+    """The work dir an attempt of `job` that starts now gets (its number is the queued job's `attempt`)."""
+    return _own(root, job)
+
+
 def _own(root: Path, job: Job) -> Path:
     return root / job.job_id / f"{ATTEMPT}{job.attempt}"
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
@@ -16,12 +15,11 @@ from saigeedged import jobid
 from saigeedged.adapters.docker import Container, Containers
 from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
-from saigeedged.compile import ahead, pipeline, resume
+from saigeedged.compile import ahead, pipeline
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import (
-    CANCELLED,
     FAILED,
     QUEUED,
     RUNNING,
@@ -31,13 +29,17 @@ from saigeedged.jobs import (
     Superseded,
     end_attempt,
     entry_from_doc,
+    remaining_s,
 )
+from saigeedged.service.attempt import Facts
+from saigeedged.service.decision import DETACH, END, HOLD, decide
 from saigeedged.service.lifecycle import Jobs, Places
-from saigeedged.service.publishing import publish_patiently
-from saigeedged.service.slot import Slot, fresh_work_dir, remove_work, work_dir
+from saigeedged.service.progress import Progress
+from saigeedged.service.slot import Slot, attempt_dir, fresh_work_dir, remove_work, work_dir
 
 log = structlog.get_logger()
 IDLE_S = 1.0  # an idle worker looks at the queue this often when nothing wakes it
+CANCEL_GRACE_S = 2.0  # a cancelled job whose worker is in an engine call this long ends now, its step killed later
 
 
 class Ahead(Protocol):
@@ -59,15 +61,11 @@ class Worker(threading.Thread):
         self.config, self.jobs, self.containers, self.places = config, jobs, containers, places
         self.on_change = on_change  # the daemon's STATUS= line follows the running job
         containers.interrupted = lambda: self._reason
+        containers.on_launch = lambda work: self.facts.launching()
         self.wake = wake or threading.Event()  # shared by the workers of a pool: a claim wakes them all
         self.stop_event = threading.Event()
         self.current: Job | None = None
         self.work: Path | None = None  # the current job's work dir
-        # an attempt requeued under this worker by the engine watch (its engine stopped answering mid-call): `lease`
-        # keeps that requeue out of a write under way, `abandoned` skips this worker's later writes at once; the store's
-        # Attempt fence (`attempt`) is the arbiter either way (SPEC §15)
-        self.lease = threading.Lock()
-        self.abandoned = False
         self._reason: str | None = None
         self._lock = threading.Lock()
         self.ahead: Ahead | None = None  # set by the daemon: host steps of queued jobs done while one compiles
@@ -75,7 +73,8 @@ class Worker(threading.Thread):
         # (the same attempt goes on) before this worker takes anything new
         self.resumable: list[Job] = []
         self.attempt: Attempt | None = None  # the current job's attempt: the store must still name it to write
-        self.detached = False  # the current job's attempt goes on without this run: a stop or its engine's outage
+        self.facts = Facts(jobs.store, lambda: self.attempt)  # its record in the store
+        self.kept = False  # the current attempt's work dir stays: its step runs on, or is the monitor's to reap
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -128,20 +127,20 @@ class Worker(threading.Thread):
                              name="saigeedged-interrupt", daemon=True).start()
 
     def stop(self) -> None:
+        """Stop taking jobs; the attempts of this worker are left on purpose, whether it returns in time or is still
+        inside an engine call when the daemon exits: recorded as detached at once, so none counts as a crash."""
         self.stop_event.set()
         self.wake.set()
         self.interrupt("stop")
-        with self._lock:  # held jobs (their engine does not answer) are left on purpose too: not a daemon dying
-            held = list(self.resumable)
-        for job in held:
-            with contextlib.suppress(OSError):
-                resume.detach(work_dir(self.config.work_root, job))
+        for job in self.owned():
+            self.facts.detach(job)
 
     def _start(self, job: Job) -> Job | None:
         """Take `job` if it is still queued and not cancelled: one conditional write (Store.take), so of the workers
         that saw it only one runs it; the job as taken (its attempt opened), else None."""
         before = job.attempts[-1]["engine"] if job.attempts else None
-        taken = self.jobs.take(job.job_id, self.slot.engine_of(job.target))
+        taken = self.jobs.take(job.job_id, self.slot.engine_of(job.target),
+                               str(attempt_dir(self.config.work_root, job)))
         if taken is None:
             return None  # cancelled by `saigeedged cancel` meanwhile, or taken by another slot
         self._own(taken)
@@ -157,38 +156,42 @@ class Worker(threading.Thread):
         with self._lock:
             # a stop asked for just before the job was taken is not erased: the job stops before its first step
             self.current, self._reason = job, "stop" if self.stop_event.is_set() else None
-            self.abandoned, self.detached, self.attempt = False, False, Attempt.of(job)
+            self.kept, self.attempt = False, Attempt.of(job)
 
     def execute(self, queued: Job, resumed: bool = False) -> None:
+        """Take the job (or re-attach to its running attempt), run it, settle it; every write fenced by the attempt."""
         job = self._reattach(queued) if resumed else self._start(queued)
         if job is None:
             return
+        attempt = self.attempt
+        assert attempt is not None
         prepared = self.ahead.take(job, lambda: self._reason) if self.ahead and not resumed else None  # made in `work`
         work = fresh_work_dir(self.config.work_root, job) if prepared is None and not resumed else \
             work_dir(self.config.work_root, job)
         self.work = work
-        joblog = JobLog(self.places.local_log(job.job_id))
-        joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'saigeedged'}"
-                    + (f", re-attached in step {job.step}" if resumed else ""))
-        host = ahead.Ready(prepared, joblog) if prepared else resume.replay(work, joblog) if resumed else None
         try:
+            joblog = JobLog(self.places.local_log(job.job_id), lambda: self.jobs.still_current(attempt))
             try:
+                joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'saigeedged'}"
+                            + (f", re-attached in step {job.step}" if resumed else ""))
+                host = ahead.Ready(prepared, joblog) if prepared else self.facts.replay(job, joblog) if resumed else None
                 self._run(job, work, joblog, host)
                 joblog.close()
-                self._fenced(lambda: self._succeed(job))
+                self._succeed(job)
             except SaigeError as exc:
-                joblog.line(f"### {exc.code}: {exc.message}")
+                with contextlib.suppress(Superseded):
+                    joblog.line(f"### {exc.code}: {exc.message}")
                 joblog.close()
-                self._fenced(functools.partial(self._settle, job, exc), quiet=True)
+                self._settle(job, exc)
         except Superseded as exc:  # the store names another attempt now (moved, cancelled): this one writes nothing
             log.info("job.superseded", job_id=job.job_id, job_name=job.name, message=str(exc))
-            self.abandoned = True
+            self.kept = True  # whatever still runs there is the monitor's to reap
         finally:
-            self.containers.release(None if self.detached or self.abandoned else work)
+            self.containers.release(None if self.kept else work)
             with self._lock:
                 self.current, self.work = None, None
             self.on_change()
-            if not self.config.keep_work and not self.abandoned and not self.detached:
+            if not self.config.keep_work and not self.kept:
                 remove_work(work)  # kept: a step that runs on (re-attached), or one to reap
 
     def _reattach(self, job: Job) -> Job:
@@ -198,16 +201,6 @@ class Worker(threading.Thread):
         event("job.reattached", job, attempt=job.attempt, engine=job.engine)
         self.on_change()
         return job
-
-    def _fenced(self, write: Callable[[], None], quiet: bool = False) -> None:
-        """Write the job's row, status file or bundle unless its attempt was requeued under this worker (the engine
-        stopped answering mid-call): that attempt's results are never published nor recorded."""
-        with self.lease:
-            if not self.abandoned:
-                write()
-                return
-        if not quiet:
-            raise SaigeError("ENGINE_LOST", "this attempt was requeued when its engine stopped answering", superseded=True)
 
     def _succeed(self, job: Job) -> None:
         fence = Attempt.of(job)
@@ -219,118 +212,104 @@ class Worker(threading.Thread):
         rel = Path(job.subdir) / entry.output_name
         policy = PathPolicy((Path(job.claim_dir), self.places.inbox, *self.config.allowed_roots))
 
-        def on_step(name: str, index: int, count: int) -> None:
-            job.step, job.step_index, job.step_count = name, index, count  # progress names its own step
-            self._fenced(lambda: self.jobs.save(job, fence=self.attempt))
-            event("job.step", job, index=index, count=count)
-            self.on_change()
-
-        def on_inputs(facts: dict[str, Any]) -> None:
-            job.onnx_sha256 = facts.get("onnx_sha256", job.onnx_sha256)
-            job.calib_samples = facts.get("calib_samples", job.calib_samples)
-            job.cache = facts.get("cache", job.cache)
-            job.accuracy = facts.get("accuracy", job.accuracy)
-
-        def on_progress(progress: dict[str, Any]) -> None:
-            job.progress = progress
-            self._fenced(lambda: self.jobs.save(job, fence=self.attempt))
-
-        def refused(exc: SaigeError, wait_s: float) -> None:
-            event("publish.retrying", job, "warning", error_code=exc.code, message=exc.message, retry_in_s=wait_s)
-
-        limits = self.config.limits
-
-        attempt = self.attempt
+        limits, attempt = self.config.limits, self.attempt
         assert attempt is not None
-
-        def publish(bundle: Path) -> None:
-            def place() -> None:
-                with self.jobs.holding(attempt):  # no requeue or move of the job can land while it is published
-                    job.bundle = publish_patiently(lambda: self.jobs.outbox.publish_bundle(bundle, rel, job.job_id),
-                                                   limits.publish_patience_s, lambda: self._reason, refused)
-            self._fenced(place)
-
-        run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, on_step, on_progress, on_inputs,
-                           container=self.containers.get, deadline=time.monotonic() + limits.job_timeout_s,
-                           interrupted=lambda: self._reason, host=host,
-                           current=lambda: not self.abandoned and self.jobs.still_current(attempt))
-        result = pipeline.run(run, publish, job.created_at)
+        told = Progress(self.jobs, job, attempt, rel, self.on_change, lambda: self._reason, limits.publish_patience_s)
+        run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, told.step, told.progress, told.inputs,
+                           container=self.containers.get, interrupted=lambda: self._reason, host=host,
+                           # the job timeout counts the attempt's whole life, re-attaches included
+                           deadline=time.monotonic() + remaining_s(job.attempts[-1]["started_at"], jobid.utc_now(),
+                                                                   limits.job_timeout_s),
+                           current=lambda: self.jobs.still_current(attempt), on_prepared=self.facts.prepared)
+        result = pipeline.run(run, told.publish, job.created_at)
         job.onnx_sha256, job.calib_samples, job.report = result.onnx_sha256, result.calib_samples, result.report
         if result.report and result.report.get("flagged"):
             event("job.quantization_flagged", job, "warning", outputs=",".join(result.report["flagged"]))
 
     def _settle(self, job: Job, exc: SaigeError) -> None:
-        """Requeue an interrupted or retryable job, else end it failed or cancelled; every write is fenced by the
-        job's attempt (Superseded when the store names another one)."""
-        max_attempts, fence = self.config.limits.max_attempts, Attempt.of(job)
-        if exc.code == "CANCELLED" and exc.fields.get("reason") == "stop" and \
-                resume.started(work_dir(self.config.work_root, job)):
-            self._detach(job)  # its container step runs on: the row stays running, the next daemon re-attaches
-            return
+        """Settle an attempt that did not succeed as decision.decide says; every write is fenced by the job's attempt
+        (Superseded when the store names another one)."""
+        fence = Attempt.of(job)
+        done = decide(exc.code, exc.fields.get("reason"), exc.retryable, bool(exc.fields.get("exhausted")),
+                      job.attempt, self.config.limits.max_attempts, self.facts.step_may_run(job))
         if exc.code == "DOCKER_UNAVAILABLE":
-            self._hold(job, exc, fence)
+            self.slot.on_lost(exc.message)
+            self.kept = True  # whatever may still run there is the monitor's to reap
+        if exc.fields.get("unresumable"):
+            self.kept = True
+            self.facts.give_up(job)
+        if done.action == DETACH:
+            self.facts.detach(job)
+            self.kept = True
+            event("job.detached", job, attempt=job.attempt)
             return
-        end_attempt(job, jobid.iso(jobid.utc_now()), exc.code)
-        if exc.code == "CANCELLED" and exc.fields.get("reason") == "stop":  # the operator's, not the job's fault:
-            self.jobs.requeue(job, "stop", spend_attempt=job.attempt < max_attempts, fence=fence)  # not past max
-        elif exc.code == "CANCELLED":
-            self.jobs.end(job, CANCELLED, exc, fence=fence)
-        elif exc.retryable and job.attempt < max_attempts and not exc.fields.get("exhausted"):
-            if exc.code == "CONTAINER_LOST":
-                self._recreate(job)
-            self.jobs.requeue(job, exc.code.lower(), exc, fence=fence)
-        else:
-            self.jobs.end(job, FAILED, exc, fence=fence)
-
-    def lose(self, reason: str, elsewhere: Callable[[str], bool]) -> list[tuple[str, Path]]:
-        """The engine is down: the jobs of this worker that wait on it and whose target another ready engine serves
-        (`elsewhere`) are requeued (ENGINE_LOST) now, from the watching thread, and whatever those attempts do later
-        is fenced off. Returns their work dirs (their steps are killed when the engine answers again)."""
-        lost = []
-        with self._lock:
-            moved = [j for j in self.resumable if elsewhere(j.target)]  # waiting to re-attach: moved instead
-            self.resumable = [j for j in self.resumable if j not in moved]
-        for held in moved:
-            lost.append((held.target, work_dir(self.config.work_root, held)))  # before the requeue moves its attempt on
-            with contextlib.suppress(Superseded):  # cancelled or retried meanwhile: nothing of it to move
-                self._settle(held, SaigeError("ENGINE_LOST", f"engine {held.engine} stopped answering: {reason}",
-                                              step=held.step))
-        if not self.lease.acquire(blocking=False):
-            return lost  # writing its row or publishing: not waiting on the engine
-        try:
-            job, active, work = self.current, self.containers.active, self.work
-            if job is None or self.abandoned or active is None or not active.calls or not elsewhere(job.target):
-                return lost
-            self.abandoned = True
-            with contextlib.suppress(Superseded):
-                self._settle(job, SaigeError("ENGINE_LOST", f"engine {job.engine} stopped answering: {reason}",
-                                             step=job.step))
-            return [*lost, *([(job.target, work)] if work is not None else [])]
-        finally:
-            self.lease.release()
-
-    def _detach(self, job: Job) -> None:
-        """A stop leaves the job's container step running: its work dir says the daemon left it on purpose."""
-        self.detached = True
-        resume.detach(work_dir(self.config.work_root, job))
-        event("job.detached", job, attempt=job.attempt)
-
-    def _hold(self, job: Job, exc: SaigeError, fence: Attempt) -> None:
-        """The engine is unreachable: not the job's fault, so it waits with its attempt unspent. A step already
-        started in the container may run on: the job stays running, its attempt open, and re-attaches once the engine
-        answers; a job without one goes back to the queue (any slot may take it). The engine monitor decides whether
-        it moves to another engine (SPEC §15)."""
-        self.slot.on_lost(exc.message)
-        self.detached = True  # its work dir stays: whatever may still run there is the monitor's to reap
-        if resume.started(work_dir(self.config.work_root, job)):
+        if done.action == HOLD:
             self._keep_running(job, exc)
             return
         end_attempt(job, jobid.iso(jobid.utc_now()), exc.code)
-        self.jobs.requeue(job, "docker_unavailable", exc, spend_attempt=False, fence=fence)
+        if done.action == END:
+            self.jobs.end(job, done.reason, exc, fence=fence)
+            return
+        if done.recreate:
+            self._recreate(job)
+        self.jobs.requeue(job, done.reason, None if done.reason == "stop" else exc, spend_attempt=done.spend,
+                          fence=fence)
+
+    def lose(self, reason: str, elsewhere: Callable[[str], bool]) -> list[Attempt]:
+        """The engine is down: the jobs of this worker that wait on it and whose target another ready engine serves
+        (`elsewhere`) are requeued (ENGINE_LOST) now, from the watching thread; the store's fence keeps whatever those
+        attempts do later from landing. Returns those attempts (their steps are killed when the engine answers)."""
+        with self._lock:
+            moved = [j for j in self.resumable if elsewhere(j.target)]  # waiting to re-attach: moved instead
+            self.resumable = [j for j in self.resumable if j not in moved]
+            job, active = self.current, self.containers.active
+        if job is not None and active is not None and active.calls and elsewhere(job.target):
+            moved.append(job)  # inside a call to the engine: it is not waiting for a write of ours
+        return [fence for held in moved if (fence := self._settle_now(held, SaigeError(
+            "ENGINE_LOST", f"engine {held.engine} stopped answering: {reason}", step=held.step))) is not None]
+
+    def owned(self) -> list[Job]:
+        """The jobs of this worker: the one it runs and those waiting for their engine to re-attach."""
+        with self._lock:
+            return [j for j in [self.current, *self.resumable] if j is not None]
+
+    def cancel(self, job_id: str) -> list[Attempt]:
+        """`saigeedged cancel` wins at once, whatever the engine's state: the running step is killed now; a job held
+        for its engine, or one whose worker is inside an engine call that does not return, ends cancelled now and its
+        step is killed when the engine answers (the attempts returned, for the reap)."""
+        with self._lock:
+            held = next((j for j in self.resumable if j.job_id == job_id), None)
+            if held is not None:
+                self.resumable.remove(held)
+            current, active = self.current, self.containers.active
+        job = held or (current if current is not None and current.job_id == job_id else None)
+        if job is None:
+            return []
+        if held is None:
+            self.interrupt("cancel")
+            if active is None or active.busy_s() < CANCEL_GRACE_S:
+                return []  # the kill reaches the step and the worker ends the job itself
+        fence = self._settle_now(job, SaigeError("CANCELLED", "cancelled while its engine did not answer: its step "
+                                                 "is killed when it does", reason="cancel", step=job.step))
+        return [] if fence is None else [fence]
+
+    def _settle_now(self, job: Job, exc: SaigeError) -> Attempt | None:
+        """Settle the attempt `job` is on from another thread (the monitor's, the main loop's), from the row as stored
+        (the worker's own copy is its thread's); None when the store names another attempt already."""
+        fence = Attempt.of(job)
+        stored = self.jobs.store.get(job.job_id)
+        if stored is None or stored.state != RUNNING or Attempt.of(stored) != fence:
+            return None
+        try:
+            self._settle(stored, exc)
+        except Superseded:
+            return None
+        return fence
 
     def _keep_running(self, job: Job, exc: SaigeError) -> None:
-        """The job's step may run on while its engine does not answer: it stays running (the reason in its status
-        file, no attempt spent) and re-attaches once the engine answers."""
+        """The engine is unreachable and the job's step may run on: it stays running (the reason in its status file,
+        no attempt spent) and re-attaches once the engine answers; the engine monitor decides whether it moves to
+        another engine (SPEC §15)."""
         job.error = exc.as_dict(job.step)
         self.jobs.save(job, fence=Attempt.of(job))
         event("job.waiting", job, "warning", error_code=exc.code, message=exc.message, engine=job.engine)
@@ -338,14 +317,20 @@ class Worker(threading.Thread):
             self.resumable.append(job)
 
     def _abandon(self, job: Job, exc: Exception) -> None:
-        """Mark a job that hit a bug failed (INTERNAL) so the queue moves on; never raises."""
+        """Mark a job that hit a bug failed (INTERNAL) so the queue moves on, fenced by its attempt (a job moved
+        or cancelled meanwhile is left to whoever has it now); never raises."""
         try:
             current = self.jobs.store.get(job.job_id)
-            if current is not None and current.state in (QUEUED, RUNNING):
-                if current.state == QUEUED:
-                    current.state = RUNNING
-                    self.jobs.store.save(current)
+            if current is None or current.state not in (QUEUED, RUNNING):
+                return
+            if current.state == QUEUED:  # it failed before it was taken (e.g. its row cannot be read as a job)
+                current.state = RUNNING
+                self.jobs.store.save(current, expect=QUEUED)
                 self.jobs.end(current, FAILED, SaigeError("INTERNAL", f"{type(exc).__name__}: {exc}"))
+                return
+            if self.attempt is not None and Attempt.of(current) == self.attempt:
+                self.jobs.end(current, FAILED, SaigeError("INTERNAL", f"{type(exc).__name__}: {exc}"),
+                              fence=self.attempt)
         except Exception as again:  # the store or the outbox itself is broken: leave the row for the next start
             log.error("job.internal_error", job_id=job.job_id, message=f"cannot settle: {again}")
 

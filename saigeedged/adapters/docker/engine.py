@@ -121,6 +121,7 @@ class Containers:
         self.lock: HostLock | None = None  # the one held for the active container
         self.active: Container | None = None
         self.interrupted: Callable[[], str | None] = lambda: None  # set by the worker: ends a wait for the lock
+        self.on_launch: Callable[[Path], None] = lambda work: None  # set by the worker: see Container.on_launch
 
     def api(self) -> DockerAPI:
         return self.engine.api()
@@ -137,6 +138,7 @@ class Containers:
             self.lock = self.locks.setdefault(name, HostLock(self.config.state_dir, name))
             self.lock.acquire(self.on_wait, self.interrupted)
         self.active = self.container(target)
+        self.active.on_launch = self.on_launch
         self.active.ensure()
         self.active.follow_image()
         return self.active

@@ -38,6 +38,9 @@ class Container(Lifecycle):
         self.moved = 0  # bytes copied in and out (remote engines), for the job log
         self.probe_failure = ""  # what the last entry-point probe that found nothing said, for the error message
         self._steps: dict[str, int] = {}  # work dir -> steps its attempt started so far (their numbers in .steps/)
+        # called with the work dir before a step is launched: the attempt's record says a step may run (SPEC §15); it
+        # raises (the attempt is over) to keep the step from starting
+        self.on_launch: Callable[[Path], None] = lambda work: None
 
     def _exec(self, ctr: ContainerRef, argv: Sequence[str], workdir: str, env: dict[str, str] | None,
               sink: Sink) -> int | None:
@@ -102,6 +105,7 @@ class Container(Lifecycle):
             with self._reach(f"starting {label}"):
                 self._copy_in(ctr, workdir)
                 _raise_if_stopped(workdir, argv)  # a cancel during the copy (the first one empties the remote dir)
+                self.on_launch(workdir)
                 self._launch(ctr, files, argv, timeout_s, env)
         follower = detached.Follower(self.docker, ctr, files, self.spec.mount, lambda cmd: self._fixed(ctr, cmd), sink,
                                      replay)

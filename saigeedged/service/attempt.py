@@ -1,0 +1,68 @@
+"""The worker's view of its attempt's record in the store (SPEC §15): what it says before a step starts, after the host
+steps, when the daemon leaves on purpose, and whether a re-attached attempt can go on."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+from saigeedged.adapters.joblog import JobLog
+from saigeedged.adapters.store import Store
+from saigeedged.compile import ahead, resume
+from saigeedged.compile.inputs import Prepared
+from saigeedged.errors import SaigeError
+from saigeedged.jobs import Attempt, Job, Superseded
+from saigeedged.records import AttemptRecord, UnreadableRecord
+
+
+class Facts:
+    """The record of the attempt a worker runs now (`attempt()`, None between jobs)."""
+
+    def __init__(self, store: Store, attempt: Callable[[], Attempt | None]) -> None:
+        self.store, self.attempt = store, attempt
+
+    def of(self, job: Job) -> AttemptRecord | None:
+        """The record of the attempt `job` is on; None when it has none or it cannot be read."""
+        try:
+            return self.store.current_record(job)
+        except UnreadableRecord:
+            return None
+
+    def step_may_run(self, job: Job) -> bool:
+        """May a container step of the job's attempt be running? (No record, or one unreadable: it may.)"""
+        record = self.of(job)
+        return record is None or record.started
+
+    def launching(self) -> None:
+        """A container step is about to start: the record says so first (Superseded: it must not start)."""
+        attempt = self.attempt()
+        if attempt is not None:
+            self.store.update_record(attempt.job_id, attempt.take, attempt, started=True)
+
+    def prepared(self, prep: Prepared) -> None:
+        """The host steps are done: their results go into the record, for a resume."""
+        attempt = self.attempt()
+        if attempt is not None:
+            self.store.update_record(attempt.job_id, attempt.take, attempt, prepared=resume.to_doc(prep))
+
+    def detach(self, job: Job) -> None:
+        """The daemon leaves the attempt on purpose (a stop): the next start re-attaches, counting no crash."""
+        with contextlib.suppress(Superseded, UnreadableRecord):
+            self.store.update_record(job.job_id, len(job.attempts), Attempt.of(job), detached=True)
+
+    def give_up(self, job: Job) -> None:
+        """The attempt cannot go on: its step is killed by the engine monitor when its engine answers."""
+        record = self.of(job)
+        if record is not None and record.work:
+            self.store.update_record(job.job_id, record.take, reap=True)
+
+    def replay(self, job: Job, joblog: JobLog) -> ahead.Replay | None:
+        """The host steps of a re-attached attempt as its record keeps them; None when none ran (nor any step). Host
+        steps never run again beside a step that may be running: such an attempt raises, to be given up."""
+        record = self.of(job)
+        host = resume.replay(record.prepared if record else None, joblog)
+        if host is None and (record is None or record.started):
+            raise SaigeError("ENGINE_LOST", "the attempt's record cannot be resumed (unreadable, another version's, "
+                             "or its host steps' files are gone): its step is killed and the job runs again",
+                             step=job.step, unresumable=True)
+        return host

@@ -1,0 +1,50 @@
+"""What one attempt's pipeline reports back (SPEC §8): each step and progress written under the attempt's fence, the
+inputs' facts kept on the job, the bundle published while the store still names the attempt."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from saigeedged.adapters.events import event
+from saigeedged.errors import SaigeError
+from saigeedged.jobs import Attempt, Job
+from saigeedged.service.lifecycle import Jobs
+from saigeedged.service.publishing import publish_patiently
+
+
+class Progress:
+    """The pipeline's callbacks for the attempt `attempt` of `job` (whose bundle goes to `rel` in the outbox)."""
+
+    def __init__(self, jobs: Jobs, job: Job, attempt: Attempt, rel: Path, on_change: Callable[[], None],
+                 interrupted: Callable[[], str | None], patience_s: float) -> None:
+        self.jobs, self.job, self.attempt, self.rel = jobs, job, attempt, rel
+        self.on_change, self.interrupted, self.patience_s = on_change, interrupted, patience_s
+
+    def step(self, name: str, index: int, count: int) -> None:
+        job = self.job
+        job.step, job.step_index, job.step_count = name, index, count  # progress names its own step
+        self.jobs.save(job, fence=self.attempt)
+        event("job.step", job, index=index, count=count)
+        self.on_change()
+
+    def inputs(self, facts: dict[str, Any]) -> None:
+        job = self.job
+        job.onnx_sha256 = facts.get("onnx_sha256", job.onnx_sha256)
+        job.calib_samples = facts.get("calib_samples", job.calib_samples)
+        job.cache = facts.get("cache", job.cache)
+        job.accuracy = facts.get("accuracy", job.accuracy)
+
+    def progress(self, progress: dict[str, Any]) -> None:
+        self.job.progress = progress
+        self.jobs.save(self.job, fence=self.attempt)
+
+    def _refused(self, exc: SaigeError, wait_s: float) -> None:
+        event("publish.retrying", self.job, "warning", error_code=exc.code, message=exc.message, retry_in_s=wait_s)
+
+    def publish(self, bundle: Path) -> None:
+        job = self.job
+        with self.jobs.holding(self.attempt):  # no requeue or move of the job can land while it is published
+            job.bundle = publish_patiently(lambda: self.jobs.outbox.publish_bundle(bundle, self.rel, job.job_id),
+                                           self.patience_s, self.interrupted, self._refused)

@@ -1,0 +1,217 @@
+"""Attempt facts belong to the store (SPEC §15, issue 26): one versioned JSON record per attempt, no pickle, a stop
+never counted as a crash, reaps on the engine the attempt ran on, and the worker's settlement as a pure table."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import write_config
+
+from saigeedged import config as configmod
+from saigeedged.adapters.joblog import JobLog
+from saigeedged.adapters.outbox import Outbox
+from saigeedged.adapters.store import Store
+from saigeedged.compile import ahead, child, resume
+from saigeedged.compile.inputs import PathPolicy
+from saigeedged.errors import SaigeError
+from saigeedged.jobs import CANCELLED, FAILED, Attempt, Job, Superseded, remaining_s
+from saigeedged.manifest import load as load_manifest
+from saigeedged.records import AttemptRecord, UnreadableRecord
+from saigeedged.service.decision import DETACH, END, HOLD, REQUEUE, Decision, decide
+from saigeedged.service.lifecycle import Jobs, Places
+from saigeedged.service.monitor import EngineMonitor
+from saigeedged.service.recovery import Recovery
+
+PACKAGE = Path(__file__).parent.parent / "saigeedged"
+
+
+def job(job_id: str = "a-1", target: str = "cubie") -> Job:
+    return Job(job_id=job_id, name=job_id.split("-")[0], target=target, task="mlc", entry={"onnx": "/x.onnx"},
+               subdir="", claim_dir=f"/c/{job_id}", manifest="x.yml", created_at="t")
+
+
+def lifecycle(tmp_path: Path) -> Jobs:
+    places = Places(tmp_path / "inbox", tmp_path / "state")
+    places.make(tmp_path / "outbox")
+    return Jobs(Store(tmp_path / "state" / "q.db"), Outbox(tmp_path / "outbox"), places)
+
+
+def test_no_module_of_the_package_uses_pickle() -> None:
+    """Nothing the daemon reads back is unpickled: `pickle` appears nowhere in the package's source."""
+    found = subprocess.run(["grep", "-rln", "--include=*.py", "pickle", str(PACKAGE)], capture_output=True,
+                           text=True).stdout.split()
+    assert found == []
+
+
+def test_prepared_inputs_round_trip_as_versioned_json(tmp_path: Path, det_inputs: dict[str, Any]) -> None:
+    """Real host steps' results become plain JSON and come back equal, so a resume needs no class of any version."""
+    folder = tmp_path / "claimed"
+    folder.mkdir()
+    (folder / "det.onnx").write_bytes(det_inputs["onnx"].read_bytes())
+    (folder / "det.yml").write_text(json.dumps(det_inputs["manifest"]))
+    entry = load_manifest(folder / "det.yml", configmod.load(write_config(tmp_path)).section("defaults"), drop=True)[0]
+    prep = ahead.host_steps(entry, tmp_path / "work", PathPolicy(None), None)
+    doc = json.loads(json.dumps(resume.to_doc(prep)))
+    back = resume.from_doc(doc)
+    assert resume.to_doc(back) == doc and doc["version"] == resume.VERSION
+    assert back.entry == prep.entry and back.info == prep.info and tuple(back.chosen) == tuple(prep.chosen)
+    assert back.calib == prep.calib and back.dataset == prep.dataset and resume.usable(doc)
+    assert not resume.usable({**doc, "version": resume.VERSION + 1})
+    assert not resume.usable({k: v for k, v in doc.items() if k != "info"})
+
+
+def test_a_record_of_another_version_or_damaged_is_unreadable() -> None:
+    """A record written by another version, or one missing a field, is refused (its attempt is requeued), never
+    guessed at."""
+    record = AttemptRecord("a-1", 1, 1, "local", "cubie", "/w")
+    assert AttemptRecord.from_doc(record.to_doc()) == record
+    with pytest.raises(UnreadableRecord, match="version 2"):
+        AttemptRecord.from_doc({**record.to_doc(), "version": 2})
+    with pytest.raises(UnreadableRecord):
+        AttemptRecord.from_doc({k: v for k, v in record.to_doc().items() if k != "engine"})
+    with pytest.raises(UnreadableRecord):
+        AttemptRecord.from_doc({**record.to_doc(), "crashes": "many"})
+
+
+def test_take_writes_the_attempts_record_with_it(tmp_path: Path) -> None:
+    """Taking a job writes its attempt's record in the same transaction; fenced updates of a stale attempt fail."""
+    store = Store(tmp_path / "q.db")
+    store.add(job())
+    taken = store.take("a-1", "local", "2026-12-01T00:00:00Z", "/w/a-1/attempt1")
+    assert taken is not None
+    record = store.current_record(taken)
+    assert record == AttemptRecord("a-1", 1, 1, "local", "cubie", "/w/a-1/attempt1")
+    fence = Attempt.of(taken)
+    assert store.update_record("a-1", 1, fence, started=True).started
+    stale = Attempt("a-1", 1, "local", 0)
+    with pytest.raises(Superseded):
+        store.update_record("a-1", 1, stale, prepared={"version": 1})
+
+
+def test_hold_then_move_then_restart_reaps_on_the_engine_the_attempt_ran_on(tmp_path: Path) -> None:
+    """Held (requeued unspent), taken again on engine a, moved off it (ENGINE_LOST), then taken on b: the reap of
+    the moved attempt names a and its own work dir, read back from the store as a restarted daemon reads it."""
+    jobs = lifecycle(tmp_path)
+    jobs.add(job())
+    first = jobs.take("a-1", "a", "/w/a-1/attempt1")
+    assert first is not None
+    jobs.requeue(first, "docker_unavailable", spend_attempt=False, fence=Attempt.of(first))  # held: no number spent
+    second = jobs.take("a-1", "a", "/w/a-1/attempt1")
+    assert second is not None and second.attempt == 1 and len(second.attempts) == 2
+    monitor = EngineMonitor([], jobs.store, lambda name, reason: None, lambda: None, lambda: 0.0, 1.0)
+    moved = Attempt.of(second)
+    jobs.requeue(second, "engine_lost", fence=moved)
+    monitor.abandoned([moved])
+    third = jobs.take("a-1", "b", "/w/a-1/attempt2")
+    assert third is not None and third.attempt == 2
+    restarted = Store(tmp_path / "state" / "q.db")
+    assert [(r.engine, r.work, r.take) for r in restarted.reaps()] == [("a", "/w/a-1/attempt1", 2)]
+    assert restarted.reaps("b") == []
+
+
+def test_a_stop_never_counts_as_a_crash(tmp_path: Path) -> None:
+    """An attempt left detached by each of many stops stays resumable with no crash counted; daemons that die under
+    it without a stop are counted, and at limits.max_attempts it is no longer resumed."""
+    jobs = lifecycle(tmp_path)
+    jobs.add(job())
+    taken = jobs.take("a-1", "local", str(tmp_path / "w"))
+    assert taken is not None
+    recovery = Recovery(jobs, max_attempts=3)
+    for _ in range(5):  # five restarts (or package upgrades), each a stop
+        jobs.store.update_record("a-1", 1, Attempt.of(taken), detached=True)
+        left = recovery.attempt_left(taken, tmp_path / "w")
+        assert left.resumable and left.crashes == 0
+    left = [recovery.attempt_left(taken, tmp_path / "w") for _ in range(3)]  # three deaths, no stop
+    assert [(x.resumable, x.crashes) for x in left] == [(True, 1), (True, 2), (False, 3)]
+
+
+def test_an_unreadable_record_beside_a_started_step_is_not_resumed_but_reaped(tmp_path: Path) -> None:
+    """A record of another version (a downgrade, a damaged row) is not resumed: it is made anew with its reap pending
+    on its engine, so the step is killed before the job runs again."""
+    jobs = lifecycle(tmp_path)
+    jobs.add(job())
+    taken = jobs.take("a-1", "local", str(tmp_path / "w"))
+    assert taken is not None
+    with sqlite3.connect(tmp_path / "state" / "q.db") as db:
+        db.execute("UPDATE attempts SET doc = json_set(doc, '$.version', 99)")
+    with pytest.raises(UnreadableRecord):
+        jobs.store.current_record(taken)
+    left = Recovery(jobs, max_attempts=3).attempt_left(taken, tmp_path / "w")
+    assert not left.resumable
+    record = jobs.store.current_record(taken)
+    assert record is not None and record.started and record.work == str(tmp_path / "w")
+
+
+def test_a_started_step_without_replayable_host_steps_is_not_resumed(tmp_path: Path) -> None:
+    """A record that says a step may run but whose host steps' results cannot be replayed (a moved class in the old
+    world, a lost dataset here) is not resumed: host steps never run again beside a started step."""
+    jobs = lifecycle(tmp_path)
+    jobs.add(job())
+    taken = jobs.take("a-1", "local", str(tmp_path / "w"))
+    assert taken is not None
+    jobs.store.update_record("a-1", 1, Attempt.of(taken), started=True, prepared={"version": 1, "entry": {}})
+    assert not Recovery(jobs, max_attempts=3).attempt_left(taken, tmp_path / "w").resumable
+
+
+@pytest.mark.parametrize(("code", "reason", "retryable", "attempt", "started", "expected"), [
+    ("CANCELLED", "stop", False, 1, True, Decision(DETACH)),
+    ("CANCELLED", "stop", False, 1, False, Decision(REQUEUE, "stop", spend=True)),
+    ("CANCELLED", "stop", False, 3, False, Decision(REQUEUE, "stop", spend=False)),
+    ("DOCKER_UNAVAILABLE", None, False, 1, True, Decision(HOLD)),
+    ("DOCKER_UNAVAILABLE", None, False, 3, False, Decision(REQUEUE, "docker_unavailable", spend=False)),
+    ("CANCELLED", "cancel", False, 1, True, Decision(END, CANCELLED)),
+    ("ENGINE_LOST", None, True, 1, True, Decision(REQUEUE, "engine_lost")),
+    ("ENGINE_LOST", None, True, 3, True, Decision(END, FAILED)),
+    ("CONTAINER_LOST", None, True, 2, True, Decision(REQUEUE, "container_lost", recreate=True)),
+    ("CHILD_LOST", None, True, 1, False, Decision(REQUEUE, "child_lost")),
+    ("STEP_FAILED", None, False, 1, True, Decision(END, FAILED)),
+    ("TIMEOUT", None, False, 1, True, Decision(END, FAILED)),
+])
+def test_decision_table(code: str, reason: str | None, retryable: bool, attempt: int, started: bool,
+                        expected: Decision) -> None:
+    """Each way an attempt can end is settled as the table says (limits.max_attempts 3)."""
+    assert decide(code, reason, retryable, False, attempt, 3, started) == expected
+
+
+def test_an_exhausted_retryable_error_ends_the_job() -> None:
+    """A retryable error that says it is exhausted (publish patience spent) ends the job failed at any attempt."""
+    assert decide("PUBLISH_FAILED", None, True, True, 1, 3, False) == Decision(END, FAILED)
+
+
+def test_the_job_timeout_counts_the_attempts_whole_life() -> None:
+    """An attempt re-attached 3 h after it started has 1 h of a 4 h job timeout left, not 4 h again."""
+    started = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
+    assert remaining_s("2026-12-01T00:00:00.000Z", started + timedelta(hours=3), 4 * 3600) == 3600
+    assert remaining_s("2026-12-01T00:00:00.000Z", started + timedelta(hours=5), 4 * 3600) < 0
+    assert remaining_s("", started, 60) == 60
+
+
+def test_a_stale_attempt_cannot_append_to_the_job_log(tmp_path: Path) -> None:
+    """The job log is fenced: a write of an attempt the store no longer names raises Superseded and lands nowhere."""
+    current = [True]
+    log = JobLog(tmp_path / "j.log", lambda: current[0])
+    log.line("mine")
+    current[0] = False
+    with pytest.raises(Superseded):
+        log.write(b"stale output\n")
+    log.close()
+    assert (tmp_path / "j.log").read_text() == "mine\n"
+
+
+def kill_myself() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_host_child_is_a_retryable_loss() -> None:
+    """The onnxruntime child killed with SIGKILL (no memory bound asked) is CHILD_LOST, retryable, not INTERNAL."""
+    with pytest.raises(SaigeError) as raised:
+        child.run(kill_myself, (), "quantize", 60, lambda: None)
+    assert raised.value.code == "CHILD_LOST" and raised.value.retryable and "-9" in raised.value.message

@@ -1,0 +1,123 @@
+"""A daemon on an engine that stops answering mid-step (issue 26, SPEC §15), against a real engine behind a relay that
+can hang: restarts during the stall count no crash, a cancel wins at once, a planted pickle is never loaded."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engineproxy import EngineProxy
+from harness import wait_for
+from test_daemon_docker import calls, cubie_daemon, in_quantize, procs  # noqa: F401 (cubie_daemon is a fixture)
+
+from saigeedged.cli import main as cli
+
+pytestmark = pytest.mark.docker
+TIMEOUT_S = 4.0  # limits.engine_timeout_s
+
+
+def record_of(d: Any, job_id: str) -> dict[str, Any]:
+    """The attempt record of the job's current attempt, as the store holds it."""
+    with sqlite3.connect(d.state_dir / "saigeedged.db") as db:
+        row = db.execute("SELECT doc FROM attempts WHERE job_id = ? ORDER BY take DESC LIMIT 1", (job_id,)).fetchone()
+    import json
+
+    return dict(json.loads(row[0]))
+
+
+def test_restarts_during_an_engine_stall_count_no_crash(cubie_daemon: Any, docker_client: Any,  # noqa: F811
+                                                        det_inputs: dict[str, Any], tmp_path: Path,
+                                                        capsys: Any) -> None:
+    """The only engine stops answering during quantize for well over 3x engine_timeout_s, with three restarts in
+    between: `status` says the engine does not answer, each SIGTERM exits 0 within 30 s, and once the engine answers
+    the job succeeds in attempt 1 with quantize run once and no crash counted."""
+    proxy = EngineProxy(tmp_path / "engine.sock")
+    proxy.up()
+    d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host}, limits={"engine_timeout_s": TIMEOUT_S})
+    job = in_quantize(d, docker_client, tmp_path, "slowstall", det_inputs["manifest"])
+    proxy.hang()
+    wait_for(lambda: d.events("engine.down"), 60, "the engine marked down")
+    capsys.readouterr()
+    assert cli.main(["status", "-c", str(d.config)]) == 0
+    (local,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local ")]
+    assert local.split()[1] == "down" and "does not answer" in local, local
+    for _ in range(3):
+        d.signal(signal.SIGTERM)
+        assert d.proc.wait(30) == 0
+        d.start()
+    assert d.status(job["job_id"])["state"] == "running"
+    proxy.resume()
+    done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=120)
+    assert (done["state"], done["attempt"], done["error"]) == ("succeeded", 1, None), done
+    assert len(calls(docker_client, d, "quantize")) == 1
+    assert not d.events("job.requeued") and not d.events("job.internal_error")
+    assert record_of(d, job["job_id"])["crashes"] == 0
+
+
+def test_cancel_of_a_job_held_on_a_hung_engine_wins_at_once(cubie_daemon: Any, docker_client: Any,  # noqa: F811
+                                                            det_inputs: dict[str, Any], tmp_path: Path) -> None:
+    """`saigeedged cancel` of a job whose engine hangs ends it cancelled while the engine still hangs; its step is
+    killed once the engine answers."""
+    proxy = EngineProxy(tmp_path / "engine.sock")
+    proxy.up()
+    d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host}, limits={"engine_timeout_s": TIMEOUT_S})
+    job = in_quantize(d, docker_client, tmp_path, "hangheld", det_inputs["manifest"])
+    proxy.hang()
+    assert cli.main(["cancel", job["job_id"], "-c", str(d.config)]) == 0
+    done = d.wait_state(job["job_id"], ("cancelled",), timeout=60)
+    assert done["error"]["code"] == "CANCELLED"
+    assert "sleep 100000" in procs(docker_client, d)  # the engine has not answered yet: the step is still there
+    assert (d.outbox / done["log"]).is_file() and [e["job_id"] for e in d.events("job.cancelled")] == [job["job_id"]]
+    proxy.resume()
+    wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 60, "the step killed once the engine answers")
+
+
+class Planted:
+    """What a compiler step could write into its work dir: unpickling it touches a file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.marker,))
+
+
+def test_a_pickle_planted_in_the_work_dir_is_never_loaded(cubie_daemon: Any, docker_client: Any,  # noqa: F811
+                                                          det_inputs: dict[str, Any], tmp_path: Path) -> None:
+    """A step writes `.steps/prepared.pickle` (the bind-mounted work dir is writable from the container): the daemon
+    restarted under it re-attaches from its store record, the pickle is never loaded, and the job succeeds."""
+    d = cubie_daemon()
+    job = in_quantize(d, docker_client, tmp_path, "slowplant", det_inputs["manifest"])
+    d.signal(signal.SIGTERM)
+    assert d.proc.wait(30) == 0
+    marker = tmp_path / "unpickled"
+    work = d.state_dir / "work" / job["job_id"] / "attempt1"
+    (work / ".steps" / "prepared.pickle").write_bytes(pickle.dumps(Planted(marker)))
+    d.start()
+    done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=90)
+    assert (done["state"], done["attempt"]) == ("succeeded", 1)
+    assert not marker.exists()
+    assert len(calls(docker_client, d, "quantize")) == 1
+
+
+def test_an_unreadable_record_requeues_the_attempt_after_killing_its_step(cubie_daemon: Any,  # noqa: F811
+                                                                          docker_client: Any, tmp_path: Path,
+                                                                          det_inputs: dict[str, Any]) -> None:
+    """The record of a running attempt is of another version (a downgrade, a damaged row): the next start does not
+    resume it; its step is killed and the job runs again as attempt 2, whose host steps never run beside it."""
+    d = cubie_daemon()
+    job = in_quantize(d, docker_client, tmp_path, "hangrecord", det_inputs["manifest"])
+    d.kill()
+    with sqlite3.connect(d.state_dir / "saigeedged.db") as db:
+        db.execute("UPDATE attempts SET doc = json_set(doc, '$.version', 99) WHERE job_id = ?", (job["job_id"],))
+    d.start()
+    again = d.wait_state(job["job_id"], ("running",), timeout=60, step="quantize")
+    assert again["attempt"] == 2 and d.events("job.record_unreadable")
+    assert not (d.state_dir / "work" / job["job_id"] / "attempt1").exists()  # reaped: its step killed first
+    assert cli.main(["cancel", job["job_id"], "-c", str(d.config)]) == 0
+    d.wait_state(job["job_id"], ("cancelled",), timeout=60)
+    wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 30, "no step left running")
