@@ -36,19 +36,26 @@ def test_a_full_state_dir_holds_drops_until_space_returns(daemon: Any, det_input
     assert (d.outbox / done["bundle"]["path"]).is_file()
 
 
-def test_a_start_on_a_full_state_dir_is_one_line_never_corrupt(daemon: Any, det_inputs: dict[str, Any],
-                                                               small_state: Path) -> None:
-    """Stopped cleanly, then state_dir filled: `run` exits 3 with one line (systemd starts it again), never calls the
-    database corrupt; with space again it starts on the same queue."""
+def test_a_start_on_a_full_state_dir_is_degraded_never_an_exit(daemon: Any, det_inputs: dict[str, Any],
+                                                                small_state: Path) -> None:
+    """Stopped cleanly, then state_dir filled: `run` starts degraded (READY=1, STATUS= and one journal line say
+    state_dir is full, the watchdog pinged) instead of exiting, never calls the database corrupt, and once space
+    returns it goes on with the same queue; a SIGTERM meanwhile exits 0."""
     d = daemon(state_dir=str(small_state / "state"))
     drop(d.inbox, "det", det_inputs["onnx"], det_inputs["manifest"])
     first = d.wait_job("det")
     assert first["state"] == "succeeded" and d.stop() == 0
     big = fill(small_state)
-    seen = len(d.stderr())
-    assert d.launch() == 3
-    said = d.stderr()[seen:]
-    assert len(said.strip().splitlines()) == 1 and "saigeedged.db" in said and "corrupt" not in said, said
-    big.unlink()
+    d.env["WATCHDOG_USEC"] = "2000000"
+    seen, said = len(d.messages), len(d.stderr())
+    assert d.launch() is None  # READY=1, no exit
+    d.expect("state_dir full: waiting for space", 10, after=seen)
+    d.expect("WATCHDOG=1", 10, after=seen)
+    assert d.stop() == 0
+    assert "corrupt" not in d.stderr()[said:] and [e for e in d.events("state.full")]
     d.start()
+    d.expect("state_dir full: waiting for space", 10, after=len(d.messages) - 1)
+    big.unlink()
+    drop(d.inbox, "again", det_inputs["onnx"], det_inputs["manifest"])
+    assert d.wait_job("again", timeout=120)["state"] == "succeeded"
     assert cli.main(["status", first["job_id"], "--json", "-c", str(d.config)]) == 0

@@ -100,3 +100,30 @@ def test_a_damaged_page_is_found_at_open_only_after_an_unclean_close(tmp_path: P
     with pytest.raises(CorruptDatabase, match="corrupt"):
         Store(path)
     Store(path, verify=False).close()
+
+
+def test_a_workers_write_waits_for_room_and_lands_when_space_returns(small_fs: Path) -> None:
+    """A write off the main loop on a full state_dir waits (the room callback asked again and again) and lands once
+    space returns, so its job is never failed for it; the same write on the main loop raises StoreFull at once."""
+    import threading
+
+    from saigeedged.service.room import ROOM_POLL_S, Waiting
+
+    store = Store(small_fs / "state" / "saigeedged.db")
+    stop = threading.Event()
+    room = Waiting(stop)
+    store.wait_for_room = room
+    big = fill(small_fs)
+    refused = write_until_full(store, 0)
+    with pytest.raises(StoreFull):  # the main loop's writes never wait: its next round tries again
+        store.add(job(refused))
+    assert room.status().endswith("state_dir full: waiting for space")
+    landed = threading.Event()
+    writer = threading.Thread(target=lambda: (store.add(job(refused + 1)), landed.set()), daemon=True)
+    writer.start()
+    assert not landed.wait(ROOM_POLL_S / 2)  # waiting, not failed
+    big.unlink()
+    assert landed.wait(ROOM_POLL_S * 4)
+    assert store.get(f"a-{refused + 1}") == job(refused + 1)
+    stop.set()
+    writer.join(10)

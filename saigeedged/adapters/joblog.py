@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,11 +24,22 @@ class JobLog:
         self._fh = path.open("ab", buffering=0)
         self._started: float | None = None
         self._step = ""
+        self._lost = 0  # bytes a full state_dir refused since the last write that landed
 
     def write(self, data: bytes) -> None:
+        """Append `data`; on a full state_dir the bytes are dropped, counted, and the count written once there is
+        room again: a full disk never fails the job for its log (issue 26)."""
         if not self.current():
             raise Superseded(f"{self.path.name}: the attempt writing it is over")
-        self._fh.write(data)
+        try:
+            if self._lost:
+                self._fh.write(f"[{self._lost} bytes of output lost: state_dir was full]\n".encode())
+                self._lost = 0
+            self._fh.write(data)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self._lost += len(data)
 
     def line(self, text: str) -> None:
         self.write(text.encode(errors="surrogateescape") + b"\n")  # a name that is not UTF-8 keeps its bytes

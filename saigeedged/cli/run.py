@@ -14,7 +14,8 @@ def run(config: Config) -> int:
         raise SaigeError("MANIFEST_INVALID", "`run` needs a config that names `inbox` and `outbox`",
                          hint="saigeedged run -c /etc/saigeedged/saigeedged.yml")
     from saigeedged.adapters import journal
-    from saigeedged.service import daemon
+    from saigeedged.adapters.notify import Notifier
+    from saigeedged.service import daemon, room
 
     journal.configure(config.log.format, config.log.level)
     stop = threading.Event()
@@ -24,6 +25,10 @@ def run(config: Config) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    service = daemon.Daemon(config, stop)
+    signal.signal(signal.SIGHUP, lambda signum, frame: None)  # until the service can rescan: never death
+    notifier = Notifier()
+    service = room.start_degraded(lambda: daemon.Daemon(config, stop, notifier), stop, notifier)
+    if service is None:  # stopped while state_dir was full: nothing was started
+        return 0
     signal.signal(signal.SIGHUP, lambda signum, frame: service.hang_up())  # not death: a rescan
     return service.run()

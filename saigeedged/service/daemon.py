@@ -15,7 +15,7 @@ from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.adapters.notify import Notifier
 from saigeedged.adapters.outbox import Outbox
-from saigeedged.adapters.store import Store
+from saigeedged.adapters.store import Store, StoreFull
 from saigeedged.compile import child
 from saigeedged.config import Config
 from saigeedged.engines import CONTAINER_TARGETS
@@ -25,7 +25,7 @@ from saigeedged.intake.inbox import Drop, Rejected, Scanner
 from saigeedged.intake.watch import Watcher, use_polling
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Attempt, Job, entry_to_doc, status_text
 from saigeedged.manifest import safe_stem
-from saigeedged.service import ahead
+from saigeedged.service import ahead, room
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.ops import Ops
 from saigeedged.service.pool import Pool
@@ -53,6 +53,8 @@ class Daemon:
         self.places = Places(config.inbox, config.state_dir)
         self.places.make(config.outbox)
         self.store = Store(config.state_dir / "saigeedged.db")
+        self.room = room.Waiting(stop, clock)  # a worker's write on a full state_dir waits for space
+        self.store.wait_for_room = self.room
         self.jobs = Jobs(self.store, Outbox(config.outbox), self.places)
         self.recovery = Recovery(self.jobs, config.limits.max_attempts)
         watch = config.watch
@@ -236,6 +238,18 @@ class Daemon:
             if self.store.cancel_requested(job.job_id):
                 self.pool.cancel(job.job_id)
 
+    def _writes(self, now: float) -> None:
+        """The main loop's own writes: cancels, a deleted database, the outbox's catch-up. A full state_dir makes
+        them wait for the next round (never for space here: the watchdog pings go on)."""
+        try:
+            self._check_cancel()
+            if self.store.restore_if_deleted():
+                log.error("store.restored", path=str(self.store.path), error_code="INTERNAL",
+                          message="the job database was deleted while running; rewritten from the open one")
+            self._catch_up(now)
+        except StoreFull:
+            pass  # said once by self.room (state.full, STATUS=); the next round tries again
+
     def _catch_up(self, now: float) -> None:
         if now >= self._next_catch_up and self.jobs.behind():
             self._next_catch_up = now + CATCH_UP_S
@@ -250,10 +264,12 @@ class Daemon:
     def _status(self) -> None:
         """STATUS= from the main loop and from the worker at each job and step change."""
         with self._status_lock:
-            self.notifier.status(self.pool.status(self.store.count(QUEUED)))
+            self.notifier.status(self.pool.status(self.store.count(QUEUED)) + self.room.status())
 
     def run(self) -> int:
-        self.recover()
+        if room.start_degraded(self.recover, self.stop, self.notifier, self.clock) is None and self.stop.is_set():
+            self.store.close()
+            return 0
         if self.watcher is not None:
             try:
                 self.watcher.start()
@@ -281,11 +297,7 @@ class Daemon:
                 self.wake.clear()
                 self._guarded_scan()
                 next_scan = now + period if now >= next_scan else next_scan
-            self._check_cancel()
-            if self.store.restore_if_deleted():
-                log.error("store.restored", path=str(self.store.path), error_code="INTERNAL",
-                          message="the job database was deleted while running; rewritten from the open one")
-            self._catch_up(now)
+            self._writes(now)
             self._status()
             if self.healthy():
                 self.notifier.watchdog(self.clock())

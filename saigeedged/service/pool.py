@@ -86,7 +86,7 @@ class Pool:
                            and w.slot.engine_of(job.target) == (job.engine or w.slot.engine)), None)
             if worker is None:
                 left.append(job)
-            else:
+            elif job.job_id not in {j.job_id for j in worker.resumable}:  # a start-up tried again (state_dir full)
                 worker.resumable.append(job)
         return left
 
