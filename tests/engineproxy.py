@@ -23,6 +23,7 @@ class EngineProxy:
         self._lock = threading.Lock()
         self._flowing = threading.Event()  # cleared by hang(): connections stay open but nothing is relayed
         self._flowing.set()
+        self.held = threading.Event()  # set once a client's request waits on the hung engine
 
     @property
     def docker_host(self) -> str:
@@ -52,6 +53,7 @@ class EngineProxy:
 
     def hang(self) -> None:
         """Keep every connection open but relay nothing, like an engine too busy to answer (a ReadTimeout)."""
+        self.held.clear()
         self._flowing.clear()
 
     def resume(self) -> None:
@@ -67,12 +69,14 @@ class EngineProxy:
             engine.connect(ENGINE)
             with self._lock:
                 self._open += [client, engine]
-            threading.Thread(target=self._pipe, args=(client, engine), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(client, engine, True), daemon=True).start()
             threading.Thread(target=self._pipe, args=(engine, client), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, from_client: bool = False) -> None:
         try:
             while data := src.recv(65536):
+                if from_client and not self._flowing.is_set():
+                    self.held.set()
                 self._flowing.wait()
                 dst.sendall(data)
             dst.shutdown(socket.SHUT_WR)

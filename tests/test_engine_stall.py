@@ -3,6 +3,8 @@ can hang: restarts during the stall count no crash, a cancel wins at once, a pla
 
 from __future__ import annotations
 
+import functools
+import json
 import pickle
 import signal
 import sqlite3
@@ -17,41 +19,51 @@ from test_daemon_docker import calls, cubie_daemon, in_quantize, procs  # noqa: 
 from saigeedged.cli import main as cli
 
 pytestmark = pytest.mark.docker
-TIMEOUT_S = 4.0  # limits.engine_timeout_s
+TIMEOUT_S = 4.0  # limits.engine_timeout_s of the tests that do not need it longer
 
 
 def record_of(d: Any, job_id: str) -> dict[str, Any]:
     """The attempt record of the job's current attempt, as the store holds it."""
     with sqlite3.connect(d.state_dir / "saigeedged.db") as db:
         row = db.execute("SELECT doc FROM attempts WHERE job_id = ? ORDER BY take DESC LIMIT 1", (job_id,)).fetchone()
-    import json
-
     return dict(json.loads(row[0]))
+
+
+def downs(d: Any, at_least: int) -> bool:
+    """Has the engine been marked down `at_least` times (by the daemons started so far)?"""
+    return len(d.events("engine.down")) >= at_least
 
 
 def test_restarts_during_an_engine_stall_count_no_crash(cubie_daemon: Any, docker_client: Any,  # noqa: F811
                                                         det_inputs: dict[str, Any], tmp_path: Path,
                                                         capsys: Any) -> None:
-    """The only engine stops answering during quantize for well over 3x engine_timeout_s, with three restarts in
-    between: `status` says the engine does not answer, each SIGTERM exits 0 within 30 s, and once the engine answers
-    the job succeeds in attempt 1 with quantize run once and no crash counted."""
+    """The only engine stops answering during a step for over 3x engine_timeout_s (a SIGSTOPped dockerd), with three
+    restarts in between, the first while the worker is inside an engine call longer than the stop's grace: each
+    SIGTERM exits 0 within 30 s, `status` says the engine does not answer, and once it answers the job succeeds in
+    attempt 1 with quantize run once and no crash counted."""
+    timeout_s = 30.0  # past the stop's 25 s grace: the first stop leaves the worker inside its call
     proxy = EngineProxy(tmp_path / "engine.sock")
     proxy.up()
-    d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host}, limits={"engine_timeout_s": TIMEOUT_S})
+    d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host}, limits={"engine_timeout_s": timeout_s})
     job = in_quantize(d, docker_client, tmp_path, "slowstall", det_inputs["manifest"])
+    steps = d.state_dir / "work" / job["job_id"] / "attempt1" / ".steps"
+    quantize = max(int(p.stem) for p in steps.glob("*.exec"))
     proxy.hang()
-    wait_for(lambda: d.events("engine.down"), 60, "the engine marked down")
-    capsys.readouterr()
-    assert cli.main(["status", "-c", str(d.config)]) == 0
-    (local,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local ")]
-    assert local.split()[1] == "down" and "does not answer" in local, local
-    for _ in range(3):
+    wait_for(lambda: (steps / f"{quantize}.rc").exists(), 30, "quantize to end: the worker's next call waits")
+    wait_for(proxy.held.is_set, 30, "a call waiting on the hung engine")
+    for restart in range(3):
+        if restart:
+            wait_for(functools.partial(downs, d, restart), 60, "the engine marked down")
+            capsys.readouterr()
+            assert cli.main(["status", "-c", str(d.config)]) == 0
+            (local,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local ")]
+            assert local.split()[1] == "down" and "does not answer" in local, local
         d.signal(signal.SIGTERM)
         assert d.proc.wait(30) == 0
         d.start()
     assert d.status(job["job_id"])["state"] == "running"
     proxy.resume()
-    done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=120)
+    done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=180)
     assert (done["state"], done["attempt"], done["error"]) == ("succeeded", 1, None), done
     assert len(calls(docker_client, d, "quantize")) == 1
     assert not d.events("job.requeued") and not d.events("job.internal_error")
@@ -121,3 +133,25 @@ def test_an_unreadable_record_requeues_the_attempt_after_killing_its_step(cubie_
     assert cli.main(["cancel", job["job_id"], "-c", str(d.config)]) == 0
     d.wait_state(job["job_id"], ("cancelled",), timeout=60)
     wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 30, "no step left running")
+
+
+def test_a_cancel_whose_status_write_fails_still_moves_the_log_and_says_so(cubie_daemon: Any,  # noqa: F811
+                                                                          docker_client: Any, tmp_path: Path,
+                                                                          det_inputs: dict[str, Any]) -> None:
+    """The outbox refuses status files (status/ is not a writable folder: chmod 000 for the service user, a file in
+    its place here, as root writes through any mode) when a running job is cancelled: its log still reaches the outbox
+    and the journal has its job.cancelled; the status file follows once the folder is back."""
+    d = cubie_daemon()
+    job = in_quantize(d, docker_client, tmp_path, "hangcancel", det_inputs["manifest"])
+    status = d.outbox / "status"
+    status.rename(d.outbox / "status.aside")
+    status.write_text("not a folder")
+    try:
+        assert cli.main(["cancel", job["job_id"], "-c", str(d.config)]) == 0
+        wait_for(lambda: [e for e in d.events("job.cancelled") if e["job_id"] == job["job_id"]], 60,
+                 "the journal's job.cancelled")
+        wait_for(lambda: (d.outbox / "logs" / f"{job['job_id']}.log").is_file(), 30, "the log in the outbox")
+    finally:
+        status.unlink()
+        (d.outbox / "status.aside").rename(status)
+    assert d.wait_state(job["job_id"], ("cancelled",), timeout=60)["error"]["code"] == "CANCELLED"
