@@ -14,34 +14,22 @@ from typing import Any
 
 import pytest
 from conftest import write_config
+from test_store_fence import job, lifecycle
 
 from saigeedged import config as configmod
 from saigeedged.adapters.joblog import JobLog
-from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.compile import ahead, child, resume
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.errors import SaigeError
-from saigeedged.jobs import CANCELLED, FAILED, Attempt, Job, Superseded, remaining_s
+from saigeedged.jobs import CANCELLED, FAILED, Attempt, Superseded, remaining_s
 from saigeedged.manifest import load as load_manifest
 from saigeedged.records import AttemptRecord, UnreadableRecord
 from saigeedged.service.decision import DETACH, END, HOLD, REQUEUE, Decision, decide
-from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.monitor import EngineMonitor
 from saigeedged.service.recovery import Recovery
 
 PACKAGE = Path(__file__).parent.parent / "saigeedged"
-
-
-def job(job_id: str = "a-1", target: str = "cubie") -> Job:
-    return Job(job_id=job_id, name=job_id.split("-")[0], target=target, task="mlc", entry={"onnx": "/x.onnx"},
-               subdir="", claim_dir=f"/c/{job_id}", manifest="x.yml", created_at="t")
-
-
-def lifecycle(tmp_path: Path) -> Jobs:
-    places = Places(tmp_path / "inbox", tmp_path / "state")
-    places.make(tmp_path / "outbox")
-    return Jobs(Store(tmp_path / "state" / "q.db"), Outbox(tmp_path / "outbox"), places)
 
 
 def test_no_module_of_the_package_uses_pickle() -> None:
