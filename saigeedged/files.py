@@ -39,6 +39,11 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+# this process's temp files being written now (this module owns the set): the start-up sweep of temp files a kill
+# left behind runs beside the daemon's first writes and must not take theirs (mkstemp names carry no pid)
+WRITING: set[Path] = set()
+
+
 def open_temp(dest: Path) -> tuple[int, Path]:
     """A new temp file beside `dest`, `.<name>.<random>.tmp`: unique per call, so two threads writing one name never
     share it; hidden from the inbox scan; a long name cut so it fits NAME_MAX. Mode as open() would create it."""
@@ -55,6 +60,7 @@ def atomic_write(dest: Path, fill: Callable[[BinaryIO], object], *, exclusive: b
     file and propagates.
     """
     fd, tmp = open_temp(dest) if tmp is None else (os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), tmp)
+    WRITING.add(tmp)
     try:
         with os.fdopen(fd, "wb") as out:
             fill(out)
@@ -70,6 +76,8 @@ def atomic_write(dest: Path, fill: Callable[[BinaryIO], object], *, exclusive: b
         with contextlib.suppress(OSError):  # a read-only share refuses the cleanup too: the first error is the one
             tmp.unlink(missing_ok=True)
         raise
+    finally:
+        WRITING.discard(tmp)
     return True
 
 

@@ -9,7 +9,7 @@ holds only what its steps write.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 VERSION = 1  # of the record's JSON; a record of another version is unreadable (its attempt is requeued, step killed)
@@ -25,7 +25,8 @@ class AttemptRecord:
 
     `started`: a container step may have been launched (written before the launch); `crashes`: daemons that died
     under it; `detached`: the last daemon stopped on purpose and left its step running (not a crash); `reap`: it was
-    given up on and its step is still to be killed on `engine`; `prepared`: its host steps' results (resume.to_doc).
+    given up on and its step is still to be killed on `engine`; `prepared`: its host steps' results (resume.to_doc);
+    `steps`: each container step's exec id and the bytes of its log the job log has (detached.Book).
     """
 
     job_id: str
@@ -39,6 +40,7 @@ class AttemptRecord:
     detached: bool = False
     reap: bool = False
     prepared: dict[str, Any] | None = None
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)  # by step number: {"exec": id, "seen": offset}
 
     def to_doc(self) -> dict[str, Any]:
         return {"version": VERSION, **dataclasses.asdict(self)}
@@ -68,3 +70,5 @@ def _check(record: AttemptRecord) -> None:
             raise UnreadableRecord(f"attempt record field {name} is not a {kind.__name__}")
     if record.prepared is not None and not isinstance(record.prepared, dict):
         raise UnreadableRecord("attempt record field prepared is not a mapping")
+    if not isinstance(record.steps, dict) or not all(isinstance(v, dict) for v in record.steps.values()):
+        raise UnreadableRecord("attempt record field steps is not a mapping of mappings")

@@ -47,7 +47,7 @@ def test_restarts_during_an_engine_stall_count_no_crash(cubie_daemon: Any, docke
     d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host}, limits={"engine_timeout_s": timeout_s})
     job = in_quantize(d, docker_client, tmp_path, "slowstall", det_inputs["manifest"])
     steps = d.state_dir / "work" / job["job_id"] / "attempt1" / ".steps"
-    quantize = max(int(p.stem) for p in steps.glob("*.exec"))
+    quantize = max(int(p.stem) for p in steps.glob("*.log"))  # the step the stand-in sleeps in
     proxy.hang()
     wait_for(lambda: (steps / f"{quantize}.rc").exists(), 30, "quantize to end: the worker's next call waits")
     wait_for(proxy.held.is_set, 30, "a call waiting on the hung engine")
@@ -100,14 +100,17 @@ class Planted:
 
 def test_a_pickle_planted_in_the_work_dir_is_never_loaded(cubie_daemon: Any, docker_client: Any,  # noqa: F811
                                                           det_inputs: dict[str, Any], tmp_path: Path) -> None:
-    """A step writes `.steps/prepared.pickle` (the bind-mounted work dir is writable from the container): the daemon
-    restarted under it re-attaches from its store record, the pickle is never loaded, and the job succeeds."""
+    """The attempt's folder holds only what its steps wrote (the daemon's facts are in the store); a step writes
+    `.steps/prepared.pickle` there (the bind-mounted work dir is writable from the container): the daemon restarted
+    under it re-attaches from its store record, the pickle is never loaded, and the job succeeds."""
     d = cubie_daemon()
     job = in_quantize(d, docker_client, tmp_path, "slowplant", det_inputs["manifest"])
     d.signal(signal.SIGTERM)
     assert d.proc.wait(30) == 0
     marker = tmp_path / "unpickled"
     work = d.state_dir / "work" / job["job_id"] / "attempt1"
+    steps = sorted(p.name for p in (work / ".steps").iterdir())
+    assert steps and all(name.endswith((".log", ".rc")) for name in steps), steps  # only what the steps wrote
     (work / ".steps" / "prepared.pickle").write_bytes(pickle.dumps(Planted(marker)))
     d.start()
     done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=90)
@@ -127,8 +130,9 @@ def test_an_unreadable_record_requeues_the_attempt_after_killing_its_step(cubie_
     with sqlite3.connect(d.state_dir / "saigeedged.db") as db:
         db.execute("UPDATE attempts SET doc = json_set(doc, '$.version', 99) WHERE job_id = ?", (job["job_id"],))
     d.start()
-    again = d.wait_state(job["job_id"], ("running",), timeout=60, step="quantize")
-    assert again["attempt"] == 2 and d.events("job.record_unreadable")
+    assert [e["job_id"] for e in d.events("job.record_unreadable")] == [job["job_id"]]  # said before READY=1
+    assert d.status(job["job_id"])["attempt"] == 2  # requeued as a new attempt, before READY=1 too
+    d.wait_state(job["job_id"], ("running",), timeout=60, step="quantize")
     assert not (d.state_dir / "work" / job["job_id"] / "attempt1").exists()  # reaped: its step killed first
     assert cli.main(["cancel", job["job_id"], "-c", str(d.config)]) == 0
     d.wait_state(job["job_id"], ("cancelled",), timeout=60)

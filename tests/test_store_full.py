@@ -127,3 +127,22 @@ def test_a_workers_write_waits_for_room_and_lands_when_space_returns(small_fs: P
     assert store.get(f"a-{refused + 1}") == job(refused + 1)
     stop.set()
     writer.join(10)
+
+
+def test_the_job_log_on_a_full_state_dir_drops_and_counts_never_fails(small_fs: Path) -> None:
+    """Compiler output that a full state_dir refuses is dropped, not raised (the job goes on); once there is room the
+    log says how many bytes were lost, then goes on."""
+    from saigeedged.adapters.joblog import JobLog
+
+    log = JobLog(small_fs / "logs" / "j.log")
+    log.line("before")
+    big = fill(small_fs)
+    log.write(b"x" * 100_000)  # refused: no exception
+    big.unlink()
+    log.line("after")
+    log.close()
+    text = (small_fs / "logs" / "j.log").read_text()
+    head, _, tail = text.rpartition("[")
+    lost = int(tail.split(" bytes of output lost: state_dir was full]\n")[0])
+    assert head.startswith("before\n") and head.count("x") + lost == 100_000 and lost > 0
+    assert tail.endswith("state_dir was full]\nafter\n")

@@ -31,15 +31,20 @@ class JobLog:
         room again: a full disk never fails the job for its log (issue 26)."""
         if not self.current():
             raise Superseded(f"{self.path.name}: the attempt writing it is over")
+        if self._lost and self._append(f"\n[{self._lost} bytes of output lost: state_dir was full]\n".encode()) == 0:
+            self._lost = 0
+        self._lost += self._append(data)
+
+    def _append(self, data: bytes) -> int:
+        """Write all of `data` (a full disk may take part of it); the bytes it refused."""
+        view = memoryview(data)
         try:
-            if self._lost:
-                self._fh.write(f"[{self._lost} bytes of output lost: state_dir was full]\n".encode())
-                self._lost = 0
-            self._fh.write(data)
+            while view:
+                view = view[self._fh.write(view) or 0:]
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            self._lost += len(data)
+        return len(view)
 
     def line(self, text: str) -> None:
         self.write(text.encode(errors="surrogateescape") + b"\n")  # a name that is not UTF-8 keeps its bytes

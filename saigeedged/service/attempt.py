@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from saigeedged.adapters.joblog import JobLog
-from saigeedged.adapters.store import Store
+from saigeedged.adapters.store import Store, StoreFull
 from saigeedged.compile import ahead, resume
 from saigeedged.compile.inputs import Prepared
 from saigeedged.errors import SaigeError
@@ -33,11 +35,36 @@ class Facts:
         record = self.of(job)
         return record is None or record.started
 
-    def launching(self) -> None:
-        """A container step is about to start: the record says so first (Superseded: it must not start)."""
+    # -- detached.Book: the steps' exec ids and log offsets, in the record (never in the container's folder) --------
+    def _step(self, n: int) -> dict[str, Any]:
         attempt = self.attempt()
-        if attempt is not None:
-            self.store.update_record(attempt.job_id, attempt.take, attempt, started=True)
+        record = None if attempt is None else self.store.record(attempt.job_id, attempt.take)
+        return dict(record.steps.get(str(n), {})) if record is not None else {}
+
+    def _set_step(self, n: int, started: bool = False, **fields: Any) -> None:
+        attempt = self.attempt()
+        if attempt is None:
+            return
+        record = self.store.record(attempt.job_id, attempt.take)
+        steps = dict(record.steps) if record is not None else {}
+        steps[str(n)] = {**steps.get(str(n), {}), **fields}
+        changes: dict[str, Any] = {"steps": steps, **({"started": True} if started else {})}
+        self.store.update_record(attempt.job_id, attempt.take, attempt, **changes)
+
+    def launched(self, work: Path, n: int, exec_id: str) -> None:
+        """Step `n` is about to start: the record says so first (Superseded: the attempt is over, it must not)."""
+        self._set_step(n, started=True, exec=exec_id)
+
+    def exec_id(self, work: Path, n: int) -> str | None:
+        value = self._step(n).get("exec")
+        return value if isinstance(value, str) and value else None
+
+    def seen(self, work: Path, n: int) -> int:
+        value = self._step(n).get("seen", 0)
+        return value if isinstance(value, int) else 0
+
+    def mark_seen(self, work: Path, n: int, offset: int) -> None:
+        self._set_step(n, seen=offset)
 
     def prepared(self, prep: Prepared) -> None:
         """The host steps are done: their results go into the record, for a resume."""
@@ -46,8 +73,9 @@ class Facts:
             self.store.update_record(attempt.job_id, attempt.take, attempt, prepared=resume.to_doc(prep))
 
     def detach(self, job: Job) -> None:
-        """The daemon leaves the attempt on purpose (a stop): the next start re-attaches, counting no crash."""
-        with contextlib.suppress(Superseded, UnreadableRecord):
+        """The daemon leaves the attempt on purpose (a stop): the next start re-attaches, counting no crash. (On a full
+        state_dir the mark is lost, and the stop counts as one crash.)"""
+        with contextlib.suppress(Superseded, UnreadableRecord, StoreFull):
             self.store.update_record(job.job_id, len(job.attempts), Attempt.of(job), detached=True)
 
     def give_up(self, job: Job) -> None:

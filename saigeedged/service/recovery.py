@@ -153,14 +153,15 @@ class Recovery:
     def temp_files(self) -> threading.Thread:
         """Temp files of outbox writes a kill interrupted (status files, logs, bundles) are removed (the daemon is the
         outbox's only writer, SPEC §11). A long history means hundreds of thousands of files to list, so the sweep
-        runs beside the start-up, not before READY; it leaves this process's own temp files (`.<name>.<pid>.tmp`)
-        alone, since the daemon writes the outbox meanwhile."""
+        runs beside the start-up, not before READY; it leaves this process's own temp files alone (files.WRITING,
+        and `.<name>.<pid>.tmp` as releases before named them), since the daemon writes the outbox meanwhile."""
         mine = f".{os.getpid()}.tmp"
 
         def sweep() -> None:
             for folder, _, names in os.walk(self.outbox.root):
                 for name in names:
-                    if name[0] == "." and files.TEMP_NAME.match(name) and not name.endswith(mine):
+                    if name[0] == "." and files.TEMP_NAME.match(name) and not name.endswith(mine) and \
+                            Path(folder) / name not in files.WRITING:
                         (Path(folder) / name).unlink(missing_ok=True)
                         log.info("outbox.temp_removed", path=str(Path(folder) / name))
 

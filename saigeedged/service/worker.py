@@ -61,7 +61,6 @@ class Worker(threading.Thread):
         self.config, self.jobs, self.containers, self.places = config, jobs, containers, places
         self.on_change = on_change  # the daemon's STATUS= line follows the running job
         containers.interrupted = lambda: self._reason
-        containers.on_launch = lambda work: self.facts.launching()
         self.wake = wake or threading.Event()  # shared by the workers of a pool: a claim wakes them all
         self.stop_event = threading.Event()
         self.current: Job | None = None
@@ -74,6 +73,7 @@ class Worker(threading.Thread):
         self.resumable: list[Job] = []
         self.attempt: Attempt | None = None  # the current job's attempt: the store must still name it to write
         self.facts = Facts(jobs.store, lambda: self.attempt)  # its record in the store
+        containers.book = self.facts  # its steps' exec ids and log offsets go there too
         self.kept = False  # the current attempt's work dir stays: its step runs on, or is the monitor's to reap
 
     def run(self) -> None:

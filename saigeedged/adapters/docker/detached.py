@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from saigeedged.adapters.docker.api import APIError, ContainerRef, DockerAPI
 from saigeedged.adapters.docker.transfer import LIST_FORMAT, STEPS_DIR
@@ -40,12 +41,57 @@ Sink = Callable[[bytes], None]
 Stopping = Callable[[], bool]
 
 
+class Book(Protocol):
+    """Where the daemon keeps what it knows of a step beside the step's own files: the wrapper's exec id (so the step
+    is followed, never started twice) and how much of its log the job log already has. The daemon's book is the
+    attempt's record in the store (SPEC §15: nothing of it in a folder the container can write); FileBook keeps it
+    beside the step for a process without records (`saigeedged compile`, and tests of the steps alone)."""
+
+    def launched(self, work: Path, n: int, exec_id: str) -> None:
+        """Step `n` is about to start as exec `exec_id` (raises if the attempt is over: it must not start)."""
+
+    def exec_id(self, work: Path, n: int) -> str | None:
+        """The exec id of step `n`, None when it was never started."""
+
+    def seen(self, work: Path, n: int) -> int:
+        """Bytes of step `n`'s log already copied into the job log (by this daemon or the one before)."""
+
+    def mark_seen(self, work: Path, n: int, offset: int) -> None: ...
+
+
+class FileBook:
+    """A Book in files beside the steps' own (`.steps/<n>.exec`, `.steps/<n>.seen`)."""
+
+    @staticmethod
+    def _path(work: Path, n: int, suffix: str) -> Path:
+        return work / STEPS_DIR / f"{n}.{suffix}"
+
+    def launched(self, work: Path, n: int, exec_id: str) -> None:
+        self._path(work, n, "exec").write_text(exec_id)
+
+    def exec_id(self, work: Path, n: int) -> str | None:
+        try:
+            return self._path(work, n, "exec").read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def seen(self, work: Path, n: int) -> int:
+        try:
+            return int(self._path(work, n, "seen").read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def mark_seen(self, work: Path, n: int, offset: int) -> None:
+        self._path(work, n, "seen").write_text(str(offset))
+
+
 @dataclass
 class Files:
-    """The files of step `n` of the attempt whose work dir is `work` (host-side paths)."""
+    """The files of step `n` of the attempt whose work dir is `work` (host-side paths), and its `book`."""
 
     work: Path
     n: int
+    book: Book = field(default_factory=FileBook)
 
     @property
     def base(self) -> Path:
@@ -55,20 +101,17 @@ class Files:
         return self.base.with_name(f"{self.n}.{suffix}")
 
     def started(self) -> bool:
-        return self.path("exec").exists()
+        return self.book.exec_id(self.work, self.n) is not None
 
     def exec_id(self) -> str:
-        return self.path("exec").read_text().strip()
+        return self.book.exec_id(self.work, self.n) or ""
 
     def seen(self) -> int:
         """Bytes of the step's log already copied into the job log (by this daemon or the one before)."""
-        try:
-            return int(self.path("seen").read_text() or 0)
-        except (FileNotFoundError, ValueError):
-            return 0
+        return self.book.seen(self.work, self.n)
 
     def mark_seen(self, offset: int) -> None:
-        self.path("seen").write_text(str(offset))
+        self.book.mark_seen(self.work, self.n, offset)
 
 
 def code_of(text: str) -> int | None:

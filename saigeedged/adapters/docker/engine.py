@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from saigeedged.adapters.docker.api import ENGINE_ERRORS, DockerAPI, NotFound, answers, connect
+from saigeedged.adapters.docker.detached import Book, FileBook
 from saigeedged.adapters.docker.execs import Container
 from saigeedged.adapters.docker.spec import Spec
 from saigeedged.adapters.hostlock import HostLock
@@ -121,7 +122,7 @@ class Containers:
         self.lock: HostLock | None = None  # the one held for the active container
         self.active: Container | None = None
         self.interrupted: Callable[[], str | None] = lambda: None  # set by the worker: ends a wait for the lock
-        self.on_launch: Callable[[Path], None] = lambda work: None  # set by the worker: see Container.on_launch
+        self.book: Book = FileBook()  # set by the worker: where its steps' exec ids and log offsets are kept
 
     def api(self) -> DockerAPI:
         return self.engine.api()
@@ -138,7 +139,7 @@ class Containers:
             self.lock = self.locks.setdefault(name, HostLock(self.config.state_dir, name))
             self.lock.acquire(self.on_wait, self.interrupted)
         self.active = self.container(target)
-        self.active.on_launch = self.on_launch
+        self.active.book = self.book
         self.active.ensure()
         self.active.follow_image()
         return self.active

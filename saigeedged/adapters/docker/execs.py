@@ -38,9 +38,7 @@ class Container(Lifecycle):
         self.moved = 0  # bytes copied in and out (remote engines), for the job log
         self.probe_failure = ""  # what the last entry-point probe that found nothing said, for the error message
         self._steps: dict[str, int] = {}  # work dir -> steps its attempt started so far (their numbers in .steps/)
-        # called with the work dir before a step is launched: the attempt's record says a step may run (SPEC §15); it
-        # raises (the attempt is over) to keep the step from starting
-        self.on_launch: Callable[[Path], None] = lambda work: None
+        self.book: detached.Book = detached.FileBook()  # set per job by Containers.get: the daemon's is the store
 
     def _exec(self, ctr: ContainerRef, argv: Sequence[str], workdir: str, env: dict[str, str] | None,
               sink: Sink) -> int | None:
@@ -98,14 +96,13 @@ class Container(Lifecycle):
         following and leave the step running (CANCELLED, reason stop, detached).
         """
         ctr = self.ensure()
-        files = detached.Files(workdir, self._next_step(workdir))
+        files = detached.Files(workdir, self._next_step(workdir), self.book)
         label = shlex.join(argv[:3])
         if not files.started():
             _raise_if_stopped(workdir, argv)  # a cancel that came between steps is not erased by this one
             with self._reach(f"starting {label}"):
                 self._copy_in(ctr, workdir)
                 _raise_if_stopped(workdir, argv)  # a cancel during the copy (the first one empties the remote dir)
-                self.on_launch(workdir)
                 self._launch(ctr, files, argv, timeout_s, env)
         follower = detached.Follower(self.docker, ctr, files, self.spec.mount, lambda cmd: self._fixed(ctr, cmd), sink,
                                      replay)
@@ -145,7 +142,7 @@ class Container(Lifecycle):
         api = self.docker.api
         exec_id = str(api.exec_create(ctr.id, wrapped, user=exec_user(self.spec.user), workdir=str(files.work),
                                       environment=env)["Id"])
-        files.path("exec").write_text(exec_id)
+        files.book.launched(files.work, files.n, exec_id)  # before it starts: a step is never started unrecorded
         api.exec_start(exec_id, detach=True)
 
     def _copy_in(self, ctr: ContainerRef, workdir: Path) -> None:
