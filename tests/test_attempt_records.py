@@ -84,6 +84,21 @@ def test_take_writes_the_attempts_record_with_it(tmp_path: Path) -> None:
         store.update_record("a-1", 1, stale, prepared={"version": 1})
 
 
+def test_an_ended_jobs_records_keep_only_what_a_reap_needs(tmp_path: Path) -> None:
+    """Once a job ends, its attempts' records drop the host steps' results and the steps' book (nothing resumes it),
+    and stay readable: a reap still finds its engine and work dir."""
+    jobs = lifecycle(tmp_path)
+    jobs.add(job())
+    taken = jobs.take("a-1", "local", "/w/a-1/attempt1")
+    assert taken is not None
+    fence = Attempt.of(taken)
+    jobs.store.update_record("a-1", 1, fence, started=True, prepared={"version": 1}, steps={"1": {"exec": "e"}})
+    jobs.end(taken, CANCELLED, SaigeError("CANCELLED", "cancelled"), fence=fence)
+    record = jobs.store.record("a-1", 1)
+    assert record is not None and record.prepared is None and record.steps == {}
+    assert (record.engine, record.work, record.started) == ("local", "/w/a-1/attempt1", True)
+
+
 def test_hold_then_move_then_restart_reaps_on_the_engine_the_attempt_ran_on(tmp_path: Path) -> None:
     """Held (requeued unspent), taken again on engine a, moved off it (ENGINE_LOST), then taken on b: the reap of
     the moved attempt names a and its own work dir, read back from the store as a restarted daemon reads it."""

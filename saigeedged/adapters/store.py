@@ -32,6 +32,7 @@ from saigeedged.jobid import iso, utc_now
 from saigeedged.jobs import (
     QUEUED,
     RUNNING,
+    TERMINAL,
     Attempt,
     CancelWins,
     Job,
@@ -164,6 +165,10 @@ class Store(History, AttemptRecords):
                                   *args)).rowcount
             if not changed:
                 raise Superseded(f"job {job.job_id} is on another attempt than {fence}")
+            if job.state in TERMINAL:  # nothing resumes an ended job: its records keep only what a reap needs
+                db.execute("UPDATE attempts SET doc = json_remove(doc, '$.prepared', '$.steps') WHERE job_id = ? "
+                           "AND (json_type(doc, '$.prepared') IS NOT NULL OR json_type(doc, '$.steps') IS NOT NULL)",
+                           (job.job_id,))
 
     @patient
     def take(self, job_id: str, engine: str, now_iso: str, work: str = "") -> Job | None:
