@@ -218,3 +218,28 @@ def test_a_killed_host_child_is_a_retryable_loss() -> None:
     with pytest.raises(SaigeError) as raised:
         child.run(kill_myself, (), "quantize", 60, lambda: None)
     assert raised.value.code == "CHILD_LOST" and raised.value.retryable and "-9" in raised.value.message
+
+
+def test_a_bug_in_a_stale_attempt_does_not_fail_the_jobs_next_attempt(tmp_path: Path) -> None:
+    """The worker's guard for a bug (`_abandon`) writes under the attempt's fence: a stale attempt whose job was moved
+    and taken again leaves the new attempt running, while a bug in the current attempt ends it failed INTERNAL."""
+    from saigeedged.adapters.docker import Containers
+    from saigeedged.service.worker import Worker
+
+    config = configmod.load(write_config(tmp_path))
+    jobs = lifecycle(tmp_path)
+    worker = Worker(config, jobs, Containers(config), jobs.places)
+    jobs.add(job())
+    stale = jobs.take("a-1", "a", "/w/a-1/attempt1")
+    assert stale is not None
+    worker.attempt = Attempt.of(stale)
+    jobs.requeue(stale, "engine_lost", SaigeError("ENGINE_LOST", "moved"), fence=Attempt.of(stale))
+    again = jobs.take("a-1", "b", "/w/a-1/attempt2")
+    assert again is not None
+    worker._abandon(stale, RuntimeError("a bug"))
+    assert jobs.store.get("a-1").state == "running"  # type: ignore[union-attr]
+    worker.attempt = Attempt.of(again)
+    worker._abandon(again, RuntimeError("a bug"))
+    ended = jobs.store.get("a-1")
+    assert ended is not None and ended.state == FAILED and ended.error is not None
+    assert ended.error["code"] == "INTERNAL"
