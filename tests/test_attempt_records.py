@@ -243,3 +243,34 @@ def test_a_bug_in_a_stale_attempt_does_not_fail_the_jobs_next_attempt(tmp_path: 
     ended = jobs.store.get("a-1")
     assert ended is not None and ended.state == FAILED and ended.error is not None
     assert ended.error["code"] == "INTERNAL"
+
+
+def test_a_queued_job_cancelled_by_the_cli_gets_its_log_and_journal_event_while_status_files_are_refused(
+        tmp_path: Path) -> None:
+    """`saigeedged cancel` of a queued job (the operator's shell has no journal) while the outbox refuses status files:
+    the daemon's catch-up still moves its log to the outbox and says job.cancelled, without waiting for the status
+    folder; the status file follows once the folder takes files again."""
+    import structlog
+
+    jobs = lifecycle(tmp_path)
+    jobs.add(job())
+    ran = jobs.take("a-1", "local", "/w/a-1/attempt1")
+    assert ran is not None
+    jobs.places.local_log("a-1").parent.mkdir(parents=True, exist_ok=True)
+    jobs.places.local_log("a-1").write_text("attempt 1's output\n")
+    jobs.requeue(ran, "engine_lost", SaigeError("ENGINE_LOST", "moved"), fence=Attempt.of(ran))
+    status = tmp_path / "outbox" / "status"
+    status.rename(tmp_path / "outbox" / "status.aside")
+    status.write_text("not a folder")  # refuses files even to root, as chmod 000 does to the service user
+    queued = jobs.store.get("a-1")
+    assert queued is not None
+    jobs.end(queued, CANCELLED, SaigeError("CANCELLED", "cancelled while queued"), expect="queued", announce=False)
+    with structlog.testing.capture_logs() as logged:
+        jobs.catch_up()  # the daemon's round
+    assert (tmp_path / "outbox" / "logs" / "a-1.log").read_text() == "attempt 1's output\n"
+    assert [(e["event"], e.get("job_id")) for e in logged if e["event"] == "job.cancelled"] == [("job.cancelled", "a-1")]
+    status.unlink()
+    (tmp_path / "outbox" / "status.aside").rename(status)
+    jobs.catch_up()
+    assert jobs.outbox.read_status("a-1")["state"] == CANCELLED  # type: ignore[index]
+    assert not jobs.behind()

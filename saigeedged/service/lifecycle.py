@@ -149,7 +149,7 @@ class Jobs:
 
     def behind(self) -> bool:
         """Has the outbox refused a file that catch_up() still has to write?"""
-        return bool(self.store.behind("status") or self.store.behind("log"))
+        return bool(self.store.behind("status") or self.store.behind("log") or self.store.behind("event"))
 
     def _write_status(self, job: Job) -> None:
         """The status file; called with the row lock held, so the durable "behind" mark matches the last write."""
@@ -178,23 +178,36 @@ class Jobs:
             self.store.mark_behind(job_id, "status")
 
     def catch_up(self) -> None:
-        """Write the files the outbox refused; stops at the first refusal (the next round goes on from there)."""
-        try:
-            for job_id in self.store.behind("status"):
-                with self._writing:  # the mark is cleared under the lock: a newer refused write would set it again
-                    job = self.store.get(job_id)
-                    if job is not None:
-                        self.outbox.write_status(job)
-                    self.store.mark_behind(job_id, "status", False)
-                log.info("status.caught_up", job_id=job_id)
-            for job_id in self.store.behind("log"):
-                job = self.store.get(job_id)
-                if job is not None and job.state in TERMINAL:  # a retried job writes its log anew
-                    self.outbox.move_log(self.places.local_log(job_id), job_id)
-                self.store.mark_behind(job_id, "log", False)
-                log.info("log.caught_up", job_id=job_id)
-        except SaigeError:
-            pass  # still refused: the next round tries again
+        """Write the files the outbox refused, and announce the ends a command made (`saigeedged cancel` of a queued
+        job: the operator's shell has no journal). Each kind stops at its first refusal (the next round goes on from
+        there) without holding up the others: a status folder that refuses files never keeps a log from the outbox."""
+        for kind, one in (("status", self._status_again), ("log", self._log_again), ("event", self._announce)):
+            try:
+                for job_id in self.store.behind(kind):
+                    one(job_id)
+                    log.info(f"{kind}.caught_up", job_id=job_id)
+            except SaigeError:
+                pass  # still refused: the next round tries again
+
+    def _status_again(self, job_id: str) -> None:
+        with self._writing:  # the mark is cleared under the lock: a newer refused write would set it again
+            job = self.store.get(job_id)
+            if job is not None:
+                self.outbox.write_status(job)
+            self.store.mark_behind(job_id, "status", False)
+
+    def _log_again(self, job_id: str) -> None:
+        job = self.store.get(job_id)
+        if job is not None and job.state in TERMINAL:  # a retried job writes its log anew
+            self.outbox.move_log(self.places.local_log(job_id), job_id)
+        self.store.mark_behind(job_id, "log", False)
+
+    def _announce(self, job_id: str) -> None:
+        job = self.store.get(job_id)
+        if job is not None and job.state in TERMINAL:
+            said = str(job.error["message"]).splitlines()[0] if job.error and job.error.get("message") else None
+            event(ENDED[job.state], job, "info" if job.state == SUCCEEDED else "warning", message=said)
+        self.store.mark_behind(job_id, "event", False)
 
     def requeue(self, job: Job, reason: str, error: SaigeError | None = None, spend_attempt: bool = True,
                 fence: Attempt | None = None) -> None:
@@ -272,4 +285,6 @@ class Jobs:
         if announce:
             event(ENDED[state], job, "info" if state == SUCCEEDED else "warning",
                   message=error.message.splitlines()[0] if error else None)
+        else:  # a command's end (not the daemon's): the daemon's next round says it in the journal
+            self.store.mark_behind(job.job_id, "event")
         self.save(job, expect=state if fence else None, fence=fence)  # still this attempt's end (a retry may follow)
