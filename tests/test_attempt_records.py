@@ -184,6 +184,13 @@ def test_decision_table(code: str, reason: str | None, retryable: bool, attempt:
     assert decide(code, reason, retryable, False, attempt, 3, started) == expected
 
 
+def test_a_full_state_dir_is_waited_out_never_the_jobs_failure() -> None:
+    """An attempt that found state_dir full goes back to the queue unspent, or stays running where a step runs on,
+    whatever its attempt number."""
+    assert decide("INTERNAL", None, False, False, 3, 3, False, full=True) == Decision(REQUEUE, "state_full", spend=False)
+    assert decide("INTERNAL", None, False, False, 3, 3, True, full=True) == Decision(HOLD)
+
+
 def test_an_exhausted_retryable_error_ends_the_job() -> None:
     """A retryable error that says it is exhausted (publish patience spent) ends the job failed at any attempt."""
     assert decide("PUBLISH_FAILED", None, True, True, 1, 3, False) == Decision(END, FAILED)

@@ -146,3 +146,23 @@ def test_the_job_log_on_a_full_state_dir_drops_and_counts_never_fails(small_fs: 
     lost = int(tail.split(" bytes of output lost: state_dir was full]\n")[0])
     assert head.startswith("before\n") and head.count("x") + lost == 100_000 and lost > 0
     assert tail.endswith("state_dir was full]\nafter\n")
+
+
+def test_a_worker_waits_for_room_on_disk_before_its_job_goes_on(small_fs: Path) -> None:
+    """A job whose host steps found state_dir full waits until a file fits there again (said once, then polled),
+    instead of being failed or requeued in a loop."""
+    import threading
+
+    from saigeedged.service.room import ROOM_POLL_S, Waiting, wait_for_disk
+
+    stop = threading.Event()
+    big = fill(small_fs)
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (wait_for_disk(small_fs, Waiting(stop), "calibration"), done.set()),
+                              daemon=True)
+    waiter.start()
+    assert not done.wait(ROOM_POLL_S / 2)  # no room: still waiting
+    big.unlink()
+    assert done.wait(ROOM_POLL_S * 4)
+    stop.set()
+    waiter.join(10)

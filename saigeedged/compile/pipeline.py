@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from saigeedged.compile import backends, bundle, inputs, prepare, report, reuse,
 from saigeedged.compile.backends import Context, cubie
 from saigeedged.compile.inputs import PathPolicy, Prepared
 from saigeedged.errors import SaigeError
+from saigeedged.jobs import Superseded
 from saigeedged.manifest import Entry
 
 if TYPE_CHECKING:
@@ -140,13 +142,18 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
         job.log.end(f"failed {exc.code}")
         exc.fields.setdefault("step", step.current)
         raise
+    except Superseded:
+        raise  # the attempt is over: nothing of it is written, not even its failure
     except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno in FULL:  # state_dir full: the job waits for room, not its fault
+            raise SaigeError("INTERNAL", f"state_dir is full: {exc}", step=step.current, state_full=True) from exc
         job.log.end("failed INTERNAL")
         raise SaigeError("INTERNAL", f"{type(exc).__name__}: {exc}", step=step.current) from exc
     return Result(dest, prep.onnx_sha256, len(prep.chosen), art.report, measured)
 
 
 ACCURACY_MEMBER = "accuracy.json"
+FULL = (errno.ENOSPC, errno.EDQUOT)  # a full state_dir (work dir, job log): waited out, never the job's failure
 
 
 def _judged(job: Job, prep: Prepared, art: backends.Artifact, ctx: Context) -> dict[str, Any] | None:

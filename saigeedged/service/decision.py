@@ -25,9 +25,12 @@ class Decision:
 
 
 def decide(code: str, reason: str | None, retryable: bool, exhausted: bool, attempt: int, max_attempts: int,
-           started: bool) -> Decision:
+           started: bool, full: bool = False) -> Decision:
     """The settlement of an attempt that raised error `code` (`reason`: a cancel's, "stop" or "cancel"); `started`:
-    its record says a container step may be running."""
+    its record says a container step may be running; `full`: state_dir had no room for it (waited out: the attempt
+    goes back to the queue unspent, or stays running where a step runs on)."""
+    if full:
+        return Decision(HOLD) if started else Decision(REQUEUE, "state_full", spend=False)
     if code == "CANCELLED" and reason == "stop":  # the operator's, not the job's fault
         if started:
             return Decision(DETACH)

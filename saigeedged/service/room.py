@@ -5,9 +5,12 @@ its job; the main loop never waits (its rounds try again), so the watchdog pings
 from __future__ import annotations
 
 import errno
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import structlog
@@ -17,6 +20,7 @@ from saigeedged.adapters.store import StoreFull
 
 log = structlog.get_logger()
 T = TypeVar("T")
+PROBE_BYTES = 1 << 20  # a write this large must fit before a job that found state_dir full goes on
 ROOM_POLL_S = 5.0  # how often a write or the start-up is tried again while state_dir is full
 STATUS = "state_dir full: waiting for space"
 HINT = "free space in state_dir (`df` on it; old work dirs and logs are safe to remove once their jobs ended)"
@@ -48,6 +52,23 @@ def start_degraded(attempt: Callable[[], T], stop: threading.Event, notifier: No
             notifier.watchdog(clock())
             if stop.wait(min(notifier.interval or ROOM_POLL_S, max(0.0, deadline - clock()))):
                 return None
+
+
+def wait_for_disk(folder: Path, wait: Callable[[StoreFull], bool] | None, why: str) -> None:
+    """Return once `folder` takes a file again (a worker's host steps, its job log), waiting with `wait` (the daemon's
+    Waiting: said once, STATUS=) between tries; at once when there is no `wait` or it says stop."""
+    while True:
+        try:
+            with tempfile.TemporaryFile(dir=folder) as probe:
+                probe.write(b"\0" * PROBE_BYTES)
+                probe.flush()
+                os.fsync(probe.fileno())
+            return
+        except OSError as exc:
+            if not full(exc):
+                return  # not a full disk: not for this wait (the next write says what it is)
+        if wait is None or not wait(StoreFull(f"{why} ({folder})")):
+            return
 
 
 class Waiting:

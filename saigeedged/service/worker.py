@@ -12,7 +12,7 @@ from typing import Protocol
 import structlog
 
 from saigeedged import jobid
-from saigeedged.adapters.docker import Container, Containers
+from saigeedged.adapters.docker import Containers
 from saigeedged.adapters.events import event
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.compile import ahead, pipeline
@@ -31,6 +31,7 @@ from saigeedged.jobs import (
     entry_from_doc,
     remaining_s,
 )
+from saigeedged.service import room
 from saigeedged.service.attempt import Facts
 from saigeedged.service.decision import DETACH, END, HOLD, decide
 from saigeedged.service.lifecycle import Jobs, Places
@@ -166,11 +167,18 @@ class Worker(threading.Thread):
         attempt = self.attempt
         assert attempt is not None
         prepared = self.ahead.take(job, lambda: self._reason) if self.ahead and not resumed else None  # made in `work`
-        work = fresh_work_dir(self.config.work_root, job) if prepared is None and not resumed else \
-            work_dir(self.config.work_root, job)
-        self.work = work
+        fresh = prepared is None and not resumed
+        work = self.work = attempt_dir(self.config.work_root, job) if fresh else work_dir(self.config.work_root, job)
         try:
-            joblog = JobLog(self.places.local_log(job.job_id), lambda: self.jobs.still_current(attempt))
+            try:
+                if fresh:
+                    fresh_work_dir(self.config.work_root, job)
+                joblog = JobLog(self.places.local_log(job.job_id), lambda: self.jobs.still_current(attempt))
+            except OSError as exc:  # state_dir full (waited out), else a bug for the run loop's guard
+                if not room.full(exc):
+                    raise
+                self._settle(job, SaigeError("INTERNAL", f"state_dir is full: {exc}", state_full=True))
+                return
             try:
                 joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'saigeedged'}"
                             + (f", re-attached in step {job.step}" if resumed else ""))
@@ -230,8 +238,12 @@ class Worker(threading.Thread):
         """Settle an attempt that did not succeed as decision.decide says; every write is fenced by the job's attempt
         (Superseded when the store names another one)."""
         fence = Attempt.of(job)
+        full = bool(exc.fields.get("state_full"))
         done = decide(exc.code, exc.fields.get("reason"), exc.retryable, bool(exc.fields.get("exhausted")),
-                      job.attempt, self.config.limits.max_attempts, self.facts.step_may_run(job))
+                      job.attempt, self.config.limits.max_attempts, self.facts.step_may_run(job), full)
+        if full:  # not the job's fault: it goes on (or back to the queue) once state_dir has room again
+            self.kept = True
+            room.wait_for_disk(self.config.work_root, self.jobs.store.wait_for_room, exc.message)
         if exc.code == "DOCKER_UNAVAILABLE":
             self.slot.on_lost(exc.message)
             self.kept = True  # whatever may still run there is the monitor's to reap
@@ -251,7 +263,7 @@ class Worker(threading.Thread):
             self.jobs.end(job, done.reason, exc, fence=fence)
             return
         if done.recreate:
-            self._recreate(job)
+            self.containers.container(job.target).recreate()  # it died under the job: made afresh
         self.jobs.requeue(job, done.reason, None if done.reason == "stop" else exc, spend_attempt=done.spend,
                           fence=fence)
 
@@ -333,7 +345,3 @@ class Worker(threading.Thread):
                               fence=self.attempt)
         except Exception as again:  # the store or the outbox itself is broken: leave the row for the next start
             log.error("job.internal_error", job_id=job.job_id, message=f"cannot settle: {again}")
-
-    def _recreate(self, job: Job) -> None:
-        container: Container = self.containers.container(job.target)
-        container.recreate()
