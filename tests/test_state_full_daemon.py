@@ -53,8 +53,9 @@ def test_a_start_on_a_full_state_dir_is_degraded_never_an_exit(daemon: Any, det_
     d.expect("WATCHDOG=1", 10, after=seen)
     assert d.stop() == 0
     assert "corrupt" not in d.stderr()[said:] and [e for e in d.events("state.full")]
+    seen = len(d.messages)
     d.start()
-    d.expect("state_dir full: waiting for space", 10, after=len(d.messages) - 1)
+    d.expect("state_dir full: waiting for space", 10, after=seen)
     big.unlink()
     drop(d.inbox, "again", det_inputs["onnx"], det_inputs["manifest"])
     assert d.wait_job("again", timeout=120)["state"] == "succeeded"
