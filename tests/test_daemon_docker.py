@@ -96,6 +96,10 @@ def reattached(d: Any, sig: signal.Signals, docker_client: Any, tmp_path: Path, 
     log = (d.outbox / done["log"]).read_text()
     assert log.count("===== [8/11] quantize") == 2 and "re-attached in step quantize" in log
     assert log.count("----- quantize: ok") == 1
+    steps = [e["step"] for e in d.events("job.step") if e["job_id"] == first["job_id"]]  # both daemons' events
+    assert steps == ["validate", "surgery", "calibration", "import", "inputmeta", "postprocess", "patch", "quantize",
+                     "export", "bundle", "publish"], steps  # the steps gone through again after it are no new ones
+    assert [(e["step"], e["index"]) for e in d.events("job.reattached")] == [("quantize", 8)]
 
 
 def test_sigkill_mid_step_reattaches_on_restart(cubie_daemon: Any, docker_client: Any, tmp_path: Path,

@@ -173,7 +173,7 @@ class Worker(threading.Thread):
         host = ahead.Ready(prepared, joblog) if prepared else resume.replay(work, joblog) if resumed else None
         try:
             try:
-                self._run(job, work, joblog, host)
+                self._run(job, work, joblog, host, queued.step_index if resumed else 0)
                 joblog.close()
                 self._fenced(lambda: self._succeed(job))
             except SaigeError as exc:
@@ -195,7 +195,7 @@ class Worker(threading.Thread):
         """Go on with a running job's attempt: its step outlived the last daemon or an outage of its engine."""
         self._own(job)
         job.error = None  # the outage it waited through, if any, is over
-        event("job.reattached", job, attempt=job.attempt, engine=job.engine)
+        event("job.reattached", job, attempt=job.attempt, engine=job.engine, index=job.step_index, count=job.step_count)
         self.on_change()
         return job
 
@@ -214,15 +214,21 @@ class Worker(threading.Thread):
         end_attempt(job, jobid.iso(jobid.utc_now()), None)
         self.jobs.end(job, SUCCEEDED, fence=fence)
 
-    def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Replay | None = None) -> None:
+    def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Replay | None = None, replayed: int = 0) -> None:
+        """`replayed`: the index of the step a re-attached attempt was in; the steps up to it are gone through again
+        without a `job.step` event each (the journal had them before the restart, and `job.reattached` says where it
+        goes on), so the journal does not read as if the job started over."""
         entry = entry_from_doc(job.entry)
         rel = Path(job.subdir) / entry.output_name
         policy = PathPolicy((Path(job.claim_dir), self.places.inbox, *self.config.allowed_roots))
+        replaying = [replayed]  # once a step beyond it starts, every step is new (a variant sweep goes back)
 
         def on_step(name: str, index: int, count: int) -> None:
             job.step, job.step_index, job.step_count = name, index, count  # progress names its own step
             self._fenced(lambda: self.jobs.save(job, fence=self.attempt))
-            event("job.step", job, index=index, count=count)
+            if index > replaying[0]:
+                replaying[0] = 0
+                event("job.step", job, index=index, count=count)
             self.on_change()
 
         def on_inputs(facts: dict[str, Any]) -> None:
