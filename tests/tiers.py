@@ -1,5 +1,6 @@
-"""The suite's tiers and how scripts/test runs them: each lane in parallel with the others, the tiers of a lane one
-after another, each tier a pytest run of its own (its output in .test-logs/<tier>.log); then the slowest tests of all.
+"""The suite's tiers and how scripts/test runs them: the linters and each lane in parallel with the others, the tiers
+of a lane one after another, each tier a pytest run of its own (its output in .test-logs/<tier>.log); then the slowest
+tests of all.
 
 A tier is the tests of its markers that no earlier tier took, and the last tier takes the rest, so every test runs in
 exactly one tier. Lanes share no state: the CPU-bound tiers (unit, docker: onnxruntime in the daemons' children) go
@@ -38,6 +39,9 @@ TIERS = (
     Tier("unit", None, ("-n", "4", "--dist", "worksteal")),
 )
 LANES = (("unit", "docker"), ("systemd", "engines"))
+VENV = ROOT / ".venv" / "bin"
+LINTERS = ((str(VENV / "ruff"), "check", "saigeedged", "tests", "bench"), (str(VENV / "mypy"),),
+           (str(VENV / "lint-imports"),))  # the layers of .importlinter: imports go one way
 
 
 def expression(tier: Tier) -> str:
@@ -56,6 +60,17 @@ def run_tier(tier: Tier, results: dict[str, int]) -> None:
     results[tier.name] = code  # 5 (no test collected) fails like any other non-zero exit
     summary = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
     print(f"[{tier.name}] exit {code} in {time.monotonic() - start:.0f} s: {summary[0]}", flush=True)
+
+
+def lint(results: dict[str, int]) -> None:
+    """Every linter, one after another, into .test-logs/lint.log; the first that fails ends it."""
+    with (LOGS / "lint.log").open("w") as out:
+        for argv in LINTERS:
+            code = subprocess.run(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
+            if code:
+                break
+    results["lint"] = code
+    print(f"[lint] exit {code}", flush=True)
 
 
 def run_lane(names: tuple[str, ...], results: dict[str, int]) -> None:
@@ -78,6 +93,7 @@ def main() -> int:
         old.unlink()
     results: dict[str, int] = {}
     lanes = [threading.Thread(target=run_lane, args=(lane, results)) for lane in LANES]
+    lanes.append(threading.Thread(target=lint, args=(results,)))
     for lane in lanes:
         lane.start()
     for lane in lanes:
@@ -89,7 +105,7 @@ def main() -> int:
     print(f"\nslowest {SLOWEST}:")
     for seconds, test in slowest(SLOWEST):
         print(f"{seconds:8.2f}s {test}")
-    return 1 if failed or len(results) != len(TIERS) else 0
+    return 1 if failed or len(results) != len(TIERS) + 1 else 0
 
 
 if __name__ == "__main__":
