@@ -5,6 +5,7 @@ host that compiles only for `host` logs nothing and a restart does not repeat a 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -21,6 +22,7 @@ class MissingImages:
         self.path = state_dir / RECORD
         self.asked = asked
         self.warned = self._load()
+        self._lock = threading.Lock()  # the monitor looks at each engine from a thread of its own
 
     def _load(self) -> set[tuple[str, str, str]]:
         try:
@@ -39,15 +41,17 @@ class MissingImages:
         """Of the (target, image) pairs `engine` lacks, those asked for and not warned about yet; now they are."""
         missing = list(missing)
         asked = self.asked() if missing else set()
-        new = [(t, i) for t, i in missing if t in asked and (engine, t, i) not in self.warned]
-        if new:
-            self.warned |= {(engine, t, i) for t, i in new}
-            self._save()
+        with self._lock:
+            new = [(t, i) for t, i in missing if t in asked and (engine, t, i) not in self.warned]
+            if new:
+                self.warned |= {(engine, t, i) for t, i in new}
+                self._save()
         return new
 
     def forget(self, engine: str, present: Iterable[tuple[str, str]]) -> None:
         """These images are on `engine` now: if one goes missing again, that is worth a warning again."""
-        gone = {(engine, t, i) for t, i in present} & self.warned
-        if gone:
-            self.warned -= gone
-            self._save()
+        with self._lock:
+            gone = {(engine, t, i) for t, i in present} & self.warned
+            if gone:
+                self.warned -= gone
+                self._save()
