@@ -27,12 +27,12 @@ from factory import random_labels, valjson
 from harness import drop_detector, job_named, read_status, remove_containers, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent / "systemdbox"))
-from box import ROOT, Box, image, package  # noqa: E402
+from box import ROOT, UPGRADE, Box, image, package  # noqa: E402
 
 pytestmark = [pytest.mark.systemd, pytest.mark.docker, pytest.mark.timeout(2400)]
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-NEWER = f"{VERSION}+test2"
+NEWER = f"{VERSION}{UPGRADE}"
 CONFIG = "/etc/saigeedged/saigeedged.yml"
 DB = "/var/lib/saigeedged/saigeedged.db"
 

@@ -4,7 +4,9 @@ tests of all.
 
 A tier is the tests of its markers that no earlier tier took, and the last tier takes the rest, so every test runs in
 exactly one tier. Lanes share no state: the CPU-bound tiers (unit, docker: onnxruntime in the daemons' children) go
-in one lane, the tiers that mostly wait on their own boxes and engines (systemd, engines) in another.
+one after the other in one lane; the tiers that mostly wait on their own boxes (systemd: bootstrap, package builds,
+apt in the box) and engines (extra dockerds) each have a lane of their own. A tier of tests that mostly wait on their
+own cluster (slurm) would get one too.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ TIERS = (
     Tier("docker", "docker or journald", ("-n", "3", "--dist", "worksteal")),
     Tier("unit", None, ("-n", "4", "--dist", "worksteal")),
 )
-LANES = (("unit", "docker"), ("systemd", "engines"))
+LANES = (("unit", "docker"), ("systemd",), ("engines",))
 VENV = ROOT / ".venv" / "bin"
 LINTERS = ((str(VENV / "ruff"), "check", "saigeedged", "tests", "bench"), (str(VENV / "mypy"),),
            (str(VENV / "lint-imports"),))  # the layers of .importlinter: imports go one way

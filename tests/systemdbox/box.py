@@ -41,6 +41,9 @@ def missing_caps() -> list[str]:
     return [name for bit, name in enumerate(CAPS) if not bounding >> bit & 1]
 
 
+UPGRADE = "+test2"  # test_package's newer build is <version>+test2 (tests/systemdbox/prebuild builds it ahead too)
+
+
 @functools.cache
 def package(version: str | None = None) -> Path:
     """scripts/package's .deb of this worktree (with a version override, if given): built once for this commit and
