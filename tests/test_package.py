@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from conftest import STANDIN_ACUITY, STANDIN_MOBILINT
 from factory import random_labels, valjson
-from harness import drop_detector, job_named, read_status, remove_containers, wait_for
+from harness import container_output, drop_detector, job_named, read_status, remove_containers, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent / "systemdbox"))
 from box import ROOT, UPGRADE, Box, image, package  # noqa: E402
@@ -262,7 +262,7 @@ def test_upgrade_from_the_previous_schema_during_a_cubie_step_keeps_attempt_1(ho
     running = host.job(name, ("running",), steps=("quantize",))
 
     def calls(what: str) -> list[str]:
-        out = docker_client.containers.get(host.container).exec_run(["cat", "/tmp/standin-calls.log"]).output.decode()
+        out = container_output(docker_client.containers.get(host.container), ["cat", "/tmp/standin-calls.log"])
         return [line for line in out.splitlines() if running["job_id"] in line and what in line]
 
     wait_for(lambda: calls(" quantize "), 30, "the stand-in's quantize step")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import STANDIN_ACUITY, STANDIN_MOBILINT
 from factory import random_labels, valjson
-from harness import drop_detector, job_named, read_status, remove_containers, wait_for
+from harness import container_output, drop_detector, job_named, read_status, remove_containers, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent / "systemdbox"))
 from box import Box, image, package  # noqa: E402
@@ -143,7 +143,7 @@ def test_restart_mid_step_reattaches_and_runs_the_step_once(host: Host, docker_c
     ctr = docker_client.containers.get(host.container)
 
     def step_running() -> bool:
-        return "pegasus.py quantize" in ctr.exec_run(["ps", "-o", "args"]).output.decode()
+        return "pegasus.py quantize" in container_output(ctr, ["ps", "-o", "args"])
 
     wait_for(step_running, 10, "the stand-in's quantize step")
     host.box.sh("systemctl restart saigeedged")
@@ -151,7 +151,7 @@ def test_restart_mid_step_reattaches_and_runs_the_step_once(host: Host, docker_c
     assert killed == [], killed
     done = host.job("slowstop")
     assert done["state"] == "succeeded" and done["attempt"] == 1, done
-    record = ctr.exec_run(["cat", "/tmp/standin-calls.log"]).output.decode().splitlines()
+    record = container_output(ctr, ["cat", "/tmp/standin-calls.log"]).splitlines()
     assert len([line for line in record if job["job_id"] in line and "pegasus.py quantize" in line]) == 1, record
     assert len(list((host.outbox / "status").glob("slowstop-*.json"))) == 1
     assert len(list(host.outbox.glob("slowstop*.saigeedge"))) == 1
