@@ -216,3 +216,25 @@ def remove_containers(client: Any, *names: str) -> None:
             client.containers.get(name).remove(force=True)
         except Exception:  # not there: nothing to remove
             continue
+
+
+LOST_OUTPUT_TRIES = 5
+
+
+def answered(ask: Callable[[], tuple[int, str]]) -> tuple[int, str]:
+    """(exit code, output) of an exec that prints when it succeeds, asked again when the engine hands back exit 0 with
+    no output: a busy engine sometimes loses a short exec's output (docker-py #2042, moby #27289)."""
+    for _ in range(LOST_OUTPUT_TRIES):
+        code, out = ask()
+        if out or code != 0:
+            break
+    return code, out
+
+
+def container_output(ctr: Any, argv: list[str]) -> str:
+    """The output of `argv` in a container (e.g. `ps`, or `cat` of a record): never empty when it succeeds."""
+    def ask() -> tuple[int, str]:
+        result = ctr.exec_run(argv)
+        return int(result.exit_code), str(result.output.decode())
+
+    return answered(ask)[1]

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import IMAGES
 from factory import manifest, yolox
-from harness import drop, wait_for
+from harness import container_output, drop, wait_for
 
 from saigeedged import config as configmod
 from saigeedged.cli import main as cli
@@ -37,7 +37,7 @@ def cache_daemon(daemon: Any, docker_config: Path, fresh_acuity: str) -> Any:
 def calls(docker_client: Any, d: Any, what: str) -> list[str]:
     """The stand-in's record of its calls in the daemon's container, those containing `what`."""
     name = yaml.safe_load(d.config.read_text())["cubie"]["container"]
-    out = docker_client.containers.get(name).exec_run(["cat", "/tmp/standin-calls.log"]).output.decode()
+    out = container_output(docker_client.containers.get(name), ["cat", "/tmp/standin-calls.log"])
     return [line for line in out.splitlines() if what in line]
 
 

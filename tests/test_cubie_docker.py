@@ -10,6 +10,7 @@ import pytest
 import yaml
 from conftest import STANDIN_ACUITY
 from factory import manifest, random_labels, valjson, yolox
+from harness import container_output
 
 from saigeedged import config as configmod
 from saigeedged.cli import main as cli
@@ -97,7 +98,7 @@ def test_hung_step_times_out_and_leaves_nothing_running(tmp_path: Path, docker_c
     config.write_text(yaml.safe_dump(data))
     assert compile_(setup_det(tmp_path, "hang"), config) == 1
     assert "FAIL  hang: TIMEOUT" in capsys.readouterr().out
-    procs = container(docker_client, config).exec_run(["ps", "-o", "stat,args"]).output.decode()
+    procs = container_output(container(docker_client, config), ["ps", "-o", "stat,args"])
     assert "sleep 100000" not in procs
     assert not [line for line in procs.splitlines() if line.split()[0] == "Z"], procs  # killed steps leave no zombies
 

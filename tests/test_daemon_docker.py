@@ -13,7 +13,7 @@ import pytest
 import yaml
 from engineproxy import EngineProxy
 from factory import classifier, manifest, yolox
-from harness import drop, wait_for
+from harness import container_output, drop, wait_for
 
 from saigeedged.cli import client
 from saigeedged.cli import main as cli
@@ -37,7 +37,7 @@ def cubie_daemon(daemon: Any, docker_config: Path) -> Any:
 
 def procs(docker_client: Any, d: Any) -> str:
     name = yaml.safe_load(d.config.read_text())["cubie"]["container"]
-    return str(docker_client.containers.get(name).exec_run(["ps", "-o", "args"]).output.decode())
+    return container_output(docker_client.containers.get(name), ["ps", "-o", "args"])
 
 
 def named_model(tmp_path: Path, name: str) -> Path:
@@ -76,7 +76,7 @@ def test_cubie_drop_and_failure_modes_keep_the_daemon_going(cubie_daemon: Any, d
 def calls(docker_client: Any, d: Any, verb: str) -> list[str]:
     """The stand-in pegasus calls of `verb` recorded in the daemon's cubie container (cwd, argv)."""
     name = yaml.safe_load(d.config.read_text())["cubie"]["container"]
-    out = docker_client.containers.get(name).exec_run(["cat", "/tmp/standin-calls.log"]).output.decode()
+    out = container_output(docker_client.containers.get(name), ["cat", "/tmp/standin-calls.log"])
     return [line for line in out.splitlines() if f"pegasus.py {verb}" in line]
 
 
@@ -96,6 +96,10 @@ def reattached(d: Any, sig: signal.Signals, docker_client: Any, tmp_path: Path, 
     log = (d.outbox / done["log"]).read_text()
     assert log.count("===== [8/11] quantize") == 2 and "re-attached in step quantize" in log
     assert log.count("----- quantize: ok") == 1
+    steps = [e["step"] for e in d.events("job.step") if e["job_id"] == first["job_id"]]  # both daemons' events
+    assert steps == ["validate", "surgery", "calibration", "import", "inputmeta", "postprocess", "patch", "quantize",
+                     "export", "bundle", "publish"], steps  # the steps gone through again after it are no new ones
+    assert [(e["step"], e["index"]) for e in d.events("job.reattached")] == [("quantize", 8)]
 
 
 def test_sigkill_mid_step_reattaches_on_restart(cubie_daemon: Any, docker_client: Any, tmp_path: Path,

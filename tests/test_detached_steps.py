@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import wait_for
+from harness import container_output, wait_for
 
 from saigeedged import config as configmod
 from saigeedged.adapters.docker import Containers
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.docker
 
 def _count(container: Containers, target: str, marker: str) -> int:
     ctr = container.api().containers.get(container.container(target).spec.name)
-    return str(ctr.exec_run(["ps", "-o", "args"]).output.decode()).count(marker)
+    return container_output(ctr, ["ps", "-o", "args"]).count(marker)
 
 
 def test_a_second_daemon_reattaches_to_a_running_step_and_gets_only_new_output(docker_config: Path) -> None:

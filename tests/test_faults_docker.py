@@ -34,14 +34,15 @@ def test_an_engine_that_does_not_answer_holds_jobs_and_keeps_the_worker(cubie_da
     drop(d.inbox, "first", det_inputs["onnx"], det_inputs["manifest"])
     assert d.wait_job("first")["state"] == "succeeded"  # the daemon's engine client exists
     proxy.hang()
-    drop(d.inbox, "busy", det_inputs["onnx"], det_inputs["manifest"])
-    job = d.wait_job("busy", ("queued",))
     down = wait_for(lambda: d.events("engine.down"), 30, "the engine marked down")
     assert down[0]["engine"] == "local" and down[0]["error_code"] == "DOCKER_UNAVAILABLE"
-    assert d.status(job["job_id"])["state"] == "queued"  # waits: nothing can compile it now
+    # dropped once it is down (dropped before, a loaded machine may claim and start it while the pings still wait)
+    drop(d.inbox, "busy", det_inputs["onnx"], det_inputs["manifest"])
+    job = d.wait_job("busy", ("queued",))
     d.expect("Docker engine unreachable", 10)
     drop(d.inbox, "onhost", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
     assert d.wait_job("onhost")["state"] == "succeeded"  # the worker thread outlived the pings that timed out
+    assert d.status(job["job_id"])["state"] == "queued"  # passed over, ahead of the host job: nothing can compile it
     proxy.resume()
     done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=90)
     assert (done["state"], done["attempt"]) == ("succeeded", 1)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from factory import yolox
 from harness import drop, wait_for
 
 from saigeedged.adapters.journal import journal_field, journal_fields, journal_unreachable
@@ -123,3 +126,26 @@ def test_check_warns_when_journald_does_not_listen(setup: str, error: str, confi
     run = with_dead_journal(setup, sys.executable, "-m", "saigeedged", "check", "-c", str(config_path))
     line = next(x for x in run.stdout.splitlines() if x.split()[1] == "journald")
     assert line.split()[0] == "warn" and error in line and "events go to stderr" in line, run.stdout
+
+
+@pytest.mark.docker
+def test_a_reattach_reads_as_one_in_the_journal(daemon: Any, docker_config: Path, tmp_path: Path,
+                                                det_inputs: dict[str, Any]) -> None:
+    """A restart during a cubie quantize: journald has one `job.reattached` in quantize and each step's `job.step` once,
+    so the steps the new daemon goes through again do not read as a job started over."""
+    settings = yaml.safe_load(docker_config.read_text())
+    d = daemon(log={"format": "journal"}, cubie=settings["cubie"], mobilint=settings["mobilint"],
+               limits=settings["limits"], defaults={"target": "cubie"})
+    drop(d.inbox, "jreattach_sleep6", yolox(tmp_path / "j.onnx", size=(64, 64), seed=7), det_inputs["manifest"])
+    job_id = d.wait_job("jreattach_sleep6", ("running",))["job_id"]
+    d.wait_state(job_id, ("running",), step="quantize")
+    d.signal(signal.SIGTERM)  # the stand-in's quantize of a "sleep6" model takes 6 s: it runs on without the daemon
+    assert d.proc is not None and d.proc.wait(30) == 0
+    d.start()
+    entries = wait_for(lambda: (e := journal(SAIGEEDGE_JOB_ID=job_id)) and e[-1].get("SAIGEEDGE_EVENT") == "job.succeeded"
+                       and e, 60, "the job's end in the journal")
+    steps = [e["SAIGEEDGE_STEP"] for e in entries if e["SAIGEEDGE_EVENT"] == "job.step"]
+    assert steps == ["validate", "surgery", "calibration", "import", "inputmeta", "postprocess", "patch", "quantize",
+                     "export", "bundle", "publish"], steps
+    reattached = [e for e in entries if e["SAIGEEDGE_EVENT"] == "job.reattached"]
+    assert [(e["SAIGEEDGE_STEP"], e["SAIGEEDGE_INDEX"]) for e in reattached] == [("quantize", "8")], reattached

@@ -21,7 +21,7 @@ import docker
 import pytest
 import yaml
 from conftest import STANDIN_MOBILINT
-from harness import Daemon, drop, wait_for
+from harness import Daemon, container_output, drop, wait_for
 
 from saigeedged.cli import main as cli
 
@@ -100,7 +100,7 @@ def quantized(lines: list[str]) -> Counter[str]:
 def procs(client: Any, container: str) -> str:
     """The command lines running in `container`, or "" when it is not running."""
     try:
-        return str(client.containers.get(container).exec_run(["ps", "-o", "args"]).output.decode())
+        return container_output(client.containers.get(container), ["ps", "-o", "args"])
     except docker.errors.APIError:
         return ""
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import STANDIN_ACUITY, STANDIN_MOBILINT
 from factory import random_labels, valjson
-from harness import drop_detector, job_named, read_status, remove_containers, wait_for
+from harness import container_output, drop_detector, job_named, read_status, remove_containers, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent / "systemdbox"))
 from box import Box, image, package  # noqa: E402
@@ -136,13 +136,14 @@ def test_reload_and_hup_to_every_process_keep_a_host_job(host: Host) -> None:
 
 def test_restart_mid_step_reattaches_and_runs_the_step_once(host: Host, docker_client: Any) -> None:
     """`systemctl restart` during a cubie quantize: nothing is SIGKILLed, the step runs on in its container (SPEC §15),
-    the new daemon re-attaches, and the job succeeds in attempt 1 with quantize run once, one status file, one bundle."""
+    the new daemon re-attaches, and the job succeeds in attempt 1 with quantize run once, one status file, one bundle;
+    the unit's journal tells each step once."""
     host.drop("slowstop", target="cubie")
     job = host.job("slowstop", ("running",), steps=("quantize",))
     ctr = docker_client.containers.get(host.container)
 
     def step_running() -> bool:
-        return "pegasus.py quantize" in ctr.exec_run(["ps", "-o", "args"]).output.decode()
+        return "pegasus.py quantize" in container_output(ctr, ["ps", "-o", "args"])
 
     wait_for(step_running, 10, "the stand-in's quantize step")
     host.box.sh("systemctl restart saigeedged")
@@ -150,13 +151,16 @@ def test_restart_mid_step_reattaches_and_runs_the_step_once(host: Host, docker_c
     assert killed == [], killed
     done = host.job("slowstop")
     assert done["state"] == "succeeded" and done["attempt"] == 1, done
-    record = ctr.exec_run(["cat", "/tmp/standin-calls.log"]).output.decode().splitlines()
+    record = container_output(ctr, ["cat", "/tmp/standin-calls.log"]).splitlines()
     assert len([line for line in record if job["job_id"] in line and "pegasus.py quantize" in line]) == 1, record
     assert len(list((host.outbox / "status").glob("slowstop-*.json"))) == 1
     assert len(list(host.outbox.glob("slowstop*.saigeedge"))) == 1
-    events = [e["SAIGEEDGE_EVENT"] for e in host.box.journal(f"SAIGEEDGE_JOB_ID={job['job_id']}")]
+    entries = host.box.journal(f"SAIGEEDGE_JOB_ID={job['job_id']}")
+    events = [e["SAIGEEDGE_EVENT"] for e in entries]
     assert "job.detached" in events and "job.reattached" in events and "job.requeued" not in events, events
     assert events[-1] == "job.succeeded", events
+    steps = [e["SAIGEEDGE_STEP"] for e in entries if e["SAIGEEDGE_EVENT"] == "job.step"]  # `journalctl -u saigeedged`
+    assert steps.count("quantize") == 1 and steps.count("validate") == 1, steps  # a re-attach is not a new start
 
 
 def test_watchdog_restarts_a_frozen_daemon_and_the_job_resumes(host: Host) -> None:

@@ -12,7 +12,7 @@ import yaml
 from conftest import write_config
 from engineproxy import EngineProxy
 from factory import classifier
-from harness import drop, wait_for
+from harness import answered, container_output, drop, wait_for
 from test_daemon_docker import cubie_daemon, in_quantize, procs  # noqa: F401 (cubie_daemon is a fixture)
 from test_faults_docker import died_at_the_limit_on_a_hung_engine
 
@@ -28,7 +28,7 @@ from saigeedged.service.slot import fresh_work_dir, remove_work, work_dir
 def mobilint_procs(docker_client: Any, d: Any) -> str:
     name = yaml.safe_load(d.config.read_text())["mobilint"]["container"]
     try:
-        return str(docker_client.containers.get(name).exec_run(["ps", "-o", "args"]).output.decode())
+        return container_output(docker_client.containers.get(name), ["ps", "-o", "args"])
     except Exception:  # not created yet
         return ""
 
@@ -140,5 +140,5 @@ def test_the_local_container_sees_the_next_job_after_a_legacy_attempt_ended(dock
     remove_work(work_dir(config.work_root, job(1)))  # what the worker does when that legacy attempt ends
     (config.work_root / "next").mkdir(parents=True)
     (config.work_root / "next" / "f").write_text("x")
-    code, out = container.probe(f"test -f {config.work_root}/next/f && echo seen")
+    code, out = answered(lambda: container.probe(f"test -f {config.work_root}/next/f && echo seen"))
     assert "seen" in out, (code, out)

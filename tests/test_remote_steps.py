@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import container_output
 from test_docker_seam import remote  # noqa: F401  (the fixture)
 
 from saigeedged.adapters.docker import Engine
@@ -67,7 +68,7 @@ def test_remote_step_stopped_mid_run_is_cancelled_and_killed(remote: tuple[Engin
         container.run_step(["sh", "-c", f"echo started; {marker}"], work, 60, stop_when_running)
     assert err.value.code == "CANCELLED"
     ctr = engine_hosts["tls"].client().containers.get(container.spec.name)
-    assert marker not in ctr.exec_run(["ps", "-o", "args"]).output.decode()
+    assert marker not in container_output(ctr, ["ps", "-o", "args"])
 
 
 @pytest.mark.engines

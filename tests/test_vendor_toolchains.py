@@ -15,6 +15,7 @@ import pytest
 import yaml
 from conftest import build_variant
 from factory import classifier, manifest, random_labels, valjson, yolox
+from harness import container_output
 
 from saigeedged import config as configmod
 from saigeedged.cli import main as cli
@@ -91,7 +92,7 @@ def use_image(config: Path, section: str, image: str, **more: Any) -> dict[str, 
 
 def calls(docker_client: Any, container: str, what: str) -> list[str]:
     """The stand-in's record of its calls in that container (cwd, tool, argv), those containing `what`."""
-    out = docker_client.containers.get(container).exec_run(["cat", "/tmp/standin-calls.log"]).output.decode()
+    out = container_output(docker_client.containers.get(container), ["cat", "/tmp/standin-calls.log"])
     return [line for line in out.splitlines() if what in line]
 
 

@@ -10,16 +10,20 @@ from typing import TextIO
 from saigeedged.adapters import journal
 from saigeedged.adapters.docker import MANAGED_LABEL, DockerAPI, Spec, connect
 from saigeedged.adapters.docker.api import ImageNotFound, NotFound
+from saigeedged.adapters.store import Store
 from saigeedged.cli.engineprobe import MOBILINT_PROBE, probe_all, run_probe
 from saigeedged.cli.enginestatus import pool_configured
 from saigeedged.compile import vivsdk
 from saigeedged.compile.backends import cubie, mobilint
-from saigeedged.config import Config
+from saigeedged.config import DEFAULTS, Config
 from saigeedged.engines import DEFAULT
 from saigeedged.errors import SaigeError
+from saigeedged.jobs import QUEUED, RUNNING
 from saigeedged.profiles import TARGET_CANDIDATES
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
+LOAD = {"cubie": "docker load -i ubuntu-npu_v2.0.10.1.tar, then check the tag",
+        "mobilint": "docker load the qb Compiler image Mobilint ships, then check the tag"}
 
 
 class Report:
@@ -47,13 +51,36 @@ def _container(report: Report, api: DockerAPI, spec: Spec) -> None:
            f"{'managed by saigeedged' if managed else 'not created by saigeedged'}")
 
 
-def _image(report: Report, api: DockerAPI, spec: Spec, target: str, missing: tuple[str, str]) -> bool:
+def _waiting(state_dir: Path) -> dict[str, int]:
+    """Queued and running jobs per target (none when there is no queue yet)."""
+    path = state_dir / "saigeedged.db"
+    if not path.exists():
+        return {}
+    store = Store(path, verify=False)  # `check` beside a running daemon: no whole-file read
+    try:
+        counts = [store.count_by_target(QUEUED), store.count_by_target(RUNNING)]
+    finally:
+        store.close()
+    return {t: sum(c.get(t, 0) for c in counts) for t in {*counts[0], *counts[1]}}
+
+
+def _needed(config: Config, target: str, image: str) -> str | None:
+    """Why `target`'s image must be loaded now, or None: the shipped tag of an image yet to be loaded, which no job
+    waits for, leaves the host ready for what it can do (`host`; SPEC §16)."""
+    if image != DEFAULTS[target]["image"]:
+        return "the config names it"
+    jobs = _waiting(config.state_dir).get(target, 0)
+    return f"{jobs} queued or running {target} job{'s' * (jobs > 1)} need it" if jobs else None
+
+
+def _image(report: Report, api: DockerAPI, spec: Spec, target: str, config: Config) -> bool:
     """Report the target's image and, when it is loaded, its container; False when the image is missing."""
     try:
         api.images.get(spec.image)
     except ImageNotFound:
-        level, advice = missing
-        report(level, "image", f"{target} {spec.image} not loaded: {advice}")
+        why = _needed(config, target, spec.image)
+        until = f"until then {target} jobs fail IMAGE_NOT_FOUND; host jobs compile"
+        report(FAIL if why else WARN, "image", f"{target} {spec.image} not loaded: {LOAD[target]} ({why or until})")
         return False
     report(OK, "image", f"{target} {spec.image}")
     _container(report, api, spec)
@@ -63,7 +90,7 @@ def _image(report: Report, api: DockerAPI, spec: Spec, target: str, missing: tup
 def _cubie(report: Report, api: DockerAPI, config: Config) -> None:
     section = config.cubie
     spec = Spec.for_target(config, "cubie")
-    if not _image(report, api, spec, "cubie", (FAIL, "docker load -i ubuntu-npu_v2.0.10.1.tar, then check the tag")):
+    if not _image(report, api, spec, "cubie", config):
         return
     entry = section.pegasus if section.pegasus != "auto" else run_probe(api, spec.image, cubie.PROBE)
     report(OK if entry else FAIL, "pegasus", entry.splitlines()[0] if entry else "no pegasus on PATH nor pegasus.py in the image")
@@ -87,7 +114,7 @@ def _viv_sdk(report: Report, config: Config, configs: list[str], where: str = ""
 
 def _mobilint(report: Report, api: DockerAPI, config: Config) -> None:
     spec = Spec.for_target(config, "mobilint")
-    if not _image(report, api, spec, "mobilint", (WARN, "only needed for target mobilint")):
+    if not _image(report, api, spec, "mobilint", config):
         return
     entry = run_probe(api, spec.image, MOBILINT_PROBE)
     report(OK if entry else FAIL, "qbcompiler", entry.splitlines()[-1] if entry else "no qbcompiler in the image")

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import structlog
 
-from saigeedged.adapters.docker import Engine
+from saigeedged.adapters.docker import Engine, Spec
 from saigeedged.adapters.store import Store
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import Attempt
 from saigeedged.records import AttemptRecord, UnreadableRecord
+from saigeedged.service.missingimages import MissingImages
 from saigeedged.service.slot import remove_work
 
 log = structlog.get_logger()
@@ -54,8 +55,10 @@ class EngineMonitor:
     """One thread per engine; `ready(engine, target)` tells a slot whether it may take a job now."""
 
     def __init__(self, engines: Sequence[Engine], store: Store, lose: Callable[[str, str], None],
-                 on_change: Callable[[], None], clock: Callable[[], float], timeout_s: float) -> None:
+                 on_change: Callable[[], None], clock: Callable[[], float], timeout_s: float,
+                 missing: MissingImages | None = None) -> None:
         self.timeout_s = timeout_s  # limits.engine_timeout_s: no call answered that long = down
+        self.missing = missing  # which missing images are worth a warning (None: every one, at every look)
         self.engines = {e.name: e for e in engines}
         self.store, self.lose, self.on_change, self.clock = store, lose, on_change, clock
         self.health = {e.name: Health() for e in engines}
@@ -173,11 +176,17 @@ class EngineMonitor:
         engine, health = self.engines[name], self.health[name]
         health.images = {target: engine.has_image(target) for target in engine.spec.targets}
         health.since_images = self.clock()
-        missing = [t for t, ok in health.images.items() if not ok]
+        images = {t: Spec.for_target(engine.config, t).image for t in health.images}
+        missing = [(t, images[t]) for t, ok in health.images.items() if not ok]
+        if self.missing is not None:
+            self.missing.forget(name, [(t, images[t]) for t, ok in health.images.items() if ok])
+            missing = self.missing.to_warn(name, missing)
         if missing:
-            log.warning("engine.image_missing", engine=name, targets=",".join(missing),
-                        message=f"engine {name} lacks the image of {', '.join(missing)}: its slot takes no job while "
-                        "another engine has it (`saigeedged check` says which image)")
+            log.warning("engine.image_missing", engine=name, targets=",".join(t for t, _ in missing),
+                        images=",".join(i for _, i in missing),
+                        message=f"engine {name} lacks {', '.join(f'the {t} image {i}' for t, i in missing)}: "
+                        "`docker load` it (`saigeedged check` says how); meanwhile its jobs go to an engine that has "
+                        "it, or fail IMAGE_NOT_FOUND when none has")
 
     def _bring_up(self, name: str, reap: list[AttemptRecord]) -> None:
         """Kill the steps left running there for attempts given up on (their records say so), then take work."""

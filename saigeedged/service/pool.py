@@ -13,8 +13,9 @@ import structlog
 
 from saigeedged.adapters.docker import Containers, Engine
 from saigeedged.config import Config
-from saigeedged.jobs import HOST_ENGINE, Job
+from saigeedged.jobs import HOST_ENGINE, QUEUED, RUNNING, Job
 from saigeedged.service.lifecycle import Jobs, Places
+from saigeedged.service.missingimages import MissingImages
 from saigeedged.service.monitor import EngineMonitor
 from saigeedged.service.slot import Slot, work_dir
 from saigeedged.service.statusline import SlotView, status_line
@@ -37,8 +38,9 @@ class Pool:
         self.engines = [Engine(spec, config, on_event) for spec in self.specs]
         self.wake = threading.Event()
         self.workers: list[Worker] = []
+        missing = MissingImages(config.state_dir, self._asked)
         self.monitor = EngineMonitor(self.engines, jobs.store, self._lose, self._changed, clock,
-                                     config.limits.engine_timeout_s)
+                                     config.limits.engine_timeout_s, missing)
         if len(self.engines) > 1:  # a slot per (engine, target), host jobs their own (SPEC §11)
             for engine in self.engines:
                 for target in engine.spec.targets:
@@ -54,6 +56,11 @@ class Pool:
     def _add(self, engine: Engine, slot: Slot) -> None:
         containers = Containers(self.config, self.on_event, self.on_wait, engine=engine)
         self.workers.append(Worker(self.config, self.jobs, containers, self.places, self.on_change, slot, self.wake))
+
+    def _asked(self) -> set[str]:
+        """The targets asked for now: the config's default and those of the queued and running jobs."""
+        store = self.jobs.store
+        return {self.config.defaults.target, *store.count_by_target(QUEUED), *store.count_by_target(RUNNING)}
 
     def _ready(self, name: str) -> Callable[[str], bool]:
         return lambda target: self.monitor.ready(name, target)

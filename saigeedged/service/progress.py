@@ -18,15 +18,22 @@ class Progress:
     """The pipeline's callbacks for the attempt `attempt` of `job` (whose bundle goes to `rel` in the outbox)."""
 
     def __init__(self, jobs: Jobs, job: Job, attempt: Attempt, rel: Path, on_change: Callable[[], None],
-                 interrupted: Callable[[], str | None], patience_s: float) -> None:
+                 interrupted: Callable[[], str | None], patience_s: float, replayed: int = 0) -> None:
         self.jobs, self.job, self.attempt, self.rel = jobs, job, attempt, rel
         self.on_change, self.interrupted, self.patience_s = on_change, interrupted, patience_s
+        # the index of the step a re-attached attempt was in: the steps up to it are gone through again without a
+        # `job.step` event each (the journal had them before the restart, and `job.reattached` says where it goes
+        # on), so the journal does not read as if the job started over; once a step beyond it starts, every step is
+        # new (a variant sweep goes back)
+        self.replaying = replayed
 
     def step(self, name: str, index: int, count: int) -> None:
         job = self.job
         job.step, job.step_index, job.step_count = name, index, count  # progress names its own step
         self.jobs.save(job, fence=self.attempt)
-        event("job.step", job, index=index, count=count)
+        if index > self.replaying:
+            self.replaying = 0
+            event("job.step", job, index=index, count=count)
         self.on_change()
 
     def inputs(self, facts: dict[str, Any]) -> None:

@@ -183,7 +183,7 @@ class Worker(threading.Thread):
                 joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'saigeedged'}"
                             + (f", re-attached in step {job.step}" if resumed else ""))
                 host = ahead.Ready(prepared, joblog) if prepared else self.facts.replay(job, joblog) if resumed else None
-                self._run(job, work, joblog, host)
+                self._run(job, work, joblog, host, queued.step_index if resumed else 0)
                 joblog.close()
                 self._succeed(job)
             except SaigeError as exc:
@@ -206,7 +206,7 @@ class Worker(threading.Thread):
         """Go on with a running job's attempt: its step outlived the last daemon or an outage of its engine."""
         self._own(job)
         job.error = None  # the outage it waited through, if any, is over
-        event("job.reattached", job, attempt=job.attempt, engine=job.engine)
+        event("job.reattached", job, attempt=job.attempt, engine=job.engine, index=job.step_index, count=job.step_count)
         self.on_change()
         return job
 
@@ -215,14 +215,16 @@ class Worker(threading.Thread):
         end_attempt(job, jobid.iso(jobid.utc_now()), None)
         self.jobs.end(job, SUCCEEDED, fence=fence)
 
-    def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Replay | None = None) -> None:
+    def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Replay | None = None, replayed: int = 0) -> None:
+        """`replayed`: the index of the step a re-attached attempt was in (Progress logs no `job.step` up to it)."""
         entry = entry_from_doc(job.entry)
         rel = Path(job.subdir) / entry.output_name
         policy = PathPolicy((Path(job.claim_dir), self.places.inbox, *self.config.allowed_roots))
 
         limits, attempt = self.config.limits, self.attempt
         assert attempt is not None
-        told = Progress(self.jobs, job, attempt, rel, self.on_change, lambda: self._reason, limits.publish_patience_s)
+        told = Progress(self.jobs, job, attempt, rel, self.on_change, lambda: self._reason, limits.publish_patience_s,
+                        replayed)
         run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, told.step, told.progress, told.inputs,
                            container=self.containers.get, interrupted=lambda: self._reason, host=host,
                            # the job timeout counts the attempt's whole life, re-attaches included

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import shutil
@@ -18,8 +19,11 @@ DOCKER_SOCKET = Path("/var/run/docker.sock")
 
 
 def image() -> str:
-    """The box image's tag: built by ./build on first use, then reused while its inputs are unchanged."""
-    run = subprocess.run([str(HERE / "build")], capture_output=True, text=True, timeout=1200)
+    """The box image's tag: built by ./build on first use, then reused while its inputs are unchanged (test processes
+    that ask together wait for the first one's build instead of bootstrapping it twice)."""
+    with open("/tmp/saigeedged-systemdbox.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        run = subprocess.run([str(HERE / "build")], capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-4000:]
     return run.stdout.strip().splitlines()[-1]
 
@@ -37,10 +41,14 @@ def missing_caps() -> list[str]:
     return [name for bit, name in enumerate(CAPS) if not bounding >> bit & 1]
 
 
+UPGRADE = "+test2"  # test_package's newer build is <version>+test2 (tests/systemdbox/prebuild builds it ahead too)
+
+
 @functools.cache
 def package(version: str | None = None) -> Path:
-    """scripts/package's .deb of this worktree (with a version override, if given), built once per test session."""
-    argv = [str(ROOT / "scripts" / "package"), *(["--version", version] if version else [])]
+    """scripts/package's .deb of this worktree (with a version override, if given): built once for this commit and
+    these files, whichever test process asks first (the others wait for it and reuse it)."""
+    argv = [str(ROOT / "scripts" / "package"), "--if-changed", *(["--version", version] if version else [])]
     run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=2400)
     assert run.returncode == 0, run.stderr[-4000:]
     return ROOT / run.stdout.strip().splitlines()[-1]
