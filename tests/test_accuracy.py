@@ -305,6 +305,8 @@ def test_cubie_report_comes_from_the_simulator(tmp_path: Path, docker_config: Pa
     with zipfile.ZipFile(out) as zf:
         rep = json.loads(zf.read("accuracy.json"))
     assert rep["method"] == "simulator" and rep["held_out"] == first["held_out"] and rep["worst_layers"] == []
+    calls = [c for c in ctr.exec_run(["cat", "/tmp/standin-calls.log"]).output.decode().splitlines() if " inference " in c]
+    assert len(calls) == 2 and all("--iterations 4 " in c for c in calls)  # one toolkit start-up per report
     for head in DETECTION_HEADS:
         assert rep["outputs"][head]["cosine"] == pytest.approx(want[head][0], abs=1e-4)
     assert rep["default_quantization"] == []  # the stand-in's .quantize has calibrated scales

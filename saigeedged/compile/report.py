@@ -53,26 +53,26 @@ def emulated_job(prep: Prepared, emulated: Path, wrapped: Path) -> dict[str, Any
     return evaluate.run(spec(prep, emulated, "emulated", wrapped, notes))
 
 
-def simulated_job(prep: Prepared, wrapped: Path, folders: list[Path], defaults: list[str], note: str) -> dict[str, Any]:
+def simulated_job(prep: Prepared, wrapped: Path, folder: Path, defaults: list[str], note: str) -> dict[str, Any]:
     """In the child: the float model wrapped like the board's input against what the simulator wrote."""
     try:
-        tensors = [simulate.read_tensors(folder, prep.info.output_shapes) for folder in folders]
+        tensors = [simulate.read_tensors(folder, prep.info.output_shapes, i) for i in range(len(prep.held_out))]
     except (OSError, ValueError) as exc:  # a simulator output this reader does not know: the emulation instead
         result = emulated_job(prep, wrapped.with_name(f"{prep.name}.emulated.onnx"), wrapped)
         result["notes"].append(f"`pegasus inference` output unreadable ({exc})")
         return result
     _wrap(prep, wrapped)
-    return evaluate.run_given(spec(prep, wrapped, "simulator", wrapped, (note,)), list(tensors), defaults)
+    return evaluate.run_given(spec(prep, wrapped, "simulator", wrapped, (note,)), tensors, defaults)
 
 
 def _simulated(prep: Prepared, ctx: Context, wrapped: Path) -> tuple[Any, tuple[Any, ...]] | str:
     """cubie: the child job comparing the simulator's outputs, or why the simulator was not used."""
-    folders, note = simulate.run(prep, ctx)
-    if folders is None:
+    folder, note = simulate.run(prep, ctx)
+    if folder is None:
         return note
     q = cubie.quantized_name(prep.name, prep.entry)
     defaults = simulate.quantize_defaults((prep.work_dir / f"{q}.quantize").read_text())
-    return simulated_job, (prep, wrapped, folders, defaults, note)
+    return simulated_job, (prep, wrapped, folder, defaults, note)
 
 
 def measure(prep: Prepared, art: Artifact, ctx: Context) -> dict[str, Any] | None:
