@@ -13,6 +13,7 @@ SPEC_CODES = {
     "CONTAINER_FAILED", "CONTAINER_LOST", "STEP_FAILED", "QUANTIZE_NO_OUTPUT", "EXPORT_FAILED", "NBG_INVALID",
     "TIMEOUT", "PUBLISH_FAILED", "CANCELLED", "INTERNAL", "ACCURACY_GATE",
     "ENGINE_LOST",  # §11
+    "OUT_OF_MEMORY",  # issue 25: a bound on memory struck (§10 does not list it yet)
 }
 MYPY = ["--config-file", "", "--strict", "--no-incremental"]  # not pyproject's: it names the package to check
 

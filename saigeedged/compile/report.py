@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from saigeedged.compile.backends import Artifact, Context
     from saigeedged.compile.inputs import Prepared
     from saigeedged.config import Config
+    from saigeedged.errors import Code
 
 FLOAT_QTYPES = ("float16", "qbfloat16")  # a board run in float: the emulation is the float model itself
 
@@ -81,7 +82,7 @@ def measure(prep: Prepared, art: Artifact, ctx: Context) -> dict[str, Any] | Non
         return None
     work = prep.work_dir
     wrapped = work / f"{prep.name}.eval-float.onnx"
-    memory: tuple[int, Any] = (ctx.config.limits.child_memory_bytes, "ONNX_INVALID")
+    memory: tuple[int, Code] = (ctx.config.limits.child_memory_bytes, "OUT_OF_MEMORY")
     fallback = None
     job: Any = emulated_job
     args: tuple[Any, ...] = (prep, work / f"{prep.name}.emulated.onnx", wrapped)
