@@ -40,6 +40,8 @@ def table(result: dict[str, Any]) -> list[str]:
         lines.append(f"  gate min_cosine {result['gate']['min_cosine']} (mean over the images) max_map_drop "
                      f"{result['gate']['max_map_drop']}: {verdict}")
     lines += [f"  note: {note}" for note in result.get("notes", [])]
+    if result.get("cost"):
+        lines.append(f"  made in {result['cost']['seconds']:.1f} s, peak RSS {result['cost']['peak_rss_bytes'] >> 20} MiB")
     return lines + variant_lines(result)
 
 

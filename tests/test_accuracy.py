@@ -144,6 +144,7 @@ def test_host_report_is_what_onnxruntime_gives(tmp_path: Path, config_path: Path
     ckpt, rep, model_bytes = _members(out)
     assert rep["method"] == "int8" and rep["images"] == 12 and len(rep["worst_layers"]) == 10
     assert rep["layer_images"] == evaluate.LAYER_IMAGES < 12  # the per-layer table on a few images only
+    assert rep["cost"]["seconds"] > 0 and rep["cost"]["peak_rss_bytes"] > 50 << 20  # the child's, onnxruntime loaded
     assert rep["gate"]["passed"] and rep["task"]["labels"].startswith("the calibration file has no boxes")
     staged = {Path(p).name for p in (tmp_path / "data" / "images").iterdir()}
     assert set(rep["held_out"]) <= staged

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import resource
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +78,16 @@ def _simulated(prep: Prepared, ctx: Context, wrapped: Path) -> tuple[Any, tuple[
     return simulated_job, (prep, wrapped, folder, defaults, note)
 
 
+def costed(job: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+    """In the child: the report with what it cost (`cost`: seconds, the child's peak RSS), so an operator and
+    bench/accuracy.py see it beside the numbers."""
+    started = time.monotonic()
+    result: dict[str, Any] = job(*args)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux gives KiB
+    result["cost"] = {"seconds": round(time.monotonic() - started, 2), "peak_rss_bytes": peak}
+    return result
+
+
 def measure(prep: Prepared, art: Artifact, ctx: Context) -> dict[str, Any] | None:
     """The report of this compile (None: no held-out image, e.g. `eval_samples: 0` or every image calibrated)."""
     if not prep.held_out:
@@ -94,7 +106,7 @@ def measure(prep: Prepared, art: Artifact, ctx: Context) -> dict[str, Any] | Non
             fallback = simulated
         else:
             job, args = simulated
-    result: dict[str, Any] = child.run(job, args, "accuracy", ctx.step_timeout(), ctx.interrupted, memory)
+    result: dict[str, Any] = child.run(costed, (job, args), "accuracy", ctx.step_timeout(), ctx.interrupted, memory)
     if fallback:
         result["notes"].append(fallback)
     held = len(prep.held_out)
