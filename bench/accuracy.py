@@ -1,5 +1,5 @@
 """The accuracy report's cost (SPEC §17, issue 25), measured from real jobs (not a test): YOLOX-nano-shaped detectors
-at 320, 416 and 640 and a MobileNetV3-Small-shaped classifier (bench/models.py), host (the INT8 model itself) and
+at 320, 416 and 640 and a MobileNetV3-Small-shaped classifier (tests/realmodels.py), host (the INT8 model itself) and
 mobilint (the emulation, on the stand-in qbcompiler image), `saigeedged compile` with the default 16 held-out images.
 Per row, the median of `--runs`: the compile (the steps before `bundle`), the report (what accuracy.json's `cost`
 says the report child took) against max(0.25 x compile, 10 s), and the child's peak RSS.
@@ -27,9 +27,8 @@ import yaml
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-sys.path.insert(0, str(HERE))
 from factory import manifest, random_labels, valjson  # noqa: E402
-from models import mobilenet_v3, yolox_nano  # noqa: E402
+from realmodels import mobilenet_v3, yolox_nano  # noqa: E402
 
 STANDIN = os.environ.get("SAIGEEDGED_STANDIN_MOBILINT", "saigeedged-standin/qbcompiler:test")
 STEP = re.compile(r"^----- (?P<step>\w+): ok in (?P<s>[0-9.]+)s$", re.M)
@@ -65,7 +64,8 @@ def one(root: Path, target: str, model: str, prlimit: str | None) -> dict[str, f
         raise SystemExit(f"{target} {model} failed:\n{done.stdout}\n{done.stderr}")
     steps = {m["step"]: float(m["s"]) for m in STEP.finditer(next((root / "state" / "logs").iterdir()).read_text())}
     with zipfile.ZipFile(root / "m.saigeedge") as zf:
-        cost = json.loads(zf.read("accuracy.json"))["cost"]
+        # a report made before issue 25 has no `cost`: its bundle step then (the report and the zip), RSS unknown
+        cost = json.loads(zf.read("accuracy.json")).get("cost") or {"seconds": steps["bundle"], "peak_rss_bytes": 0}
     return {"compile": sum(steps.get(s, 0.0) for s in BEFORE_BUNDLE[target]), "report": cost["seconds"],
             "rss": cost["peak_rss_bytes"] / 2**20}
 

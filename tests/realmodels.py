@@ -1,6 +1,7 @@
-"""Real-size model shapes for the benches (seeded random weights, no downloads): a YOLOX-nano-shaped detector
-(CSPDarknet with depthwise convs, PAFPN, decoupled heads, the export's decode tail) and a MobileNetV3-Small-shaped
-classifier. The numbers are not a trained model's; the graph's size, depth, operators and activation volume are.
+"""Real-size model shapes for the benches and the tests that need one (seeded random weights, no downloads): a
+YOLOX-nano-shaped detector (CSPDarknet with depthwise convs, PAFPN, decoupled heads, the export's decode tail) and a
+MobileNetV3-Small-shaped classifier. The numbers are not a trained model's; the graph's size, depth, operators and
+activation volume are.
 """
 
 from __future__ import annotations
