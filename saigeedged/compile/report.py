@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,31 +89,50 @@ def costed(job: Any, args: tuple[Any, ...]) -> dict[str, Any]:
     return result
 
 
-def measure(prep: Prepared, art: Artifact, ctx: Context) -> dict[str, Any] | None:
-    """The report of this compile (None: no held-out image, e.g. `eval_samples: 0` or every image calibrated)."""
+@dataclass(frozen=True)
+class Plan:
+    """How a compile's report is made: the child's job and arguments (the container's part, cubie's simulator, done),
+    and why the simulator was not used when it was not."""
+
+    job: Any
+    args: tuple[Any, ...]
+    fallback: str | None = None
+
+
+def plan(prep: Prepared, art: Artifact, ctx: Context) -> Plan | None:
+    """The report's container part (cubie: `pegasus inference` when the image has it) and what the child will run;
+    None: no held-out image (`eval_samples: 0`, or every image calibrated), no report."""
     if not prep.held_out:
         return None
-    work = prep.work_dir
-    wrapped = work / f"{prep.name}.eval-float.onnx"
-    memory: tuple[int, Code] = (ctx.config.limits.child_memory_bytes, "OUT_OF_MEMORY")
-    fallback = None
-    job: Any = emulated_job
-    args: tuple[Any, ...] = (prep, work / f"{prep.name}.emulated.onnx", wrapped)
+    wrapped = prep.work_dir / f"{prep.name}.eval-float.onnx"
     if prep.entry.target == "host":
-        job, args = host_job, (prep, art.members[art.model_member], wrapped)
-    elif prep.entry.target == "cubie":
+        return Plan(host_job, (prep, art.members[art.model_member], wrapped))
+    emulated = Plan(emulated_job, (prep, prep.work_dir / f"{prep.name}.emulated.onnx", wrapped))
+    if prep.entry.target == "cubie":
         simulated = _simulated(prep, ctx, wrapped)
         if isinstance(simulated, str):
-            fallback = simulated
-        else:
-            job, args = simulated
-    result: dict[str, Any] = child.run(costed, (job, args), "accuracy", ctx.step_timeout(), ctx.interrupted, memory)
-    if fallback:
-        result["notes"].append(fallback)
+            return Plan(emulated.job, emulated.args, simulated)
+        return Plan(*simulated)
+    return emulated
+
+
+def made(prep: Prepared, planned: Plan, ctx: Context) -> dict[str, Any]:
+    """The report itself, in the bounded child: host work only (a finishing stage runs it off the container's path)."""
+    memory: tuple[int, Code] = (ctx.config.limits.child_memory_bytes, "OUT_OF_MEMORY")
+    result: dict[str, Any] = child.run(costed, (planned.job, planned.args), "accuracy", ctx.step_timeout(),
+                                       ctx.interrupted, memory)
+    if planned.fallback:
+        result["notes"].append(planned.fallback)
     held = len(prep.held_out)
     if held < prep.entry.eval_samples:
         result["notes"].append(f"{held} held-out images ({prep.entry.eval_samples} asked): the calibration file has no more")
     return result
+
+
+def measure(prep: Prepared, art: Artifact, ctx: Context) -> dict[str, Any] | None:
+    """The report of this compile (None: no held-out image), container part and child together."""
+    planned = plan(prep, art, ctx)
+    return None if planned is None else made(prep, planned, ctx)
 
 
 def thresholds(prep: Prepared, config: Config) -> dict[str, float]:

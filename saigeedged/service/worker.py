@@ -19,6 +19,7 @@ from saigeedged.adapters.joblog import JobLog
 from saigeedged.compile import ahead, pipeline, resume
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
+from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import (
     CANCELLED,
@@ -45,6 +46,13 @@ class Ahead(Protocol):
 
     def take(self, job: Job, interrupted: Callable[[], str | None]) -> ahead.Prep | None:
         """The prep made for this attempt of `job` (waited for if in progress), or None: run the host steps now."""
+
+
+class Finishing(Protocol):
+    """What a worker asks of the finishing stage (service/finishing.py, a Worker itself: so not imported here)."""
+
+    def hand(self, job: Job, compiled: pipeline.Compiled) -> None:
+        """Take `job` after its last container step: its report, bundle, publication and end are the stage's."""
 
 
 class Worker(threading.Thread):
@@ -76,22 +84,30 @@ class Worker(threading.Thread):
         self.resumable: list[Job] = []
         self.attempt: Attempt | None = None  # the current job's attempt: the store must still name it to write
         self.detached = False  # the current job's attempt goes on without this run: a stop or its engine's outage
+        # the finishing stage (service/finishing.py): takes a container job after its last container step, so this
+        # slot takes the next job while the report is made; None: this worker finishes its jobs itself
+        self.finisher: Finishing | None = None
+        self.handed_off = False  # the current job went to the finishing stage: its work dir and its end are its
 
     def run(self) -> None:
         while not self.stop_event.is_set():
-            resumed = self._next_resumable()
-            job = resumed or self.jobs.store.next_queued(self.slot.skip())
+            job, resumed, handed = self._take()
             if job is None:
                 self.wake.wait(IDLE_S)
                 self.wake.clear()
                 continue
             try:
-                self.execute(job, resumed=resumed is not None)
+                self.execute(job, resumed=resumed, handed=handed)
             except Exception as exc:  # a guard: a bug settling one job must not stop the queue
                 log.error("job.internal_error", job_id=job.job_id, job_name=job.name, error_code="INTERNAL",
                           message=f"{type(exc).__name__}: {exc}")
                 self._abandon(job, exc)
                 self.stop_event.wait(1.0)  # if the job could not be settled either, do not spin on it
+
+    def _take(self) -> tuple[Job | None, bool, pipeline.Compiled | None]:
+        """The next job: one to re-attach, else the first queued one of this slot's targets."""
+        resumed = self._next_resumable()
+        return resumed or self.jobs.store.next_queued(self.slot.skip()), resumed is not None, None
 
     def _next_resumable(self) -> Job | None:
         """A job to re-attach, once its engine answers; None when there is none (or it is not running any more)."""
@@ -158,24 +174,28 @@ class Worker(threading.Thread):
             # a stop asked for just before the job was taken is not erased: the job stops before its first step
             self.current, self._reason = job, "stop" if self.stop_event.is_set() else None
             self.abandoned, self.detached, self.attempt = False, False, Attempt.of(job)
+            self.handed_off = False
 
-    def execute(self, queued: Job, resumed: bool = False) -> None:
-        job = self._reattach(queued) if resumed else self._start(queued)
+    def execute(self, queued: Job, resumed: bool = False, handed: pipeline.Compiled | None = None) -> None:
+        job = self._reattach(queued) if resumed else self._take_over(queued) if handed else self._start(queued)
         if job is None:
             return
-        prepared = self.ahead.take(job, lambda: self._reason) if self.ahead and not resumed else None  # made in `work`
-        work = fresh_work_dir(self.config.work_root, job) if prepared is None and not resumed else \
+        fresh = not resumed and handed is None
+        prepared = self.ahead.take(job, lambda: self._reason) if self.ahead and fresh else None  # made in `work`
+        work = fresh_work_dir(self.config.work_root, job) if prepared is None and fresh else \
             work_dir(self.config.work_root, job)
         self.work = work
         joblog = JobLog(self.places.local_log(job.job_id))
-        joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'saigeedged'}"
-                    + (f", re-attached in step {job.step}" if resumed else ""))
+        if handed is None:
+            joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'saigeedged'}"
+                        + (f", re-attached in step {job.step}" if resumed else ""))
         host = ahead.Ready(prepared, joblog) if prepared else resume.replay(work, joblog) if resumed else None
         try:
             try:
-                self._run(job, work, joblog, host)
+                self._run(job, work, joblog, host, handed)
                 joblog.close()
-                self._fenced(lambda: self._succeed(job))
+                if not self.handed_off:
+                    self._fenced(lambda: self._succeed(job))
             except SaigeError as exc:
                 joblog.line(f"### {exc.code}: {exc.message}")
                 joblog.close()
@@ -188,8 +208,14 @@ class Worker(threading.Thread):
             with self._lock:
                 self.current, self.work = None, None
             self.on_change()
-            if not self.config.keep_work and not self.abandoned and not self.detached:
-                remove_work(work)  # kept: a step that runs on (re-attached), or one to reap
+            if not self.config.keep_work and not self.abandoned and not self.detached and not self.handed_off:
+                remove_work(work)  # kept: a step that runs on (re-attached), one to reap, or the finishing stage's
+
+    def _take_over(self, job: Job) -> Job:
+        """Go on with a job another worker handed over after its last container step (the same attempt)."""
+        self._own(job)
+        self.on_change()
+        return job
 
     def _reattach(self, job: Job) -> Job:
         """Go on with a running job's attempt: its step outlived the last daemon or an outage of its engine."""
@@ -214,7 +240,8 @@ class Worker(threading.Thread):
         end_attempt(job, jobid.iso(jobid.utc_now()), None)
         self.jobs.end(job, SUCCEEDED, fence=fence)
 
-    def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Replay | None = None) -> None:
+    def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Replay | None = None,
+             handed: pipeline.Compiled | None = None) -> None:
         entry = entry_from_doc(job.entry)
         rel = Path(job.subdir) / entry.output_name
         policy = PathPolicy((Path(job.claim_dir), self.places.inbox, *self.config.allowed_roots))
@@ -254,10 +281,25 @@ class Worker(threading.Thread):
                            container=self.containers.get, deadline=time.monotonic() + limits.job_timeout_s,
                            interrupted=lambda: self._reason, host=host,
                            current=lambda: not self.abandoned and self.jobs.still_current(attempt))
-        result = pipeline.run(run, publish, job.created_at)
+        if handed is not None:
+            result: pipeline.Result | None = pipeline.finish(run, handed, publish, job.created_at)
+        else:
+            result = pipeline.run(run, publish, job.created_at, lambda compiled: self._hand_off(job, compiled))
+        if result is None:
+            return  # the finishing stage's now
         job.onnx_sha256, job.calib_samples, job.report = result.onnx_sha256, result.calib_samples, result.report
         if result.report and result.report.get("flagged"):
             event("job.quantization_flagged", job, "warning", outputs=",".join(result.report["flagged"]))
+
+    def _hand_off(self, job: Job, compiled: pipeline.Compiled) -> bool:
+        """Give a container job whose report is still to make to the finishing stage (True), so this slot is free."""
+        if self.finisher is None or compiled.planned is None or job.target not in CONTAINER_TARGETS:
+            return False
+        finisher = self.finisher
+        event("job.finishing", job)
+        self._fenced(lambda: finisher.hand(job, compiled))  # not an attempt requeued under this worker meanwhile
+        self.handed_off = True
+        return True
 
     def _settle(self, job: Job, exc: SaigeError) -> None:
         """Requeue an interrupted or retryable job, else end it failed or cancelled; every write is fenced by the
