@@ -125,8 +125,12 @@ def run(spec: Spec) -> dict[str, Any]:
     optimised for the graph outputs: the INT8 kernels the bundle runs), then the per-layer table on the first
     LAYER_IMAGES images only (sessions with every paired activation exposed)."""
     outputs = [o.name for o in onnx.load(str(spec.float_model), load_external_data=False).graph.output]
-    report = compare(spec, outputs, _outputs(session(spec.float_model), outputs, spec),
-                     _outputs(session(spec.compiled), outputs, spec))
+    ref_sess, got_sess = session(spec.float_model), session(spec.compiled)
+    ref_out, got_out = [], []
+    for x in _inputs(spec):  # each image decoded and letterboxed once, for both models
+        ref_out.append(ref_sess.run(outputs, x))
+        got_out.append(got_sess.run(outputs, x))
+    report = compare(spec, outputs, ref_out, got_out)
     compiled = onnx.load(str(spec.compiled))
     report["worst_layers"] = worst_layers(spec, outputs, compiled)
     report["layer_images"] = min(LAYER_IMAGES, len(spec.images)) if report["worst_layers"] else 0
