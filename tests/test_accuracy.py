@@ -254,6 +254,26 @@ def test_mobilint_report_is_emulated(tmp_path: Path, docker_config: Path) -> Non
     assert rep["outputs"]["scores"]["cosine"] > 0.95
 
 
+@pytest.mark.docker
+def test_a_report_over_the_memory_bound_fails_out_of_memory(tmp_path: Path, docker_config: Path, capsys: Any) -> None:
+    """A cubie job whose report needs more than limits.child_memory_bytes (128 MiB; a 320 YOLOX-nano-shaped detector's
+    emulation) fails OUT_OF_MEMORY in step bundle naming that bound, also when onnxruntime's own arena is what fails
+    (a plain `Fail`, not MemoryError: it was INTERNAL)."""
+    from realmodels import yolox_nano
+
+    settings = yaml.safe_load(docker_config.read_text())
+    settings["limits"]["child_memory_bytes"] = 128 << 20
+    docker_config.write_text(yaml.safe_dump(settings))
+    calib = valjson(tmp_path / "data", random_labels(30, 3))
+    mf = manifest(tmp_path / "det.yml", task="detection", num_classes=3, calib=str(calib), target="cubie", n_samples=8,
+                  onnx=str(yolox_nano(tmp_path / "det.onnx", 320)), output=str(tmp_path / "det.saigeedge"))
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 1
+    out = capsys.readouterr().out
+    assert f"OUT_OF_MEMORY: accuracy needs more than limits.child_memory_bytes ({128 << 20} bytes)" in out, out
+    log = next((tmp_path / "state" / "logs").iterdir()).read_text()
+    assert "----- bundle: failed OUT_OF_MEMORY" in log and not (tmp_path / "det.saigeedge").exists()
+
+
 def _reference_tar(src: Path, folder: Path, held_out: list[str]) -> tuple[bytes, dict[str, list[float]]]:
     """What the stand-in simulator answers: the float heads of each held-out image (BGR /255 NCHW, as the NBG's
     preprocess feeds them) rounded to 256 levels per tensor, as .tensor text files keyed by the image's md5; and

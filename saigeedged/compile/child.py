@@ -16,6 +16,7 @@ from saigeedged.compile.memorybound import Bound
 from saigeedged.errors import Code, SaigeError
 
 POLL_S = 0.2  # how often the parent looks at stop/cancel requests while the child works
+EXIT_WAIT_S = 5.0  # a child that closed its pipe without an answer is exiting: its exit code comes within this
 # imported once by the fork server, not by each child: a child unpickles its function by reference, and a module
 # the server lacks was imported (compiled, with no .pyc) by every child of every step (issue 21: most of what a
 # cache-hit job cost, 0.5 -> 0.2 s a job)
@@ -80,8 +81,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
         proc.join()
         parent.close()
     if not ok:
-        raise memorybound.exceeded(label, memory[1], memory[0], bound) if memory and bound and isinstance(
-            value, MemoryError) else value
+        raise memorybound.exceeded(label, memory[1], memory[0], bound) if memory and bound and \
+            memorybound.allocation_failed(value) else value
     return value
 
 
@@ -92,7 +93,11 @@ def _wait(parent: Connection, proc: Any, label: str, timeout_s: float, interrupt
     bound = Bound(memory[0], False) if memory else None
     while True:
         if parent.poll(POLL_S):
-            message = parent.recv()
+            try:
+                message = parent.recv()
+            except EOFError:  # it died without an answer: killed by a signal (its memory bound, a crash) or exited
+                proc.join(EXIT_WAIT_S)
+                raise _died(label, proc.exitcode, memory, bound) from None
             if not isinstance(message, Bound):
                 return message[0], message[1], bound
             bound = message  # the address-space limit the child set, before any work

@@ -20,6 +20,15 @@ class Bound:
     hard: bool
 
 
+ALLOCATION_FAILED = ("Failed to allocate memory", "bad_alloc")  # onnxruntime's arena and C++ allocators, raised as Fail
+
+
+def allocation_failed(exc: BaseException) -> bool:
+    """Did the work fail for want of memory: Python's MemoryError, or onnxruntime's own allocation failure (its
+    BFC arena raises a plain `Fail` naming it, not MemoryError)?"""
+    return isinstance(exc, MemoryError) or any(text in str(exc) for text in ALLOCATION_FAILED)
+
+
 def cgroup_limit(proc_cgroup: str, root: Path = Path("/sys/fs/cgroup")) -> int | None:
     """The memory limit of the cgroup in `proc_cgroup` (the text of /proc/self/cgroup): v2 memory.max, v1
     memory.limit_in_bytes; None when there is none."""
@@ -52,8 +61,9 @@ def exceeded(label: str, code: Code, configured: int, bound: Bound) -> SaigeErro
                           "accuracy report: fewer `eval_samples`)")
     return SaigeError(code, f"{label} needs more than limits.child_memory_bytes ({configured} bytes) of memory",
                       bound="limits.child_memory_bytes",
-                      hint="the input is too large for this host's bound: make it smaller, or raise "
-                      "limits.child_memory_bytes (the service's MemoryMax= too) if the host has the memory")
+                      hint="the input is too large for this host's bound: make it smaller (for the accuracy "
+                      "report: fewer `eval_samples`), or raise limits.child_memory_bytes (the service's MemoryMax= "
+                      "too) if the host has the memory")
 
 
 def killed(label: str, code: Code, cgroup: int | None) -> SaigeError:
