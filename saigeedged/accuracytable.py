@@ -29,6 +29,8 @@ def table(result: dict[str, Any]) -> list[str]:
                      f"drop {task['drop']:.4f}")
     elif task.get("labels"):
         lines.append(f"  {task['labels']}")
+    if result.get("worst_layers") and result.get("layer_images"):
+        lines.append(f"  worst layers over the first {result['layer_images']} held-out images:")
     lines += [f"  layer {row['tensor']:<29} cosine mean {row['cosine_mean']:.4f}  max abs {row['max_abs_error']:.4g}"
               for row in result.get("worst_layers", [])[:3]]
     if result.get("default_quantization"):
@@ -38,6 +40,8 @@ def table(result: dict[str, Any]) -> list[str]:
         lines.append(f"  gate min_cosine {result['gate']['min_cosine']} (mean over the images) max_map_drop "
                      f"{result['gate']['max_map_drop']}: {verdict}")
     lines += [f"  note: {note}" for note in result.get("notes", [])]
+    if result.get("cost"):
+        lines.append(f"  made in {result['cost']['seconds']:.1f} s, peak RSS {result['cost']['peak_rss_bytes'] >> 20} MiB")
     return lines + variant_lines(result)
 
 

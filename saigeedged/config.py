@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from saigeedged import manifest
 from saigeedged.engines import EngineSpec
 from saigeedged.engines import parse as parse_engines
 from saigeedged.errors import SaigeError
@@ -256,9 +257,21 @@ def _check_type(name: str, value: Any, default: Any) -> Any:
     return value
 
 
+def _manifest_values(raw: Mapping[str, Any]) -> None:
+    """`defaults:` and `accuracy:` hold manifest values: one the manifest refuses is refused here, at start-up, by the
+    manifest's own rule (ranges included), instead of failing every job that inherits it."""
+    fields = [(f"defaults.{key}", key, value) for key, value in raw["defaults"].items()]
+    for name, key, value in [*fields, ("accuracy", "accuracy", raw["accuracy"])]:
+        found = manifest.problem(key, value)
+        if found is not None:
+            raise SaigeError("MANIFEST_INVALID", f"config: {found.replace(f'`{key}`', f'`{name}`', 1)}",
+                             hint="see config/saigeedged.yml")
+
+
 def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> Config:
     """Validate `user` against DEFAULTS; relative paths are resolved against `base`."""
     raw = _merge(user, DEFAULTS, "")
+    _manifest_values(raw)
     raw["cubie"] = {key: os.environ.get(f"{ENV_PREFIX}{key.upper()}") or value for key, value in raw["cubie"].items()}
 
     def path(value: str) -> Path:

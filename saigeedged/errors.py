@@ -10,7 +10,7 @@ Code = Literal[
     "INPUT_SIZE_MISMATCH", "SURGERY_OUTPUTS_NOT_FOUND", "CALIB_INVALID",
     "DOCKER_UNAVAILABLE", "IMAGE_NOT_FOUND", "CONTAINER_FAILED", "CONTAINER_LOST", "ENGINE_LOST", "CHILD_LOST",
     "STEP_FAILED", "QUANTIZE_NO_OUTPUT", "EXPORT_FAILED", "NBG_INVALID", "TIMEOUT", "PUBLISH_FAILED", "CANCELLED",
-    "INTERNAL", "ACCURACY_GATE",
+    "INTERNAL", "ACCURACY_GATE", "OUT_OF_MEMORY",
 ]
 CODES: tuple[Code, ...] = get_args(Code)
 
@@ -60,6 +60,9 @@ HINTS: dict[Code, str] = {
     "ACCURACY_GATE": "the compiled model is too far from the float ONNX (the report is in the job log and the status "
     "file; the bundle is kept under <inbox>/.saigeedged/failed/<job_id>/): try another calibration_method, more "
     "varied calibration images, hybrid layers, qtype int16, or lower the manifest's `accuracy:` gate",
+    "OUT_OF_MEMORY": "the work needed more memory than a bound allows; the message names it (RLIMIT_AS from "
+    "prlimit/LimitAS=, limits.child_memory_bytes, or the unit's MemoryMax=): raise that bound, or give the job a "
+    "smaller input (the accuracy report: fewer `eval_samples`)",
 }
 
 FATAL_HINTS: dict[int, str] = {

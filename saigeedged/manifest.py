@@ -124,51 +124,63 @@ def safe_stem(text: str) -> str:
 
 
 def _check_field(path: Path, key: str, value: Any) -> None:
+    found = problem(key, value)
+    if found is not None:
+        raise invalid(path, found)
+
+
+def problem(key: str, value: Any) -> str | None:
+    """Why `key: value` is no valid manifest field (None: it is one). The daemon config's `defaults:` and
+    `accuracy:` hold manifest values and are checked by the same rules (config.py)."""
     if key not in SCHEMA:
         near = difflib.get_close_matches(key, list(SCHEMA), n=1)
         tip = f" (did you mean `{near[0]}`?)" if near else ""
-        raise invalid(path, f"unknown key `{key}`{tip}")
+        return f"unknown key `{key}`{tip}"
     types, choices = SCHEMA[key]
     if value is None and key in ("optimize", "preset", "sha256", "name", "output", "password", "device", "request_id",
                                      "input_channels"):
-        return
+        return None
     got = "a value not shown" if key == "password" else safeyaml.shown(value)
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        raise invalid(path, f"`{key}` must be {types[0].__name__}, got {got}")
+        return f"`{key}` must be {types[0].__name__}, got {got}"
     if choices is not None and value not in choices:
-        raise invalid(path, f"`{key}` must be one of {', '.join(map(str, choices))}, got {got}")
+        return f"`{key}` must be one of {', '.join(map(str, choices))}, got {got}"
     if isinstance(value, int) and not -INT_LIMIT < value < (2 * INT_LIMIT if key == "seed" else INT_LIMIT):
-        raise invalid(path, f"`{key}` is out of range, got {safeyaml.shown(value)}")
+        return f"`{key}` is out of range, got {safeyaml.shown(value)}"
     if key == "accuracy" and isinstance(value, dict):
-        _gate(path, value)
+        return _gate(value)
     if key == "variants" and isinstance(value, list):
-        _variants(path, value)
+        return _variants(value)
     minimum = {"num_classes": 1, "n_samples": 1, "hybrid_topn": 0, "eval_samples": 0}.get(key)
     if minimum is not None and isinstance(value, int) and value < minimum:
-        raise invalid(path, f"`{key}` must be {'positive' if minimum else '>= 0'}, got {value}")
+        return f"`{key}` must be {'positive' if minimum else '>= 0'}, got {value}"
+    return None
 
 
-def _gate(path: Path, value: dict[str, Any]) -> None:
+def _gate(value: dict[str, Any]) -> str | None:
     """`accuracy: {min_cosine, max_map_drop}`: numbers in [0, 1]."""
     for key, bound in value.items():
         if key not in GATE_KEYS:
-            raise invalid(path, f"unknown key `accuracy.{guards.printable(str(key)[:80])}` (allowed: {', '.join(GATE_KEYS)})")
+            return f"unknown key `accuracy.{guards.printable(str(key)[:80])}` (allowed: {', '.join(GATE_KEYS)})"
         if not isinstance(bound, (int, float)) or isinstance(bound, bool) or not 0.0 <= bound <= 1.0:
-            raise invalid(path, f"`accuracy.{key}` must be a number in [0, 1], got {safeyaml.shown(bound)}")
+            return f"`accuracy.{key}` must be a number in [0, 1], got {safeyaml.shown(bound)}"
+    return None
 
 
-def _variants(path: Path, value: list[Any]) -> None:
+def _variants(value: list[Any]) -> str | None:
     """At most MAX_VARIANTS mappings of VARIANT_KEYS, each value checked like the entry's own field."""
     if not value or len(value) > MAX_VARIANTS:
-        raise invalid(path, f"`variants` must list 1 to {MAX_VARIANTS} variants, got {len(value)}")
+        return f"`variants` must list 1 to {MAX_VARIANTS} variants, got {len(value)}"
     for i, variant in enumerate(value):
         if not isinstance(variant, dict):
-            raise invalid(path, f"`variants[{i}]` must be a mapping of {', '.join(VARIANT_KEYS)}")
+            return f"`variants[{i}]` must be a mapping of {', '.join(VARIANT_KEYS)}"
         for key, item in variant.items():
             if key not in VARIANT_KEYS:
-                raise invalid(path, f"`variants[{i}]`: unknown key `{guards.printable(str(key)[:80])}` "
-                              f"(allowed: {', '.join(VARIANT_KEYS)})")
-            _check_field(path, key, item)
+                return f"`variants[{i}]`: unknown key `{guards.printable(str(key)[:80])}` (allowed: {', '.join(VARIANT_KEYS)})"
+            found = problem(key, item)
+            if found is not None:
+                return found
+    return None
 
 
 def _input_size(path: Path, value: list[Any]) -> tuple[int, int]:

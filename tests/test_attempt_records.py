@@ -228,7 +228,7 @@ def test_a_killed_host_child_is_a_retryable_loss() -> None:
 
 
 def test_a_bug_in_a_stale_attempt_does_not_fail_the_jobs_next_attempt(tmp_path: Path) -> None:
-    """The worker's guard for a bug (`_abandon`) writes under the attempt's fence: a stale attempt whose job was moved
+    """The worker's guard for a bug (`Jobs.abandon`) writes under the attempt's fence: a stale attempt whose job was moved
     and taken again leaves the new attempt running, while a bug in the current attempt ends it failed INTERNAL."""
     from saigeedged.adapters.docker import Containers
     from saigeedged.service.worker import Worker
@@ -243,10 +243,10 @@ def test_a_bug_in_a_stale_attempt_does_not_fail_the_jobs_next_attempt(tmp_path: 
     jobs.requeue(stale, "engine_lost", SaigeError("ENGINE_LOST", "moved"), fence=Attempt.of(stale))
     again = jobs.take("a-1", "b", "/w/a-1/attempt2")
     assert again is not None
-    worker._abandon(stale, RuntimeError("a bug"))
+    jobs.abandon(stale, RuntimeError("a bug"), worker.attempt)
     assert jobs.store.get("a-1").state == "running"  # type: ignore[union-attr]
     worker.attempt = Attempt.of(again)
-    worker._abandon(again, RuntimeError("a bug"))
+    jobs.abandon(again, RuntimeError("a bug"), worker.attempt)
     ended = jobs.store.get("a-1")
     assert ended is not None and ended.state == FAILED and ended.error is not None
     assert ended.error["code"] == "INTERNAL"

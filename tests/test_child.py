@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,6 +77,56 @@ def test_a_memory_bound_above_the_hard_limit_takes_the_hard_limit(tmp_path: obje
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "(6000000000, 6000000000)"
+
+
+def _bounded(prefix: list[str], size: int, memory_bytes: int) -> dict[str, str]:
+    """The error (code, message, bound) of a child that allocates `size` bytes under child.run's memory bound, run in a
+    fresh interpreter started with `prefix` (prlimit)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, numpy; from saigeedged.compile import child; from saigeedged.errors import SaigeError\n"
+            "try:\n"
+            f"    child.run(numpy.ones, (({size},), 'uint8'), 'accuracy', 120, lambda: None, ({memory_bytes}, 'OUT_OF_MEMORY'))\n"
+            "except SaigeError as exc:\n"
+            "    print(json.dumps({'code': exc.code, 'message': exc.message, 'bound': exc.fields.get('bound')}))\n")
+    done = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0 and done.stdout, done.stderr
+    result: dict[str, str] = json.loads(done.stdout)
+    return result
+
+
+def test_out_of_memory_names_the_address_space_limit_that_struck() -> None:
+    """Under `prlimit --as=6000000000` a child that needs 8 GB fails OUT_OF_MEMORY naming RLIMIT_AS and its 6 GB, not
+    the (larger, 24 GiB) limits.child_memory_bytes it never reached."""
+    err = _bounded(["prlimit", "--as=6000000000"], 8 << 30, 25769803776)
+    assert err["code"] == "OUT_OF_MEMORY" and err["bound"] == "RLIMIT_AS", err
+    assert "RLIMIT_AS (6000000000 bytes)" in err["message"] and "below limits.child_memory_bytes" in err["message"]
+
+
+def test_out_of_memory_names_child_memory_bytes_when_it_struck() -> None:
+    """Without a hard limit, a child that needs more than limits.child_memory_bytes fails OUT_OF_MEMORY naming it."""
+    err = _bounded([], 1 << 30, 256 << 20)
+    assert err["code"] == "OUT_OF_MEMORY" and err["bound"] == "limits.child_memory_bytes", err
+    assert f"limits.child_memory_bytes ({256 << 20} bytes)" in err["message"]
+
+
+def test_the_cgroup_memory_limit_is_read_from_v1_and_v2(tmp_path: Path) -> None:
+    """The daemon's cgroup limit (the unit's MemoryMax=) is found under cgroup v2's memory.max or v1's
+    memory.limit_in_bytes; "max" and v1's no-limit value are no limit."""
+    from saigeedged.compile import memorybound
+
+    (tmp_path / "system.slice/saigeedged.service").mkdir(parents=True)
+    (tmp_path / "system.slice/saigeedged.service/memory.max").write_text("4294967296\n")
+    assert memorybound.cgroup_limit("0::/system.slice/saigeedged.service\n", tmp_path) == 4 << 30
+    (tmp_path / "system.slice/saigeedged.service/memory.max").write_text("max\n")
+    assert memorybound.cgroup_limit("0::/system.slice/saigeedged.service\n", tmp_path) is None
+    (tmp_path / "memory/svc").mkdir(parents=True)
+    (tmp_path / "memory/svc/memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert memorybound.cgroup_limit("4:memory:/svc\n1:cpu:/\n0::/\n", tmp_path) is None
+    (tmp_path / "memory/svc/memory.limit_in_bytes").write_text("2147483648\n")
+    assert memorybound.cgroup_limit("4:memory:/svc\n1:cpu:/\n0::/\n", tmp_path) == 2 << 30
 
 
 def test_the_daemon_compiles_under_an_address_space_limit(daemon: Any, det_inputs: dict[str, Any]) -> None:

@@ -41,6 +41,15 @@ def written(text: bytes) -> Callable[[Path], Path]:
     return make
 
 
+# the manifest's ranges for what the config holds of a manifest (issue 25): a gate or a held-out count no manifest
+# may carry would fail every job
+RANGES = {
+    "min_cosine 2": (b"accuracy: {min_cosine: 2}\n", "`accuracy.min_cosine` must be a number in [0, 1], got 2"),
+    "min_cosine nan": (b"accuracy: {min_cosine: .nan}\n", "`accuracy.min_cosine` must be a number in [0, 1]"),
+    "max_map_drop negative": (b"accuracy: {max_map_drop: -0.1}\n", "`accuracy.max_map_drop` must be a number in [0, 1]"),
+    "eval_samples negative": (b"defaults: {eval_samples: -1}\n", "`defaults.eval_samples` must be >= 0, got -1"),
+    "eval_samples huge": (b"defaults: {eval_samples: 99999999999}\n", "`defaults.eval_samples` is out of range"),
+}
 CASES: list[tuple[str, Callable[[Path], Path], str, str]] = [
     ("directory", a_directory, "INPUT_NOT_FOUND", "is a directory"),
     ("under a file", under_a_file, "INPUT_NOT_FOUND", "cannot read config"),
@@ -52,6 +61,7 @@ CASES: list[tuple[str, Callable[[Path], Path], str, str]] = [
     ("a list", written(b"- inbox\n"), "MANIFEST_INVALID", "must be a mapping"),
     ("nul in a path", written(b'allowed_roots: ["/data\\0x"]\n'), "MANIFEST_INVALID", "contains a NUL character"),
     ("unknown key", written(b"inbx: /x\n"), "MANIFEST_INVALID", "unknown key `inbx`"),
+    *[(label, written(text), "MANIFEST_INVALID", message) for label, (text, message) in RANGES.items()],
 ]
 
 
@@ -65,7 +75,7 @@ def test_config_problem_is_one_line_and_exit_2(tmp_path: Path, capsys: Any, labe
         err = capsys.readouterr().err
         first, hint = err.splitlines()
         assert first.startswith(f"saigeedged: {code}: ") and text in first, err
-        assert str(path) in first or label in ("a list", "unknown key", "nul in a path"), err
+        assert str(path) in first or label in ("a list", "unknown key", "nul in a path", *RANGES), err
         assert hint.startswith("  hint: "), err
 
 

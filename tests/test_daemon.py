@@ -21,6 +21,11 @@ from harness import drop, wait_for
 
 from saigeedged.compile.inputs import sha256_file
 
+# The example classifier on noise images scores every image alike: its INT8 scores tie across the held-out images,
+# and tied scores enter the ranking together (issue 25), so its mAP drop is noise that can pass the default gate's
+# 0.1; a test about something else turns that part of the gate off.
+NOISE_MAP = {"accuracy": {"max_map_drop": 1.0}}
+
 
 def test_hand_drop_is_compiled_and_published(daemon: Any, det_inputs: dict[str, Any]) -> None:
     """A drop in a sub-folder goes queued -> running -> succeeded; bundle, digest, log and cleanup as specified."""
@@ -152,7 +157,7 @@ def test_multi_model_manifest_drop(daemon: Any, det_inputs: dict[str, Any], tmp_
     classifier(d.inbox / "batch" / "models" / "cls.onnx", 3, (224, 224))
     m = det_inputs["manifest"]
     (d.inbox / "batch" / "compile_models.yml").write_text(yaml.safe_dump({"target": "host", "models": [
-        {**m, "onnx": "models/det.onnx"}, {**m, "task": "mlc", "onnx": "models/cls.onnx", "name": "tags"}]}))
+        {**m, "onnx": "models/det.onnx"}, {**m, "task": "mlc", "onnx": "models/cls.onnx", "name": "tags", **NOISE_MAP}]}))
     det, tags = d.wait_job("compile_models.detection"), d.wait_job("tags")
     assert det["state"] == tags["state"] == "succeeded"
     assert det["bundle"]["path"] == "batch/compile_models.detection.host.saigeedge"

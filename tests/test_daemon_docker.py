@@ -197,7 +197,9 @@ def test_mobilint_and_cubie_share_the_queue(cubie_daemon: Any, tmp_path: Path, d
     """A regulus-rb classifier and a cubie detector dropped together both succeed; a chip name is refused."""
     d = cubie_daemon()
     cls = classifier(tmp_path / "cls.onnx", 3, (224, 224))
-    m = {**det_inputs["manifest"], "task": "mlc", "target": "mobilint", "device": "regulus-rb"}
+    # the noise images' INT8 scores tie, so this classifier's mAP drop is noise (tests/test_daemon.py NOISE_MAP)
+    m = {**det_inputs["manifest"], "task": "mlc", "target": "mobilint", "device": "regulus-rb",
+         "accuracy": {"max_map_drop": 1.0}}
     drop(d.inbox, "tags", cls, m)
     drop(d.inbox, "det", det_inputs["onnx"], det_inputs["manifest"])
     drop(d.inbox, "chip", cls, {**m, "device": "REGULUS"})

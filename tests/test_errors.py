@@ -14,6 +14,7 @@ SPEC_CODES = {
     "TIMEOUT", "PUBLISH_FAILED", "CANCELLED", "INTERNAL", "ACCURACY_GATE",
     "ENGINE_LOST",  # §11
     "CHILD_LOST",  # issue 26: a killed host child is a retryable loss, like a lost container
+    "OUT_OF_MEMORY",  # issue 25: a bound on memory struck (§10 does not list it yet)
 }
 MYPY = ["--config-file", "", "--strict", "--no-incremental"]  # not pyproject's: it names the package to check
 

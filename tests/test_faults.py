@@ -44,7 +44,9 @@ def test_a_blocked_status_folder_neither_aborts_a_claim_nor_fails_its_jobs(daemo
     (d.inbox / "det.onnx").write_bytes(det_inputs["onnx"].read_bytes())
     m = det_inputs["manifest"]
     (d.inbox / "pair.yml").write_text(yaml.safe_dump({"target": "host", "models": [
-        {**m, "onnx": "det.onnx", "name": "pdet"}, {**m, "task": "mlc", "onnx": "cls.onnx", "name": "pcls"}]}))
+        {**m, "onnx": "det.onnx", "name": "pdet"},
+        # the noise images' INT8 scores tie, so this classifier's mAP drop is noise (tests/test_daemon.py NOISE_MAP)
+        {**m, "task": "mlc", "onnx": "cls.onnx", "name": "pcls", "accuracy": {"max_map_drop": 1.0}}]}))
     ended = wait_for(lambda: len(d.events("job.succeeded")) == 2 and d.events("job.succeeded"), 90, "both jobs")
     (d.outbox / "status").unlink()
     for e in ended:

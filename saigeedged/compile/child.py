@@ -11,9 +11,12 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
+from saigeedged.compile import memorybound
+from saigeedged.compile.memorybound import Bound
 from saigeedged.errors import Code, SaigeError
 
 POLL_S = 0.2  # how often the parent looks at stop/cancel requests while the child works
+EXIT_WAIT_S = 5.0  # a child that closed its pipe without an answer is exiting: its exit code comes within this
 # imported once by the fork server, not by each child: a child loads its function by reference, and a module
 # the server lacks was imported (compiled, with no .pyc) by every child of every step (issue 21: most of what a
 # cache-hit job cost, 0.5 -> 0.2 s a job)
@@ -30,18 +33,20 @@ def _address_space() -> int:
         return int(fh.read().split()[0]) * resource.getpagesize()
 
 
-def _bound(memory_bytes: int) -> int:
+def _bound(memory_bytes: int) -> Bound:
     """The child's RLIMIT_AS: `memory_bytes` on top of what the forkserver already mapped (onnxruntime's libraries),
     never above the hard limit the service runs under (LimitAS=, ulimit -v): only root may raise that."""
     want = _address_space() + memory_bytes
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-    return want if hard == resource.RLIM_INFINITY else min(want, hard)
+    return Bound(want, False) if hard == resource.RLIM_INFINITY or hard >= want else Bound(hard, True)
 
 
 def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any], memory_bytes: int | None) -> None:
     try:
         if memory_bytes is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (_bound(memory_bytes),) * 2)
+            bound = _bound(memory_bytes)
+            resource.setrlimit(resource.RLIMIT_AS, (bound.limit, bound.limit))
+            conn.send(bound)  # first, so the parent can name the limit if the work dies of it
         conn.send((True, fn(*args)))
     except BaseException as exc:  # everything goes back to the parent, which decides
         conn.send((False, exc))
@@ -53,8 +58,9 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
         interrupted: Callable[[], str | None], memory: tuple[int, Code] | None = None) -> Any:
     """fn(*args) in a child forked from a server with onnxruntime loaded; its result or its exception.
 
-    `memory` = (bytes, code): the child may map that much more; work that needs more fails with `code` (a bad
-    input too big for this host) instead of taking memory from the daemon or the host.
+    `memory` = (bytes, code): the child may map that much more; work that needs more fails with `code` (ONNX_INVALID
+    for an input too big to validate, OUT_OF_MEMORY for work on valid inputs) naming the bound that struck (see
+    memorybound), instead of taking memory from the daemon or the host.
 
     Keeping onnxruntime out of the daemon matters: its thread pools spin after a run and starved the
     daemon's main loop, and it adds ~50 MB to the daemon's RSS for good.
@@ -67,42 +73,53 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
     with _hangup_blocked():
         proc.start()
     child.close()
-    deadline = time.monotonic() + timeout_s
     try:
-        while not parent.poll(POLL_S):
-            reason = interrupted()
-            if reason is not None:
-                raise SaigeError("CANCELLED", f"{label} was stopped ({reason})", reason=reason)
-            if time.monotonic() > deadline:
-                raise SaigeError("TIMEOUT", f"{label} ran longer than {timeout_s:.0f}s and was killed")
-            if not proc.is_alive() and not parent.poll():
-                raise _died(label, proc.exitcode, memory)
-        try:
-            ok, value = parent.recv()
-        except EOFError:  # killed before it answered: poll() sees the end of the pipe as something to read
-            proc.join()
-            raise _died(label, proc.exitcode, memory) from None
+        ok, value, bound = _wait(parent, proc, label, timeout_s, interrupted, memory)
     finally:
         if proc.is_alive():
             proc.kill()
         proc.join()
         parent.close()
     if not ok:
-        raise _over(label, memory) if memory and isinstance(value, MemoryError) else value
+        raise memorybound.exceeded(label, memory[1], memory[0], bound) if memory and bound and \
+            memorybound.allocation_failed(value) else value
     return value
 
 
-def _over(label: str, memory: tuple[int, Code]) -> SaigeError:
-    return SaigeError(memory[1], f"{label} needs more than limits.child_memory_bytes ({memory[0]} bytes) of memory",
-                      hint="the input is too large for this host's bound: make it smaller, or raise "
-                      "limits.child_memory_bytes (the service's MemoryMax= too) if the host has the memory")
+def _wait(parent: Connection, proc: Any, label: str, timeout_s: float, interrupted: Callable[[], str | None],
+          memory: tuple[int, Code] | None) -> tuple[bool, Any, Bound | None]:
+    """The child's (ok, result or exception) and the memory bound it set; stop, cancel, timeout and death raise."""
+    deadline = time.monotonic() + timeout_s
+    bound = Bound(memory[0], False) if memory else None
+    while True:
+        if parent.poll(POLL_S):
+            try:
+                message = parent.recv()
+            except EOFError:  # it died without an answer: killed by a signal (its memory bound, a crash) or exited
+                proc.join(EXIT_WAIT_S)
+                raise _died(label, proc.exitcode, memory, bound) from None
+            if not isinstance(message, Bound):
+                return message[0], message[1], bound
+            bound = message  # the address-space limit the child set, before any work
+            continue
+        reason = interrupted()
+        if reason is not None:
+            raise SaigeError("CANCELLED", f"{label} was stopped ({reason})", reason=reason)
+        if time.monotonic() > deadline:
+            raise SaigeError("TIMEOUT", f"{label} ran longer than {timeout_s:.0f}s and was killed")
+        if not proc.is_alive() and not parent.poll():
+            raise _died(label, proc.exitcode, memory, bound)
 
 
-def _died(label: str, exitcode: int | None, memory: tuple[int, Code] | None) -> SaigeError:
-    """A child killed by a signal under a memory bound ran out of it (C++ allocators abort, the OOM killer kills)."""
-    if memory is not None and exitcode is not None and -exitcode in OUT_OF_MEMORY:
-        return _over(label, memory)
-    return SaigeError("CHILD_LOST", f"{label} died with exit code {exitcode}")  # killed: a loss, retried like one
+def _died(label: str, exitcode: int | None, memory: tuple[int, Code] | None, bound: Bound | None) -> SaigeError:
+    """A child killed by a signal under a memory bound ran out of it: C++ allocators abort or fault at RLIMIT_AS, the
+    OOM killer SIGKILLs (at the unit's MemoryMax= when the daemon's cgroup has one)."""
+    if memory is None or bound is None or exitcode is None or -exitcode not in OUT_OF_MEMORY:
+        return SaigeError("CHILD_LOST", f"{label} died with exit code {exitcode}")  # killed: a loss, retried like one
+    if -exitcode == signal.SIGKILL:
+        with open("/proc/self/cgroup") as fh:
+            return memorybound.killed(label, memory[1], memorybound.cgroup_limit(fh.read()))
+    return memorybound.exceeded(label, memory[1], memory[0], bound)
 
 
 @contextmanager

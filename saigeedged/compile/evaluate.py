@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from onnx import numpy_helper
 from saigeedged.compile import accuracy, images
 
 WORST_LAYERS = 10
+LAYER_IMAGES = 2  # per-layer errors on the first held-out images only: the worst 10 of a 640 detector are those of 16
 Truth = tuple[tuple[tuple[float, float, float, float], ...] | None, tuple[int, ...]]  # (boxes xyxy or None, labels)
 
 
@@ -89,7 +91,7 @@ def exposed(model: onnx.ModelProto, names: Sequence[str]) -> bytes:
 
 
 class _Tally:
-    """Per tensor over the images: worst and mean cosine, max abs error."""
+    """Per tensor over the images, streamed (no activation is kept): worst and mean cosine, max abs error."""
 
     def __init__(self) -> None:
         self.cos: dict[str, list[float]] = {}
@@ -98,50 +100,73 @@ class _Tally:
     def add(self, name: str, ref: NDArray[Any], got: NDArray[Any]) -> None:
         if ref.shape != got.shape or not np.issubdtype(ref.dtype, np.floating):
             return
-        self.cos.setdefault(name, []).append(accuracy.cosine(ref, got))
-        self.err[name] = max(self.err.get(name, 0.0), accuracy.max_abs(ref, got))
+        cos, err = accuracy.compared(ref, got)
+        self.cos.setdefault(name, []).append(cos)
+        self.err[name] = max(self.err.get(name, 0.0), err)
 
     def row(self, name: str) -> dict[str, float]:
         return {"cosine": round(min(self.cos[name]), 6), "cosine_mean": round(float(np.mean(self.cos[name])), 6),
                 "max_abs_error": round(self.err[name], 6)}
 
 
-def run(spec: Spec) -> dict[str, Any]:
-    """In the child: both models on every held-out image; per output and per layer errors, the task metric."""
-    float_model, compiled = onnx.load(str(spec.float_model)), onnx.load(str(spec.compiled))
-    outputs = [o.name for o in float_model.graph.output]
-    pairs = {k: v for k, v in dequantized(compiled).items() if k in float_tensors(float_model) and k not in outputs}
-    ref_sess = session(exposed(float_model, list(pairs)))
-    got_sess = session(exposed(compiled, list(pairs.values())))
-    layers = _Tally()
-    ref_out: list[list[NDArray[Any]]] = []
-    got_out: list[list[NDArray[Any]]] = []
+def _inputs(spec: Spec) -> Iterator[dict[str, NDArray[np.uint8]]]:
+    """Each held-out image as the board is fed it, decoded when its run comes (never all at once)."""
     for path in spec.images:
-        x = {spec.input_name: images.load_rgb(Path(path), spec.size, spec.letterbox)[None]}
-        ref = ref_sess.run(outputs + list(pairs), x)
-        got = got_sess.run(outputs + list(pairs.values()), x)
-        for i, name in enumerate(pairs, start=len(outputs)):
-            layers.add(name, ref[i], got[i])
-        ref_out.append(ref[: len(outputs)])
-        got_out.append(got[: len(outputs)])
-    worst = sorted(layers.cos, key=lambda n: (float(np.mean(layers.cos[n])), n))[:WORST_LAYERS]
+        yield {spec.input_name: images.load_rgb(Path(path), spec.size, spec.letterbox)[None]}
+
+
+def _outputs(sess: Any, outputs: list[str], spec: Spec) -> list[list[NDArray[Any]]]:
+    """The graph outputs of every held-out image (small: the heads or the scores)."""
+    return [sess.run(outputs, x) for x in _inputs(spec)]
+
+
+def run(spec: Spec) -> dict[str, Any]:
+    """In the child: both models on every held-out image for the per-output errors and the task metric (sessions
+    optimised for the graph outputs: the INT8 kernels the bundle runs), then the per-layer table on the first
+    LAYER_IMAGES images only (sessions with every paired activation exposed)."""
+    outputs = [o.name for o in onnx.load(str(spec.float_model), load_external_data=False).graph.output]
+    ref_sess, got_sess = session(spec.float_model), session(spec.compiled)
+    ref_out, got_out = [], []
+    for x in _inputs(spec):  # each image decoded and letterboxed once, for both models
+        ref_out.append(ref_sess.run(outputs, x))
+        got_out.append(got_sess.run(outputs, x))
     report = compare(spec, outputs, ref_out, got_out)
-    report["worst_layers"] = [{"tensor": n, **layers.row(n)} for n in worst]
+    compiled = onnx.load(str(spec.compiled))
+    report["worst_layers"] = worst_layers(spec, outputs, compiled)
+    report["layer_images"] = min(LAYER_IMAGES, len(spec.images)) if report["worst_layers"] else 0
     report["default_quantization"] = defaults_left(compiled, spec.input_name)
     return report
+
+
+def worst_layers(spec: Spec, outputs: list[str], compiled: onnx.ModelProto) -> list[dict[str, Any]]:
+    """The WORST_LAYERS activations (not graph outputs) with the lowest mean cosine over the first LAYER_IMAGES
+    held-out images: the float tensor against its DequantizeLinear in the compiled model, one image's activations
+    at a time, each pair dropped once tallied."""
+    float_model = onnx.load(str(spec.float_model))
+    pairs = {k: v for k, v in dequantized(compiled).items() if k in float_tensors(float_model) and k not in outputs}
+    if not pairs:
+        return []
+    ref_sess = session(exposed(float_model, list(pairs)))
+    del float_model
+    got_sess = session(exposed(compiled, list(pairs.values())))
+    layers = _Tally()
+    for x in itertools.islice(_inputs(spec), LAYER_IMAGES):
+        ref = ref_sess.run(list(pairs), x)
+        got = got_sess.run(list(pairs.values()), x)
+        for name in reversed(pairs):  # popped: each activation is freed once tallied
+            layers.add(name, ref.pop(), got.pop())
+    worst = sorted(layers.cos, key=lambda n: (float(np.mean(layers.cos[n])), n))[:WORST_LAYERS]
+    return [{"tensor": n, **layers.row(n)} for n in worst]
 
 
 def run_given(spec: Spec, got_out: list[list[NDArray[Any]]], defaults: list[str]) -> dict[str, Any]:
     """In the child: the float model on every held-out image against outputs the compiled model gave elsewhere (the
     toolkit's simulator), one list per image in the float model's output order; no per-layer table."""
-    float_model = onnx.load(str(spec.float_model))
-    outputs = [o.name for o in float_model.graph.output]
-    ref_sess = session(float_model.SerializeToString())
-    ref_out = [ref_sess.run(outputs, {spec.input_name: images.load_rgb(Path(p), spec.size, spec.letterbox)[None]})
-               for p in spec.images]
+    outputs = [o.name for o in onnx.load(str(spec.float_model), load_external_data=False).graph.output]
+    ref_out = _outputs(session(spec.float_model), outputs, spec)
     got = [[g.reshape(r.shape) for r, g in zip(ref, given, strict=True)] for ref, given in zip(ref_out, got_out, strict=True)]
     report = compare(spec, outputs, ref_out, got)
-    report["worst_layers"], report["default_quantization"] = [], defaults
+    report["worst_layers"], report["layer_images"], report["default_quantization"] = [], 0, defaults
     return report
 
 

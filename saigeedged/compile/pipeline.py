@@ -7,7 +7,8 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,9 +68,9 @@ class Result:
 class _Steps:
     """Marks step starts: banner in the log, callback for the status file, job deadline check."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, names: list[str] | None = None) -> None:
         self.job = job
-        self.names = plan_steps(job.entry)
+        self.names = names if names is not None else plan_steps(job.entry)
         self.current = ""
 
     def __call__(self, name: str) -> None:
@@ -97,47 +98,43 @@ def _warn(job: Job, warnings: list[str]) -> None:
                                        message=text)
 
 
-def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
-    """Run every step; `publish(bundle_path)` moves the finished bundle where its readers look for it."""
-    entry = job.entry
+@dataclass
+class Compiled:
+    """A job past its last container step: what its report, bundle and publication need. A finishing stage may take
+    it from here (service/finishing.py, issue 25), so that the container's slot takes the next job at once."""
+
+    prep: Prepared
+    made: reuse.Made
+    steps: list[str]  # the step names this job runs (a cache hit skipped some)
+    planned: report.Plan | None = None  # the report still to make in the child (None: none to make)
+    measured: dict[str, Any] | None = None  # a variant sweep's, made within the sweep
+
+
+def run(job: Job, publish: Callable[[Path], None], created_at: str,
+        handoff: Callable[[Compiled], bool] | None = None) -> Result | None:
+    """Run every step; `publish(bundle_path)` moves the finished bundle where its readers look for it. After the last
+    container step `handoff(compiled)` may take the job (True: None is returned, finish() goes on elsewhere)."""
     step = _Steps(job)
-    ctx = Context(job.log, step, job.config, job.container, job.on_progress, job.deadline, job.interrupted, job.current)
-    bounded = job.host or prepare.Bounded(job.config, job.interrupted, ctx.step_timeout)
+    with _outcome(job, step):
+        compiled = _compile(job, step)
+        job.log.end()  # the last container step's section, before anyone else may write the log
+        if handoff is not None and handoff(compiled):
+            return None
+        return _finish(job, step, compiled, publish, created_at)
+
+
+def finish(job: Job, compiled: Compiled, publish: Callable[[Path], None], created_at: str) -> Result:
+    """The steps after the last container step of a job handed off by run(): report, bundle, gate, publish."""
+    step = _Steps(job, compiled.steps)
+    with _outcome(job, step):
+        return _finish(job, step, compiled, publish, created_at)
+
+
+@contextmanager
+def _outcome(job: Job, step: _Steps) -> Iterator[None]:
+    """A failure ends the step's log section and names the step; anything but a SaigeError is INTERNAL."""
     try:
-        step("validate")
-        prep = bounded.validate(entry, job.work_dir, job.policy, job.config.limits.max_onnx_bytes,
-                                lambda digest: job.on_inputs({"onnx_sha256": digest}))
-        _warn(job, cubie.precision_warnings(entry))
-        if inputs.needs_surgery(entry):
-            step("surgery")
-            prep = bounded.surgery(prep)
-            job.log.line(f"cut at {', '.join(prep.surgery or ())}: outputs {[list(s) for s in prep.info.output_shapes]}")
-        step("calibration")
-        bounded.calibrate(prep)
-        job.on_inputs({"calib_samples": len(prep.chosen)})
-        job.log.line(f"{len(prep.chosen)} calibration images ({entry.profile.sampler}, seed {entry.seed}) -> {prep.dataset}")
-        if entry.target != "host":  # a container job's attempt outlives the daemon: a resume starts from here
-            job.on_prepared(prep)
-        if entry.variants:
-            prep, made, measured = variants.sweep(prep, ctx, job.job_id, lambda p, a: _judged(job, p, a, ctx))
-            job.on_inputs({"cache": made.status()})
-            step("bundle")
-        else:
-            made = reuse.compile(prep, ctx, job.job_id, step.skip)
-            job.on_inputs({"cache": made.status()})
-            step("bundle")
-            measured = _judged(job, prep, made.art, ctx)
-        art = made.art
-        _announce(job, measured)
-        dest = job.work_dir / f"{job.job_id}.saigeedge"
-        texts = made.texts() | ({ACCURACY_MEMBER: json.dumps(measured, indent=1)} if measured else {})
-        bundle.write(dest, bundle.checkpoint(prep, art, job.job_id, created_at, made.checkpoint(prep)), art.members,
-                     entry.password, texts)
-        if measured and not measured["gate"]["passed"]:
-            raise _refused(job, dest, measured)
-        step("publish")
-        publish(dest)
-        job.log.end()
+        yield
     except SaigeError as exc:
         job.log.end(f"failed {exc.code}")
         exc.fields.setdefault("step", step.current)
@@ -149,6 +146,58 @@ def run(job: Job, publish: Callable[[Path], None], created_at: str) -> Result:
             raise SaigeError("INTERNAL", f"state_dir is full: {exc}", step=step.current, state_full=True) from exc
         job.log.end("failed INTERNAL")
         raise SaigeError("INTERNAL", f"{type(exc).__name__}: {exc}", step=step.current) from exc
+
+
+def _context(job: Job, step: _Steps) -> Context:
+    return Context(job.log, step, job.config, job.container, job.on_progress, job.deadline, job.interrupted, job.current)
+
+
+def _compile(job: Job, step: _Steps) -> Compiled:
+    """validate, surgery, calibration, the compiler's steps (or the cache), and the report's container part."""
+    entry = job.entry
+    ctx = _context(job, step)
+    bounded = job.host or prepare.Bounded(job.config, job.interrupted, ctx.step_timeout)
+    step("validate")
+    prep = bounded.validate(entry, job.work_dir, job.policy, job.config.limits.max_onnx_bytes,
+                            lambda digest: job.on_inputs({"onnx_sha256": digest}))
+    _warn(job, cubie.precision_warnings(entry))
+    if inputs.needs_surgery(entry):
+        step("surgery")
+        prep = bounded.surgery(prep)
+        job.log.line(f"cut at {', '.join(prep.surgery or ())}: outputs {[list(s) for s in prep.info.output_shapes]}")
+    step("calibration")
+    bounded.calibrate(prep)
+    job.on_inputs({"calib_samples": len(prep.chosen)})
+    job.log.line(f"{len(prep.chosen)} calibration images ({entry.profile.sampler}, seed {entry.seed}) -> {prep.dataset}")
+    if entry.target != "host":  # a container job's attempt outlives the daemon: a resume starts from here
+        job.on_prepared(prep)
+    if entry.variants:
+        prep, made, measured = variants.sweep(prep, ctx, job.job_id,
+                                              lambda p, a: _gated(job, p, report.measure(p, a, ctx)))
+        job.on_inputs({"cache": made.status()})
+        return Compiled(prep, made, step.names, measured=measured)
+    made = reuse.compile(prep, ctx, job.job_id, step.skip)
+    job.on_inputs({"cache": made.status()})
+    return Compiled(prep, made, step.names, report.plan(prep, made.art, ctx))
+
+
+def _finish(job: Job, step: _Steps, compiled: Compiled, publish: Callable[[Path], None], created_at: str) -> Result:
+    prep, made, entry = compiled.prep, compiled.made, job.entry
+    step("bundle")
+    measured = compiled.measured
+    if compiled.planned is not None:
+        measured = _gated(job, prep, report.made(prep, compiled.planned, _context(job, step)))
+    art = made.art
+    _announce(job, measured)
+    dest = job.work_dir / f"{job.job_id}.saigeedge"
+    texts = made.texts() | ({ACCURACY_MEMBER: json.dumps(measured, indent=1)} if measured else {})
+    bundle.write(dest, bundle.checkpoint(prep, art, job.job_id, created_at, made.checkpoint(prep)), art.members,
+                 entry.password, texts)
+    if measured and not measured["gate"]["passed"]:
+        raise _refused(job, dest, measured)
+    step("publish")
+    publish(dest)
+    job.log.end()
     return Result(dest, prep.onnx_sha256, len(prep.chosen), art.report, measured)
 
 
@@ -156,9 +205,8 @@ ACCURACY_MEMBER = "accuracy.json"
 FULL = (errno.ENOSPC, errno.EDQUOT)  # a full state_dir (work dir, job log): waited out, never the job's failure
 
 
-def _judged(job: Job, prep: Prepared, art: backends.Artifact, ctx: Context) -> dict[str, Any] | None:
+def _gated(job: Job, prep: Prepared, measured: dict[str, Any] | None) -> dict[str, Any] | None:
     """The accuracy report with the gate's verdict (SPEC §17); None without a held-out image."""
-    measured = report.measure(prep, art, ctx)
     if measured is None:
         return None
     gate = report.thresholds(prep, job.config)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import resource
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +17,7 @@ if TYPE_CHECKING:
     from saigeedged.compile.backends import Artifact, Context
     from saigeedged.compile.inputs import Prepared
     from saigeedged.config import Config
+    from saigeedged.errors import Code
 
 FLOAT_QTYPES = ("float16", "qbfloat16")  # a board run in float: the emulation is the float model itself
 
@@ -53,53 +57,82 @@ def emulated_job(prep: Prepared, emulated: Path, wrapped: Path) -> dict[str, Any
     return evaluate.run(spec(prep, emulated, "emulated", wrapped, notes))
 
 
-def simulated_job(prep: Prepared, wrapped: Path, folders: list[Path], defaults: list[str], note: str) -> dict[str, Any]:
+def simulated_job(prep: Prepared, wrapped: Path, folder: Path, defaults: list[str], note: str) -> dict[str, Any]:
     """In the child: the float model wrapped like the board's input against what the simulator wrote."""
     try:
-        tensors = [simulate.read_tensors(folder, prep.info.output_shapes) for folder in folders]
+        tensors = [simulate.read_tensors(folder, prep.info.output_shapes, i) for i in range(len(prep.held_out))]
     except (OSError, ValueError) as exc:  # a simulator output this reader does not know: the emulation instead
         result = emulated_job(prep, wrapped.with_name(f"{prep.name}.emulated.onnx"), wrapped)
         result["notes"].append(f"`pegasus inference` output unreadable ({exc})")
         return result
     _wrap(prep, wrapped)
-    return evaluate.run_given(spec(prep, wrapped, "simulator", wrapped, (note,)), list(tensors), defaults)
+    return evaluate.run_given(spec(prep, wrapped, "simulator", wrapped, (note,)), tensors, defaults)
 
 
 def _simulated(prep: Prepared, ctx: Context, wrapped: Path) -> tuple[Any, tuple[Any, ...]] | str:
     """cubie: the child job comparing the simulator's outputs, or why the simulator was not used."""
-    folders, note = simulate.run(prep, ctx)
-    if folders is None:
+    folder, note = simulate.run(prep, ctx)
+    if folder is None:
         return note
     q = cubie.quantized_name(prep.name, prep.entry)
     defaults = simulate.quantize_defaults((prep.work_dir / f"{q}.quantize").read_text())
-    return simulated_job, (prep, wrapped, folders, defaults, note)
+    return simulated_job, (prep, wrapped, folder, defaults, note)
 
 
-def measure(prep: Prepared, art: Artifact, ctx: Context) -> dict[str, Any] | None:
-    """The report of this compile (None: no held-out image, e.g. `eval_samples: 0` or every image calibrated)."""
+def costed(job: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+    """In the child: the report with what it cost (`cost`: seconds, the child's peak RSS), so an operator and
+    bench/accuracy.py see it beside the numbers."""
+    started = time.monotonic()
+    result: dict[str, Any] = job(*args)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux gives KiB
+    result["cost"] = {"seconds": round(time.monotonic() - started, 2), "peak_rss_bytes": peak}
+    return result
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a compile's report is made: the child's job and arguments (the container's part, cubie's simulator, done),
+    and why the simulator was not used when it was not."""
+
+    job: Any
+    args: tuple[Any, ...]
+    fallback: str | None = None
+
+
+def plan(prep: Prepared, art: Artifact, ctx: Context) -> Plan | None:
+    """The report's container part (cubie: `pegasus inference` when the image has it) and what the child will run;
+    None: no held-out image (`eval_samples: 0`, or every image calibrated), no report."""
     if not prep.held_out:
         return None
-    work = prep.work_dir
-    wrapped = work / f"{prep.name}.eval-float.onnx"
-    memory: tuple[int, Any] = (ctx.config.limits.child_memory_bytes, "ONNX_INVALID")
-    fallback = None
-    job: Any = emulated_job
-    args: tuple[Any, ...] = (prep, work / f"{prep.name}.emulated.onnx", wrapped)
+    wrapped = prep.work_dir / f"{prep.name}.eval-float.onnx"
     if prep.entry.target == "host":
-        job, args = host_job, (prep, art.members[art.model_member], wrapped)
-    elif prep.entry.target == "cubie":
+        return Plan(host_job, (prep, art.members[art.model_member], wrapped))
+    emulated = Plan(emulated_job, (prep, prep.work_dir / f"{prep.name}.emulated.onnx", wrapped))
+    if prep.entry.target == "cubie":
         simulated = _simulated(prep, ctx, wrapped)
         if isinstance(simulated, str):
-            fallback = simulated
-        else:
-            job, args = simulated
-    result: dict[str, Any] = child.run(job, args, "accuracy", ctx.step_timeout(), ctx.interrupted, memory)
-    if fallback:
-        result["notes"].append(fallback)
+            return Plan(emulated.job, emulated.args, simulated)
+        return Plan(*simulated)
+    return emulated
+
+
+def made(prep: Prepared, planned: Plan, ctx: Context) -> dict[str, Any]:
+    """The report itself, in the bounded child: host work only (a finishing stage runs it off the container's path)."""
+    memory: tuple[int, Code] = (ctx.config.limits.child_memory_bytes, "OUT_OF_MEMORY")
+    result: dict[str, Any] = child.run(costed, (planned.job, planned.args), "accuracy", ctx.step_timeout(),
+                                       ctx.interrupted, memory)
+    if planned.fallback:
+        result["notes"].append(planned.fallback)
     held = len(prep.held_out)
     if held < prep.entry.eval_samples:
         result["notes"].append(f"{held} held-out images ({prep.entry.eval_samples} asked): the calibration file has no more")
     return result
+
+
+def measure(prep: Prepared, art: Artifact, ctx: Context) -> dict[str, Any] | None:
+    """The report of this compile (None: no held-out image), container part and child together."""
+    planned = plan(prep, art, ctx)
+    return None if planned is None else made(prep, planned, ctx)
 
 
 def thresholds(prep: Prepared, config: Config) -> dict[str, float]:

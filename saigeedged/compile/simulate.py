@@ -1,5 +1,6 @@
-"""The cubie toolkit's simulator (SPEC §17): `pegasus inference --dtype quantized` on each held-out image in the
-container, its `.tensor` text files (one float a line, `iter_0_<layer id>_out0_<shape>.tensor`) read back."""
+"""The cubie toolkit's simulator (SPEC §17): one `pegasus inference --dtype quantized` over every held-out image in
+the container (one toolkit start-up, batch 1, an iteration per image), its `.tensor` text files (one float a line,
+`iter_<i>_<layer id>_out0_<shape>.tensor` for image i) read back."""
 
 from __future__ import annotations
 
@@ -21,17 +22,18 @@ if TYPE_CHECKING:
     from saigeedged.compile.backends import Context
     from saigeedged.compile.inputs import Prepared
 
-TENSOR_RE = re.compile(r"^iter_0_(?P<layer>.+)_out0_(?P<shape>\d+(?:_\d+)*)\.tensor$")
+TENSOR_RE = re.compile(r"^iter_(?P<iteration>\d+)_(?P<layer>.+)_out0_(?P<shape>\d+(?:_\d+)*)\.tensor$")
 NO_SIMULATOR = b"invalid choice: 'inference'"  # argparse's answer of a toolkit without the subcommand
 SIM_DIR = "sim"
 
 
-def inference_args(name: str, entry: Any, out_dir: str, meta: str) -> list[str]:
-    """`pegasus inference` of the quantized model (argv as notes/pegasus.md gives it; hybrid: the .quantize.json)."""
+def inference_args(name: str, entry: Any, out_dir: str, meta: str, iterations: int) -> list[str]:
+    """`pegasus inference` of the quantized model over `iterations` images of the inputmeta's dataset (argv as
+    notes/pegasus.md gives it; hybrid: the .quantize.json)."""
     q = cubie.quantized_name(name, entry)
     model = f"{q}.quantize.json" if entry.hybrid_topn else f"{name}.json"
     return ["inference", "--model", model, "--model-data", f"{name}.data", "--dtype", "quantized",
-            "--model-quantize", f"{q}.quantize", "--iterations", "1", "--device", "CPU", "--output-dir", out_dir,
+            "--model-quantize", f"{q}.quantize", "--iterations", str(iterations), "--device", "CPU", "--output-dir", out_dir,
             "--with-input-meta", meta]
 
 
@@ -43,18 +45,20 @@ def missing(prep: Prepared) -> str | None:
     return f"{', '.join(absent)} not in the work dir (a cache hit)" if absent else None
 
 
-def read_tensors(folder: Path, shapes: Sequence[Sequence[int]]) -> list[NDArray[np.float32]]:
-    """The output .tensor files matched to the ONNX outputs by element count (name order among equals)."""
+def read_tensors(folder: Path, shapes: Sequence[Sequence[int]], iteration: int) -> list[NDArray[np.float32]]:
+    """One iteration's output .tensor files matched to the ONNX outputs by element count (name order among equals)."""
     matched = {p: TENSOR_RE.match(p.name) for p in folder.iterdir()}
-    sizes = {p: math.prod(int(d) for d in m.group("shape").split("_")) for p, m in matched.items() if m is not None}
+    sizes = {p: math.prod(int(d) for d in m.group("shape").split("_")) for p, m in matched.items()
+             if m is not None and int(m.group("iteration")) == iteration}
     files = sorted(sizes)
     found = []
     for shape in shapes:
         match = next((p for p in files if sizes[p] == math.prod(shape)), None)
         if match is None:
-            raise ValueError(f"no .tensor file of {math.prod(shape)} values (output shape {list(shape)}) in {folder.name}")
+            raise ValueError(f"no iter_{iteration} .tensor file of {math.prod(shape)} values (output shape {list(shape)}) "
+                             f"in {folder.name}")
         files.remove(match)
-        found.append(np.loadtxt(match, dtype=np.float32, ndmin=1).reshape(shape))
+        found.append(np.fromfile(match, dtype=np.float32, sep="\n").reshape(shape))
     return found
 
 
@@ -70,30 +74,26 @@ def quantize_defaults(text: str) -> list[str]:
     return left
 
 
-def run(prep: Prepared, ctx: Context) -> tuple[list[Path] | None, str]:
-    """Each held-out image through the simulator: (its output folder per image, note), or (None, why not) to emulate
-    instead. The folders are read by the child (read_tensors): the daemon never holds a model's outputs."""
+def run(prep: Prepared, ctx: Context) -> tuple[Path | None, str]:
+    """Every held-out image through the simulator in one call: (its output folder, note), or (None, why not) to
+    emulate instead. The folder is read by the child (read_tensors): the daemon never holds a model's outputs."""
     why = missing(prep)
     if why is not None or ctx.container is None:
         return None, f"simulator not run: {why or 'no container'}"
     work = prep.work_dir
     shutil.rmtree(work / SIM_DIR, ignore_errors=True)
-    staged = calibration.stage(prep.held_out, work, "eval", "eval_dataset.txt").read_text().splitlines()
+    (work / SIM_DIR).mkdir()
+    dataset = calibration.stage(prep.held_out, work, "eval", "eval_dataset.txt")
     meta = yaml.safe_load((work / f"{prep.name}_inputmeta.yml").read_text())
-    runner = cubie.Runner(ctx, ctx.container("cubie"), work)
-    results = []
-    for i, image in enumerate(staged):
-        folder = work / SIM_DIR / f"{i:04d}"
-        folder.mkdir(parents=True)
-        (folder / "dataset.txt").write_text(image + "\n")
-        meta["input_meta"]["databases"][0]["path"] = str((folder / "dataset.txt").resolve())
-        (folder / "inputmeta.yml").write_text(yaml.safe_dump(meta, sort_keys=False))
-        args = inference_args(prep.name, prep.entry, str(folder / "out"), str(folder / "inputmeta.yml"))
-        code, output = runner.call(args)
-        if code != 0:
-            return None, ("the image has no `pegasus inference`" if NO_SIMULATOR in output
-                          else f"`pegasus inference` exited {code} (see the job log)")
-        if not any(TENSOR_RE.match(p.name) for p in (folder / "out").glob("*.tensor")):
-            return None, f"`pegasus inference` wrote no iter_0_*.tensor file in {folder.name}/out"
-        results.append(folder / "out")
-    return results, "pegasus inference --dtype quantized (the toolkit's simulator)"
+    meta["input_meta"]["databases"][0]["path"] = str(dataset.resolve())
+    (work / SIM_DIR / "inputmeta.yml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    out = work / SIM_DIR / "out"
+    args = inference_args(prep.name, prep.entry, str(out), str(work / SIM_DIR / "inputmeta.yml"), len(prep.held_out))
+    code, output = cubie.Runner(ctx, ctx.container("cubie"), work).call(args)
+    if code != 0:
+        return None, ("the image has no `pegasus inference`" if NO_SIMULATOR in output
+                      else f"`pegasus inference` exited {code} (see the job log)")
+    done = {int(m.group("iteration")) for p in out.glob("*.tensor") if (m := TENSOR_RE.match(p.name))}
+    if done != set(range(len(prep.held_out))):
+        return None, f"`pegasus inference` wrote .tensor files for {len(done)} of {len(prep.held_out)} images in {SIM_DIR}/out"
+    return out, "pegasus inference --dtype quantized (the toolkit's simulator)"

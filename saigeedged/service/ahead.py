@@ -60,7 +60,7 @@ def attach(config: Config, store: Store, pool: Pool) -> Preparer | None:
         jobs = [job for job in (w.current for w in workers) if job is not None and compiling(job)]
         return len(jobs), jobs[0].job_id if jobs else ""
 
-    slots = [w for w in workers if w.slot.engine != HOST_ENGINE]
+    slots = [w for w in workers if w.slot.engine != HOST_ENGINE and w.slot.targets]  # not the finishing stage
     preparer = Preparer(config, store, config.inbox, busy, lambda: any(hosting(w.current) for w in workers),
                         len(slots))
     for worker in workers:

@@ -288,3 +288,20 @@ class Jobs:
         else:  # a command's end (not the daemon's): the daemon's next round says it in the journal
             self.store.mark_behind(job.job_id, "event")
         self.save(job, expect=state if fence else None, fence=fence)  # still this attempt's end (a retry may follow)
+
+    def abandon(self, job: Job, exc: Exception, attempt: Attempt | None) -> None:
+        """Mark a job that hit a bug failed (INTERNAL) so the queue moves on, fenced by `attempt`, the one its worker
+        ran (a job moved or cancelled meanwhile is left to whoever has it now); never raises."""
+        error = SaigeError("INTERNAL", f"{type(exc).__name__}: {exc}")
+        try:
+            current = self.store.get(job.job_id)
+            if current is None or current.state not in (QUEUED, RUNNING):
+                return
+            if current.state == QUEUED:  # it failed before it was taken (e.g. its row cannot be read as a job)
+                current.state = RUNNING
+                self.store.save(current, expect=QUEUED)
+                self.end(current, FAILED, error)
+            elif attempt is not None and Attempt.of(current) == attempt:
+                self.end(current, FAILED, error, fence=attempt)
+        except Exception as again:  # the store or the outbox itself is broken: leave the row for the next start
+            log.error("job.internal_error", job_id=job.job_id, message=f"cannot settle: {again}")

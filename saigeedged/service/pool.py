@@ -14,6 +14,7 @@ import structlog
 from saigeedged.adapters.docker import Containers, Engine
 from saigeedged.config import Config
 from saigeedged.jobs import HOST_ENGINE, QUEUED, RUNNING, Job
+from saigeedged.service.finishing import Finisher
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.missingimages import MissingImages
 from saigeedged.service.monitor import EngineMonitor
@@ -52,6 +53,12 @@ class Pool:
             ready = self._ready(engine.name)
             self._add(engine, Slot(engine.name, (*engine.spec.targets, "host"), False,
                                    lambda target: target == "host" or ready(target), self._lost(engine.name)))
+        # the finishing stage: the container jobs' reports, off the container's path (issue 25)
+        self.finisher = Finisher(config, jobs, Containers(config, on_event, on_wait, engine=self.engines[0]), places,
+                                 on_change)
+        for worker in self.workers:
+            worker.finisher = self.finisher
+        self.workers.append(self.finisher)
 
     def _add(self, engine: Engine, slot: Slot) -> None:
         containers = Containers(self.config, self.on_event, self.on_wait, engine=engine)
@@ -145,6 +152,10 @@ class Pool:
         views = []
         for worker in self.workers:
             job = worker.shown()
+            if not worker.slot.targets:  # the finishing stage: shown while it holds a job, on that job's engine
+                if job is not None:
+                    views.append(SlotView(job.engine or self.engines[0].name, job.target, job))
+                continue
             targets = (job.target,) if job is not None and not worker.slot.pooled else worker.slot.targets[:1]
             views.append(SlotView(worker.slot.engine_of(targets[0]), targets[0], job))
         return views

@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 import structlog
 
@@ -18,10 +17,9 @@ from saigeedged.adapters.joblog import JobLog
 from saigeedged.compile import ahead, pipeline
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
+from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import (
-    FAILED,
-    QUEUED,
     RUNNING,
     SUCCEEDED,
     Attempt,
@@ -37,17 +35,11 @@ from saigeedged.service.decision import DETACH, END, HOLD, decide
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.progress import Progress
 from saigeedged.service.slot import Slot, attempt_dir, fresh_work_dir, remove_work, work_dir
+from saigeedged.service.stages import Ahead, Finishing
 
 log = structlog.get_logger()
 IDLE_S = 1.0  # an idle worker looks at the queue this often when nothing wakes it
 CANCEL_GRACE_S = 2.0  # a cancelled job whose worker is in an engine call this long ends now, its step killed later
-
-
-class Ahead(Protocol):
-    """What a worker asks of the preparer (service/ahead.py, which knows the workers: so not imported here)."""
-
-    def take(self, job: Job, interrupted: Callable[[], str | None]) -> ahead.Prep | None:
-        """The prep made for this attempt of `job` (waited for if in progress), or None: run the host steps now."""
 
 
 class Worker(threading.Thread):
@@ -76,22 +68,30 @@ class Worker(threading.Thread):
         self.facts = Facts(jobs.store, lambda: self.attempt)  # its record in the store
         containers.book = self.facts  # its steps' exec ids and log offsets go there too
         self.kept = False  # the current attempt's work dir stays: its step runs on, or is the monitor's to reap
+        # the finishing stage (service/finishing.py): takes a container job after its last container step, so this
+        # slot takes the next job while the report is made; None: this worker finishes its jobs itself
+        self.finisher: Finishing | None = None
+        self.handed_off = False  # the current job went to the finishing stage: its work dir and its end are its
 
     def run(self) -> None:
         while not self.stop_event.is_set():
-            resumed = self._next_resumable()
-            job = resumed or self.jobs.store.next_queued(self.slot.skip())
+            job, resumed, handed = self._take()
             if job is None:
                 self.wake.wait(IDLE_S)
                 self.wake.clear()
                 continue
             try:
-                self.execute(job, resumed=resumed is not None)
+                self.execute(job, resumed=resumed, handed=handed)
             except Exception as exc:  # a guard: a bug settling one job must not stop the queue
                 log.error("job.internal_error", job_id=job.job_id, job_name=job.name, error_code="INTERNAL",
                           message=f"{type(exc).__name__}: {exc}")
-                self._abandon(job, exc)
+                self.jobs.abandon(job, exc, self.attempt)
                 self.stop_event.wait(1.0)  # if the job could not be settled either, do not spin on it
+
+    def _take(self) -> tuple[Job | None, bool, pipeline.Compiled | None]:
+        """The next job: one to re-attach, else the first queued one of this slot's targets."""
+        resumed = self._next_resumable()
+        return resumed or self.jobs.store.next_queued(self.slot.skip()), resumed is not None, None
 
     def _next_resumable(self) -> Job | None:
         """A job to re-attach, once its engine answers; None when there is none (or it is not running any more)."""
@@ -152,22 +152,25 @@ class Worker(threading.Thread):
         self.on_change()
         return taken
 
-    def _own(self, job: Job) -> None:
+    def _own(self, job: Job) -> Job:
         """`job` is this worker's now; its attempt is the fence of every write it makes (SPEC §15)."""
         with self._lock:
             # a stop asked for just before the job was taken is not erased: the job stops before its first step
             self.current, self._reason = job, "stop" if self.stop_event.is_set() else None
-            self.kept, self.attempt = False, Attempt.of(job)
+            self.kept, self.handed_off, self.attempt = False, False, Attempt.of(job)
+        return job
 
-    def execute(self, queued: Job, resumed: bool = False) -> None:
-        """Take the job (or re-attach to its running attempt), run it, settle it; every write fenced by the attempt."""
-        job = self._reattach(queued) if resumed else self._start(queued)
+    def execute(self, queued: Job, resumed: bool = False, handed: pipeline.Compiled | None = None) -> None:
+        """Take the job (or re-attach to its running attempt, or go on with one handed over after its last container
+        step), run it, settle it; every write fenced by the attempt."""
+        job = self._reattach(queued) if resumed else self._own(queued) if handed else self._start(queued)
         if job is None:
             return
         attempt = self.attempt
         assert attempt is not None
-        prepared = self.ahead.take(job, lambda: self._reason) if self.ahead and not resumed else None  # made in `work`
-        fresh = prepared is None and not resumed
+        new = not resumed and handed is None
+        prepared = self.ahead.take(job, lambda: self._reason) if self.ahead and new else None  # made in `work`
+        fresh = prepared is None and new
         work = self.work = attempt_dir(self.config.work_root, job) if fresh else work_dir(self.config.work_root, job)
         try:
             try:
@@ -180,12 +183,14 @@ class Worker(threading.Thread):
                 self._settle(job, SaigeError("INTERNAL", f"state_dir is full: {exc}", state_full=True))
                 return
             try:
-                joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'saigeedged'}"
-                            + (f", re-attached in step {job.step}" if resumed else ""))
+                if handed is None:
+                    joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'saigeedged'}"
+                                + (f", re-attached in step {job.step}" if resumed else ""))
                 host = ahead.Ready(prepared, joblog) if prepared else self.facts.replay(job, joblog) if resumed else None
-                self._run(job, work, joblog, host, queued.step_index if resumed else 0)
+                self._run(job, work, joblog, host, queued.step_index if resumed else 0, handed)
                 joblog.close()
-                self._succeed(job)
+                if not self.handed_off:
+                    self._succeed(job)
             except SaigeError as exc:
                 with contextlib.suppress(Superseded):
                     joblog.line(f"### {exc.code}: {exc.message}")
@@ -199,8 +204,8 @@ class Worker(threading.Thread):
             with self._lock:
                 self.current, self.work = None, None
             self.on_change()
-            if not self.config.keep_work and not self.kept:
-                remove_work(work)  # kept: a step that runs on (re-attached), or one to reap
+            if not self.config.keep_work and not self.kept and not self.handed_off:
+                remove_work(work)  # kept: a step that runs on (re-attached), one to reap, or the finishing stage's
 
     def _reattach(self, job: Job) -> Job:
         """Go on with a running job's attempt: its step outlived the last daemon or an outage of its engine."""
@@ -215,7 +220,8 @@ class Worker(threading.Thread):
         end_attempt(job, jobid.iso(jobid.utc_now()), None)
         self.jobs.end(job, SUCCEEDED, fence=fence)
 
-    def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Replay | None = None, replayed: int = 0) -> None:
+    def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Replay | None = None, replayed: int = 0,
+             handed: pipeline.Compiled | None = None) -> None:
         """`replayed`: the index of the step a re-attached attempt was in (Progress logs no `job.step` up to it)."""
         entry = entry_from_doc(job.entry)
         rel = Path(job.subdir) / entry.output_name
@@ -231,10 +237,26 @@ class Worker(threading.Thread):
                            deadline=time.monotonic() + remaining_s(job.attempts[-1]["started_at"], jobid.utc_now(),
                                                                    limits.job_timeout_s),
                            current=lambda: self.jobs.still_current(attempt), on_prepared=self.facts.prepared)
-        result = pipeline.run(run, told.publish, job.created_at)
+        if handed is not None:
+            result: pipeline.Result | None = pipeline.finish(run, handed, told.publish, job.created_at)
+        else:
+            result = pipeline.run(run, told.publish, job.created_at, lambda compiled: self._hand_off(job, compiled))
+        if result is None:
+            return  # the finishing stage's now
         job.onnx_sha256, job.calib_samples, job.report = result.onnx_sha256, result.calib_samples, result.report
         if result.report and result.report.get("flagged"):
             event("job.quantization_flagged", job, "warning", outputs=",".join(result.report["flagged"]))
+
+    def _hand_off(self, job: Job, compiled: pipeline.Compiled) -> bool:
+        """Give a container job whose report is still to make to the finishing stage (True), so this slot is free."""
+        if self.finisher is None or compiled.planned is None or job.target not in CONTAINER_TARGETS:
+            return False
+        if self.attempt is None or not self.jobs.still_current(self.attempt):
+            raise Superseded(f"{job.job_id}: attempt {job.attempt} is not the store's any more")
+        event("job.finishing", job)
+        self.finisher.hand(job, compiled)
+        self.handed_off = True
+        return True
 
     def _settle(self, job: Job, exc: SaigeError) -> None:
         """Settle an attempt that did not succeed as decision.decide says; every write is fenced by the job's attempt
@@ -329,21 +351,3 @@ class Worker(threading.Thread):
         event("job.waiting", job, "warning", error_code=exc.code, message=exc.message, engine=job.engine)
         with self._lock:
             self.resumable.append(job)
-
-    def _abandon(self, job: Job, exc: Exception) -> None:
-        """Mark a job that hit a bug failed (INTERNAL) so the queue moves on, fenced by its attempt (a job moved
-        or cancelled meanwhile is left to whoever has it now); never raises."""
-        try:
-            current = self.jobs.store.get(job.job_id)
-            if current is None or current.state not in (QUEUED, RUNNING):
-                return
-            if current.state == QUEUED:  # it failed before it was taken (e.g. its row cannot be read as a job)
-                current.state = RUNNING
-                self.jobs.store.save(current, expect=QUEUED)
-                self.jobs.end(current, FAILED, SaigeError("INTERNAL", f"{type(exc).__name__}: {exc}"))
-                return
-            if self.attempt is not None and Attempt.of(current) == self.attempt:
-                self.jobs.end(current, FAILED, SaigeError("INTERNAL", f"{type(exc).__name__}: {exc}"),
-                              fence=self.attempt)
-        except Exception as again:  # the store or the outbox itself is broken: leave the row for the next start
-            log.error("job.internal_error", job_id=job.job_id, message=f"cannot settle: {again}")

@@ -173,8 +173,8 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     mean, scale = mean_scale(entry.profile)
     ctx.step("wrap")
     wrapped = prep.work_dir / f"{prep.name}.uint8.onnx"
-    # a model too big for this host
-    memory: tuple[int, Code] = (ctx.config.limits.child_memory_bytes, "ONNX_INVALID")
+    # a valid model whose wrap or quantization needs more memory than a bound allows
+    memory: tuple[int, Code] = (ctx.config.limits.child_memory_bytes, "OUT_OF_MEMORY")
     child.run(wrap_job, (prep.model, wrapped, prep.info.input_name, prep.input_size, mean, scale, entry.channels == "bgr"),
               "wrap", ctx.step_timeout(), ctx.interrupted, memory)
     ctx.log.line(f"wrapped {prep.model.name}: input {prep.info.input_name} uint8 [1, {prep.input_size[0]}, "

@@ -155,18 +155,25 @@ YML
   [ -n "$out" ] || usage "the following arguments are required: --output-dir"
   case "$dtype" in float32|quantized) ;; *) usage "argument --dtype: invalid choice: '$dtype'" ;; esac
   [ "$(get device)" = CPU ] || usage "argument --device: invalid choice: '$(get device)'"
-  [ "$(get iterations)" = 1 ] || fail "this stand-in runs --iterations 1 only"
+  iterations=$(get iterations)
+  case "$iterations" in ''|*[!0-9]*|0) usage "argument --iterations: invalid int value: '$iterations'" ;; esac
   [ "$dtype" = float32 ] || need "$(get model_quantize)"
   dataset=$(grep -m1 'path:' "$meta" | sed 's/.*path: *//')
   need "$dataset"
-  image=$(head -n 1 "$dataset")
-  need "$image"
-  sum=$(md5sum "$image" | cut -d' ' -f1)
-  ref="/standin/tensors/$dtype/$sum"
-  [ -d "$ref" ] || fail "stand-in simulator: no reference tensors for $image ($sum)"
   mkdir -p "$out"
-  for f in "$ref"/*.tensor; do cp "$f" "$out/iter_0_$(basename "$f")"; done
-  echo "I Inference of 1 iteration done: $out"
+  # batch size 1: iteration i reads line i+1 of the dataset and writes iter_<i>_*.tensor
+  i=0
+  while [ "$i" -lt "$iterations" ]; do
+    image=$(sed -n "$((i + 1))p" "$dataset")
+    [ -n "$image" ] || fail "the dataset has fewer than $iterations images"
+    need "$image"
+    sum=$(md5sum "$image" | cut -d' ' -f1)
+    ref="/standin/tensors/$dtype/$sum"
+    [ -d "$ref" ] || fail "stand-in simulator: no reference tensors for $image ($sum)"
+    for f in "$ref"/*.tensor; do cp "$f" "$out/iter_${i}_$(basename "$f")"; done
+    i=$((i + 1))
+  done
+  echo "I Inference of $iterations iterations done: $out"
   ;;
 "export ovxlib")
   data=$(get model_data); qfile=$(get model_quantize); meta=$(get with_input_meta); post=$(get postprocess_file)

@@ -1,0 +1,24 @@
+"""What a worker asks of the stages around it: the preparer before a job's container steps (service/ahead.py) and
+the finishing stage after them (service/finishing.py). Both know the workers, so a worker knows them only as these."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from saigeedged.compile import ahead, pipeline
+from saigeedged.jobs import Job
+
+
+class Ahead(Protocol):
+    """What a worker asks of the preparer: host steps of queued jobs done while one compiles."""
+
+    def take(self, job: Job, interrupted: Callable[[], str | None]) -> ahead.Prep | None:
+        """The prep made for this attempt of `job` (waited for if in progress), or None: run the host steps now."""
+
+
+class Finishing(Protocol):
+    """What a worker asks of the finishing stage: a container job's report, bundle and publication, off its slot."""
+
+    def hand(self, job: Job, compiled: pipeline.Compiled) -> None:
+        """Take `job` after its last container step: its report, bundle, publication and end are the stage's."""
