@@ -19,16 +19,7 @@ from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
 from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.errors import SaigeError
-from saigeedged.jobs import (
-    RUNNING,
-    SUCCEEDED,
-    Attempt,
-    Job,
-    Superseded,
-    end_attempt,
-    entry_from_doc,
-    remaining_s,
-)
+from saigeedged.jobs import RUNNING, SUCCEEDED, Attempt, Job, Superseded, end_attempt, entry_from_doc, remaining_s
 from saigeedged.service import room
 from saigeedged.service.attempt import Facts
 from saigeedged.service.decision import DETACH, END, HOLD, decide
@@ -68,9 +59,7 @@ class Worker(threading.Thread):
         self.facts = Facts(jobs.store, lambda: self.attempt)  # its record in the store
         containers.book = self.facts  # its steps' exec ids and log offsets go there too
         self.kept = False  # the current attempt's work dir stays: its step runs on, or is the monitor's to reap
-        # the finishing stage (service/finishing.py): takes a container job after its last container step, so this
-        # slot takes the next job while the report is made; None: this worker finishes its jobs itself
-        self.finisher: Finishing | None = None
+        self.finisher: Finishing | None = None  # takes container jobs after their last container step (None: not)
         self.handed_off = False  # the current job went to the finishing stage: its work dir and its end are its
 
     def run(self) -> None:
