@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from conftest import write_config
 from factory import yolox
 from harness import drop, wait_for
@@ -120,16 +121,19 @@ def test_a_legacy_attempt_that_agrees_is_recorded_and_resumed(tmp_path: Path, de
 
 def test_a_legacy_attempt_whose_dataset_disagrees_is_requeued_not_resumed(tmp_path: Path,
                                                                           det_inputs: dict[str, Any]) -> None:
-    """dataset.txt that does not list the seeded sampler's choice (one image fewer): not resumed, its record is made
-    to reap its step, and the folder is not touched."""
+    """dataset.txt that does not list the seeded sampler's choice (one image fewer): not resumed, the journal says
+    why, its record is made to reap its step, and the folder is not touched."""
     jobs, taken, work = legacy_attempt(tmp_path, det_inputs)
     dataset = work / "dataset.txt"
     dataset.write_text("\n".join(dataset.read_text().splitlines()[:-1]) + "\n")
     config = configmod.load(write_config(tmp_path, allowed_roots=[str(tmp_path / "data")]))
     with pytest.raises(legacy.Unresumable, match="dataset.txt"):
         legacy.rebuild(taken, work, config)
-    left = Recovery(jobs, 3, lambda j, w: legacy.rebuild(j, w, config)).attempt_left(taken, work)
+    with structlog.testing.capture_logs() as logged:
+        left = Recovery(jobs, 3, lambda j, w: legacy.rebuild(j, w, config)).attempt_left(taken, work)
     assert not left.resumable
+    said = [e for e in logged if e["event"] == "job.legacy_unresumable"]
+    assert len(said) == 1 and "dataset.txt" in said[0]["message"] and said[0]["job_id"] == "a-1"
     record = jobs.store.current_record(taken)
     assert record is not None and record.prepared is None and record.steps == {}
     assert (work / legacy.STEPS / "detached").exists()
