@@ -27,7 +27,7 @@ from saigeedged.compile import ahead
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.jobs import entry_to_doc
 from saigeedged.manifest import load as load_manifest
-from saigeedged.service import legacy
+from saigeedged.service import legacy, slot
 from saigeedged.service.recovery import Recovery
 
 REPO = Path(__file__).parent.parent
@@ -83,16 +83,17 @@ def test_upgrade_from_the_previous_release_during_quantize_keeps_attempt_1(cubie
         assert con.execute("SELECT state FROM jobs WHERE job_id = ?", (first["job_id"],)).fetchone() == ("running",)
 
 
-def legacy_attempt(tmp_path: Path, det_inputs: dict[str, Any]) -> tuple[Any, Any, Path]:
-    """A running job of the store whose attempt folder is laid out as the previous release left it mid-quantize (its
-    host steps really run, a step's exec id, a stop marker), without an attempt record; its jobs, row and folder."""
+def legacy_attempt(tmp_path: Path, det_inputs: dict[str, Any], folder_of: str = "a-1/attempt1") -> tuple[Any, Any, Path]:
+    """A running job of the store whose attempt folder (`folder_of` under the work root) is laid out as the previous
+    release left it mid-quantize (its host steps really run, a step's exec id, a stop marker), without an attempt
+    record; its jobs, row and folder, which the daemon's work_dir finds."""
     folder = tmp_path / "data" / "claimed"
     folder.mkdir(parents=True)
     (folder / "det.onnx").write_bytes(det_inputs["onnx"].read_bytes())
     (folder / "det.yml").write_text(json.dumps(det_inputs["manifest"]))
     entry = load_manifest(folder / "det.yml", configmod.load(write_config(tmp_path)).section("defaults"), drop=True)[0]
     jobs = lifecycle(tmp_path)
-    work = tmp_path / "work" / "a-1" / "attempt1"
+    work = tmp_path / "work" / folder_of
     jobs.add(dataclasses.replace(job(), claim_dir=str(folder), entry=entry_to_doc(entry)))
     taken = jobs.take("a-1", "local", str(work))
     assert taken is not None
@@ -103,13 +104,17 @@ def legacy_attempt(tmp_path: Path, det_inputs: dict[str, Any]) -> tuple[Any, Any
     (work / legacy.STEPS / "1.exec").write_text("ab" * 32)
     (work / legacy.STEPS / "1.seen").write_text("120")
     (work / legacy.STEPS / "detached").touch()
+    assert slot.work_dir(tmp_path / "work", taken) == work
     return jobs, taken, work
 
 
-def test_a_legacy_attempt_that_agrees_is_recorded_and_resumed(tmp_path: Path, det_inputs: dict[str, Any]) -> None:
-    """A previous-release attempt whose work dir agrees with its job gets a record (the prepared inputs, the steps'
-    book, no crash for its stop) and goes on; the stop marker is gone from the folder."""
-    jobs, taken, work = legacy_attempt(tmp_path, det_inputs)
+@pytest.mark.parametrize("folder_of", ["a-1/attempt1", "a-1"])
+def test_a_legacy_attempt_that_agrees_is_recorded_and_resumed(tmp_path: Path, det_inputs: dict[str, Any],
+                                                              folder_of: str) -> None:
+    """A previous-release attempt (in an attempt folder, or in the one folder per job of the releases before) whose
+    work dir agrees with its job gets a record (the prepared inputs, the steps' book, no crash for its stop) and goes
+    on; the stop marker is gone from the folder."""
+    jobs, taken, work = legacy_attempt(tmp_path, det_inputs, folder_of)
     config = configmod.load(write_config(tmp_path, allowed_roots=[str(tmp_path / "data")]))
     left = Recovery(jobs, 3, lambda j, w: legacy.rebuild(j, w, config)).attempt_left(taken, work)
     assert (left.resumable, left.crashes) == (True, 0)
@@ -137,3 +142,15 @@ def test_a_legacy_attempt_whose_dataset_disagrees_is_requeued_not_resumed(tmp_pa
     record = jobs.store.current_record(taken)
     assert record is not None and record.prepared is None and record.steps == {}
     assert (work / legacy.STEPS / "detached").exists()
+
+
+def test_a_legacy_attempt_keeps_its_crash_count(tmp_path: Path, det_inputs: dict[str, Any]) -> None:
+    """The previous release's crash count (no stop marker: the daemon died) carries into the record, this death
+    counted too, and the marker file is gone from the folder the container can write."""
+    jobs, taken, work = legacy_attempt(tmp_path, det_inputs)
+    (work / legacy.STEPS / "detached").unlink()
+    (work / legacy.STEPS / "crashes").write_text("1")
+    config = configmod.load(write_config(tmp_path, allowed_roots=[str(tmp_path / "data")]))
+    left = Recovery(jobs, 3, lambda j, w: legacy.rebuild(j, w, config)).attempt_left(taken, work)
+    assert (left.resumable, left.crashes) == (True, 2)
+    assert not (work / legacy.STEPS / "crashes").exists()
