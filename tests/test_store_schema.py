@@ -45,7 +45,7 @@ def test_an_old_database_is_backed_up_then_migrated(tmp_path: Path) -> None:
     path = tmp_path / "saigeedged.db"
     old_database(path)
     store = Store(path)
-    assert version(path) == SCHEMA_VERSION == 2
+    assert version(path) == SCHEMA_VERSION == 3
     backup = tmp_path / "saigeedged.db.bak-1"
     assert backup.stat().st_mode & 0o777 == 0o600
     copy = sqlite3.connect(backup)

@@ -48,6 +48,16 @@ CREATE INDEX IF NOT EXISTS jobs_queued_target ON jobs (json_extract(doc, '$.targ
     WHERE state = 'queued';
 CREATE TABLE IF NOT EXISTS behind (job_id TEXT NOT NULL, kind TEXT NOT NULL, PRIMARY KEY (job_id, kind));
 CREATE TABLE IF NOT EXISTS tallies (name TEXT PRIMARY KEY, doc TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS engines (
+    name TEXT PRIMARY KEY,
+    up INTEGER NOT NULL,
+    reason TEXT,
+    since TEXT NOT NULL,
+    slots TEXT NOT NULL
+);
+"""
+# version 3: the attempt records (SPEC §15), which the attempts' folders held before
+ATTEMPTS = """
 CREATE TABLE IF NOT EXISTS attempts (
     job_id TEXT NOT NULL,
     take INTEGER NOT NULL,
@@ -57,19 +67,14 @@ CREATE TABLE IF NOT EXISTS attempts (
     PRIMARY KEY (job_id, take)
 );
 CREATE INDEX IF NOT EXISTS attempts_reap ON attempts (engine) WHERE reap = 1;
-CREATE TABLE IF NOT EXISTS engines (
-    name TEXT PRIMARY KEY,
-    up INTEGER NOT NULL,
-    reason TEXT,
-    since TEXT NOT NULL,
-    slots TEXT NOT NULL
-);
 """
+SCHEMA += ATTEMPTS
 # columns added after the first release: (table, column, declaration, backfill from the row's doc or None)
 MIGRATIONS = (("jobs", "engine", "TEXT", "json_extract(doc, '$.engine')"),)
-# PRAGMA user_version: 0 = no version yet (a release before versioning: read as 1); 2 = this one (SPEC §15).
+# PRAGMA user_version: 0 = no version yet (a release before versioning: read as 1); 2 = the release before attempt
+# records (it would run on beside them, blind to them: it must refuse this database); 3 = this one (SPEC §15).
 # STEPS[n] takes a database of version n - 1 to n; each step is idempotent (a crash mid-way runs it again).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # the row still names this attempt (jobs.Attempt): its number, how many times the job was taken, its engine
 FENCE = ("json_extract(doc, '$.attempt') = ? AND json_array_length(doc, '$.attempts') = ? "
          "AND json_extract(doc, '$.attempts[#-1].engine') = ?")
@@ -176,7 +181,13 @@ def _add_columns(db: sqlite3.Connection) -> None:
                 db.execute(f"UPDATE {table} SET {column} = {backfill}")
 
 
-STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {2: _add_columns}
+def _attempt_records(db: sqlite3.Connection) -> None:
+    """The attempts table (idempotent; a new file has it from SCHEMA already)."""
+    for statement in filter(str.strip, ATTEMPTS.split(";")):
+        db.execute(statement)
+
+
+STEPS: dict[int, Callable[[sqlite3.Connection], None]] = {2: _add_columns, 3: _attempt_records}
 
 
 class NewerDatabase(Exception):

@@ -25,7 +25,7 @@ from saigeedged.intake.inbox import Drop, Rejected, Scanner
 from saigeedged.intake.watch import Watcher, use_polling
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Attempt, Job, entry_to_doc, status_text
 from saigeedged.manifest import safe_stem
-from saigeedged.service import ahead, room
+from saigeedged.service import ahead, legacy, room
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.ops import Ops
 from saigeedged.service.pool import Pool
@@ -56,7 +56,8 @@ class Daemon:
         self.room = room.Waiting(stop, clock)  # a worker's write on a full state_dir waits for space
         self.store.wait_for_room = self.room
         self.jobs = Jobs(self.store, Outbox(config.outbox), self.places)
-        self.recovery = Recovery(self.jobs, config.limits.max_attempts)
+        self.recovery = Recovery(self.jobs, config.limits.max_attempts,
+                                 lambda job, work: legacy.rebuild(job, work, config))
         watch = config.watch
         self.scanner = Scanner(config.inbox, watch.settle_s, watch.orphan_timeout_s, config.defaults.as_dict(),
                                max_digest_bytes=config.limits.max_onnx_bytes)

@@ -7,6 +7,7 @@ import os
 import shutil
 import sqlite3
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from saigeedged.intake import claims, ownfolders
 from saigeedged.intake.claims import Orphan
 from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job
 from saigeedged.records import AttemptRecord, UnreadableRecord
+from saigeedged.service import legacy
 from saigeedged.service.lifecycle import Jobs
 
 log = structlog.get_logger()
@@ -36,8 +38,10 @@ class Left:
 class Recovery:
     """What the daemon settles at start and at each scan so that every drop ends in one visible state."""
 
-    def __init__(self, jobs: Jobs, max_attempts: int) -> None:
+    def __init__(self, jobs: Jobs, max_attempts: int,
+                 legacy_record: Callable[[Job, Path], AttemptRecord] | None = None) -> None:
         self.jobs, self.max_attempts = jobs, max_attempts
+        self.legacy_record = legacy_record  # rebuilds the record of an attempt of the release before records
         self.store, self.places, self.outbox = jobs.store, jobs.places, jobs.outbox
         self._reported: set[str] = set()  # folders whose rows could not be written, logged once
         self._claimed = claims.Seen()  # claimed folders already settled: a rescan does not read them again
@@ -125,6 +129,9 @@ class Recovery:
         except UnreadableRecord as exc:
             log.warning("job.record_unreadable", job_id=job.job_id, message=str(exc))
             record = None
+        else:
+            if record is None and self.legacy_record is not None and legacy.started(work):
+                record = self._legacy(job, work)
         if record is None or (record.started and not resume.usable(record.prepared)):
             engine = str(job.attempts[-1]["engine"]) if job.attempts else ""
             self.store.put_record(AttemptRecord(job.job_id, take, job.attempt, engine, job.target, str(work),
@@ -133,6 +140,23 @@ class Recovery:
         crashes = record.crashes + (0 if record.detached else 1)
         self.store.update_record(job.job_id, take, crashes=crashes, detached=False)
         return Left(crashes < self.max_attempts, crashes)
+
+    def _legacy(self, job: Job, work: Path) -> AttemptRecord | None:
+        """An attempt of the release before attempt records (an upgrade during its step): its record rebuilt from
+        what can be checked (service/legacy.py), or None with the reason in the journal (it is requeued)."""
+        assert self.legacy_record is not None
+        try:
+            record = self.legacy_record(job, work)
+        except legacy.Unresumable as exc:
+            log.warning("job.legacy_unresumable", job_id=job.job_id, work=str(work),
+                        message=f"an attempt of the previous release cannot go on: {exc}; its step is killed and the "
+                        "job runs again")
+            return None
+        self.store.put_record(record)
+        legacy.forget(work)
+        log.info("job.legacy_adopted", job_id=job.job_id, work=str(work), steps=",".join(record.steps),
+                 message="the previous release's attempt checked and recorded: its step goes on")
+        return record
 
     def interrupted(self, job: Job, max_attempts: int) -> None:
         """A job the daemon died under (killed, out of memory) runs again, up to max_attempts in all."""
