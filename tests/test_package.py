@@ -27,7 +27,7 @@ from factory import random_labels, valjson
 from harness import container_output, drop_detector, job_named, read_status, remove_containers, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent / "systemdbox"))
-from box import ROOT, UPGRADE, Box, image, package  # noqa: E402
+from box import ROOT, UPGRADE, Box, image, package, previous_package  # noqa: E402
 
 pytestmark = [pytest.mark.systemd, pytest.mark.docker, pytest.mark.timeout(2400)]
 
@@ -244,12 +244,12 @@ def test_lintian_reports_no_error_nor_warning(host: Host) -> None:
 
 
 def test_upgrade_from_the_previous_schema_during_a_cubie_step_keeps_attempt_1(host: Host, docker_client: Any) -> None:
-    """An upgrade from a release of the previous database schema while a cubie step compiles (SPEC §15, §16): the
-    stopped daemon's queue is turned into schema 1 (no `engine` column, no user_version) as that release left it, then
-    the newer package goes in: the database is copied to saigeedged.db.bak-1 and migrated, the new daemon re-attaches
-    to the step, which runs only once, the job ends succeeded in its first attempt, and the journal tells one
-    `job.step quantize`."""
-    host.box.apt_install(host.debs[0])  # after the purge above: a fresh install
+    """An upgrade from the release of the previous database schema (box.PREVIOUS, schema 2: its attempts kept their
+    facts in their work dirs) while a cubie step compiles (SPEC §15, §16): `apt install` of this package restarts the
+    service; the database is copied to saigeedged.db.bak-2 and migrated to 3, the new daemon rebuilds the running
+    attempt's record from what it can check (service/legacy.py, `job.legacy_adopted`) and re-attaches to the step,
+    which runs only once; the job ends succeeded in its first attempt and the journal tells one `job.step quantize`."""
+    host.box.apt_install(previous_package())  # after the purge above: a fresh install of the previous release
     # the work dirs are bind-mounted into the compiler container by the host's engine: a state dir at the same path
     # on both sides, as INSTALL.md's notes say for a state_dir elsewhere
     state = host.box.shared / "state"
@@ -266,17 +266,15 @@ def test_upgrade_from_the_previous_schema_during_a_cubie_step_keeps_attempt_1(ho
         return [line for line in out.splitlines() if running["job_id"] in line and what in line]
 
     wait_for(lambda: calls(" quantize "), 30, "the stand-in's quantize step")
-    host.sh("systemctl stop saigeedged")  # the step runs on (SPEC §15); the queue as the previous release kept it:
-    host.sh(f"runuser -u saigeedged -- python3.11 -c 'import sqlite3; db = sqlite3.connect(\"{state}/saigeedged.db\"); "
-            "db.execute(\"ALTER TABLE jobs DROP COLUMN engine\"); db.execute(\"PRAGMA user_version = 0\"); db.commit()'")
-    host.box.apt_install(host.debs[1])
+    host.box.apt_install(host.debs[1])  # the previous release's daemon stops, leaving its step running (SPEC §15)
     assert host.box.show("ActiveState")["ActiveState"] == "active"
     done = host.job(name, timeout=180)
     assert (done["state"], done["attempt"], done["job_id"]) == ("succeeded", 1, running["job_id"]), done
     assert len(calls(" quantize ")) == 1, calls("")
     version = host.sh(f"runuser -u saigeedged -- python3.11 -c 'import sqlite3; print(sqlite3.connect(\"{state}/saigeedged.db\")"
                       ".execute(\"PRAGMA user_version\").fetchone()[0])'").stdout.strip()
-    assert version == "2" and (state / "saigeedged.db.bak-1").stat().st_size > 0
+    assert version == "3" and (state / "saigeedged.db.bak-2").stat().st_size > 0
+    assert host.box.journal("SAIGEEDGE_EVENT=job.legacy_adopted", f"SAIGEEDGE_JOB_ID={running['job_id']}")
     assert host.box.journal("SAIGEEDGE_EVENT=job.reattached", f"SAIGEEDGE_JOB_ID={running['job_id']}")
     steps = [e["SAIGEEDGE_STEP"] for e in host.box.journal("SAIGEEDGE_EVENT=job.step", f"SAIGEEDGE_JOB_ID={running['job_id']}")]
     assert steps.count("quantize") == 1 and steps[-2:] == ["bundle", "publish"], steps

@@ -8,7 +8,9 @@ import functools
 import json
 import shutil
 import subprocess
+import tempfile
 import time
+import tomllib
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 DOCKER_SOCKET = Path("/var/run/docker.sock")
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
 def image() -> str:
@@ -52,6 +55,35 @@ def package(version: str | None = None) -> Path:
     run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=2400)
     assert run.returncode == 0, run.stderr[-4000:]
     return ROOT / run.stdout.strip().splitlines()[-1]
+
+
+PREVIOUS = "2f35d79"  # the last release of schema 2 (its attempts kept their facts in their work dirs, issue 26)
+
+
+def previous_package() -> Path:
+    """The .deb of the release PREVIOUS, version <its version>~schema2 (older than any build of this checkout): built
+    once into this worktree's dist/ from a detached worktree of that commit, with that commit's own scripts/package."""
+    deb = ROOT / "dist" / f"saigeedged_{VERSION}~schema2_amd64.deb"
+    (ROOT / "dist").mkdir(exist_ok=True)
+    with open(ROOT / "dist" / ".previous.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # test processes that ask together: one builds, the others reuse it
+        if deb.exists():
+            return deb
+        found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{PREVIOUS}^{{commit}}"], capture_output=True)
+        assert found.returncode == 0, f"commit {PREVIOUS} is not in this clone's history (git fetch --unshallow)"
+        tree = Path(tempfile.mkdtemp(prefix="saigeedged-previous-"))
+        try:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree / "src"), PREVIOUS],
+                           check=True, capture_output=True, timeout=120)
+            run = subprocess.run([str(tree / "src" / "scripts" / "package"), "--version", f"{VERSION}~schema2"],
+                                 cwd=tree / "src", capture_output=True, text=True, timeout=2400)
+            assert run.returncode == 0, run.stderr[-4000:]
+            shutil.copyfile(tree / "src" / run.stdout.strip().splitlines()[-1], deb)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree / "src")],
+                           capture_output=True, timeout=120)
+            shutil.rmtree(tree, ignore_errors=True)
+    return deb
 
 
 class Box:
