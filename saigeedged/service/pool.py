@@ -12,8 +12,10 @@ from typing import Any
 import structlog
 
 from saigeedged.adapters.docker import Containers, Engine
+from saigeedged.adapters.slurm.cluster import Slurm
 from saigeedged.config import Config
 from saigeedged.jobs import HOST_ENGINE, Job
+from saigeedged.service import clusterslots
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.monitor import EngineMonitor
 from saigeedged.service.slot import Slot, work_dir
@@ -33,13 +35,18 @@ class Pool:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config, self.jobs, self.places = config, jobs, places
         self.on_event, self.on_wait, self.on_change = on_event, on_wait, on_change
-        self.specs = list(config.engines)  # at least the local engine
+        self.specs = [] if config.executor.slurm else list(config.engines)  # at least the local engine
         self.engines = [Engine(spec, config, on_event) for spec in self.specs]
+        self.slurm = Slurm(config.executor) if config.executor.slurm else None
         self.wake = threading.Event()
         self.workers: list[Worker] = []
         self.monitor = EngineMonitor(self.engines, jobs.store, self._lose, self._changed, clock,
                                      config.limits.engine_timeout_s)
-        if len(self.engines) > 1:  # a slot per (engine, target), host jobs their own (SPEC §11)
+        if self.slurm is not None:  # container jobs on a Slurm partition's nodes (docs/spec-executor-slurm.md)
+            for containers, slot in clusterslots.slots(config, self.slurm, lambda: self.workers):
+                self._join(Worker(config, jobs, containers, places, on_change, slot, self.wake))
+                clusterslots.bind(self.workers[-1])
+        elif len(self.engines) > 1:  # a slot per (engine, target), host jobs their own (SPEC §11)
             for engine in self.engines:
                 for target in engine.spec.targets:
                     self._add(engine, Slot(engine.name, (target,), True, self._ready(engine.name),
@@ -53,7 +60,10 @@ class Pool:
 
     def _add(self, engine: Engine, slot: Slot) -> None:
         containers = Containers(self.config, self.on_event, self.on_wait, engine=engine)
-        self.workers.append(Worker(self.config, self.jobs, containers, self.places, self.on_change, slot, self.wake))
+        self._join(Worker(self.config, self.jobs, containers, self.places, self.on_change, slot, self.wake))
+
+    def _join(self, worker: Worker) -> None:
+        self.workers.append(worker)
 
     def _ready(self, name: str) -> Callable[[str], bool]:
         return lambda target: self.monitor.ready(name, target)
@@ -82,8 +92,9 @@ class Pool:
         """Hand running container jobs to the workers of their slots to re-attach; returns those no slot serves."""
         left = []
         for job in jobs:
-            worker = next((w for w in self.workers if job.target in w.slot.targets
-                           and w.slot.engine_of(job.target) == (job.engine or w.slot.engine)), None)
+            serving = [w for w in self.workers if job.target in w.slot.targets
+                       and w.slot.engine_of(job.target) == (job.engine or w.slot.engine)]
+            worker = min(serving, key=lambda w: len(w.resumable), default=None)  # each its own: they run at once
             if worker is None:
                 left.append(job)
             else:
@@ -92,6 +103,10 @@ class Pool:
 
     def reap(self, job: Job) -> None:
         """Kill the step of the job's current attempt when its engine answers, before its slots take work."""
+        if self.slurm is not None:  # its cluster job ends: the agent's TERM kills the step on the node
+            for live in (j for j in self.slurm.poll(job.job_id, fresh=True) if j.alive):
+                self.slurm.cancel(live.cluster_id)
+            return
         name = job.engine if job.engine in self.monitor.engines else self.engines[0].name
         self.monitor.abandoned(name, [(job.target, self.work_dir(job))])
 

@@ -126,6 +126,12 @@ class Container(Lifecycle):
         except (SaigeError, *ENGINE_ERRORS):
             pass  # the engine is gone: its folder goes with the container, or with the next attempt's copy
 
+    def launch(self, files: detached.Files, argv: Sequence[str], timeout_s: int, env: dict[str, str] | None) -> None:
+        """Start a step detached and return at once (a Slurm node's agent: the daemon follows its files on the share)."""
+        ctr = self.ensure()
+        with self._reach(f"starting {shlex.join(argv[:3])}"):
+            self._launch(ctr, files, argv, timeout_s, env)
+
     def _launch(self, ctr: ContainerRef, files: detached.Files, argv: Sequence[str], timeout_s: int,
                env: dict[str, str] | None) -> None:
         """Create the wrapper's exec, record its id beside the step's files, start it detached."""
