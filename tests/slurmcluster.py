@@ -119,21 +119,41 @@ class Cluster:
 
     def _run(self, name: str) -> Node:
         """Start a node container with its dockerd and munged, the stand-in images loaded."""
-        subprocess.run(["docker", "run", "-d", "--name", name, "--hostname", name, "--network", self.network,
+        self._create(name)
+        node = self.nodes[name] = Node(name)
+        self._services(node)
+        with self.loaded.open("rb") as fh:
+            node.sh("docker load -q", stdin=fh.read(), timeout=300)
+        return node
+
+    def _services(self, node: Node) -> None:
+        node.sh(f"mkdir -p /var/log/slurm /run/munge && chown munge:munge /run/munge && runuser -u munge -- munged; "
+                f"(dockerd --cgroup-parent /{node.name} --bridge=none --iptables=false --ip6tables=false "
+                f"> /var/log/dockerd.log 2>&1 &); "
+                "for _ in $(seq 300); do docker info >/dev/null 2>&1 && break; sleep 0.1; done; docker info >/dev/null")
+
+    def revive(self, node: Node) -> None:
+        """A killed node powers on again: its daemons start, Slurm returns it to service (ReturnToService=2)."""
+        subprocess.run(["docker", "start", node.name], check=True, capture_output=True, timeout=120)
+        self._services(node)
+        self._slurmd(node)
+        self.wait_idle([node.name])
+
+    def drain(self, node: Node, on: bool) -> None:
+        """Keep new jobs off a node (the daemon's host, in the tests that kill or cut a node), or let them in again."""
+        state = "DRAIN Reason=test" if on else "RESUME"
+        self.controller.sh(f"scontrol update NodeName={node.name} State={state}")
+
+    def _create(self, name: str) -> None:
+        # --init: daemons started by `docker exec` are re-parented to PID 1, which must reap them (a restarted
+        # slurmctld would otherwise stay a zombie that `kill -0` still finds)
+        subprocess.run(["docker", "run", "-d", "--init", "--name", name, "--hostname", name, "--network", self.network,
                         "--label", f"saigeedged.test={self.prefix}", "--cap-add=ALL", *_caps(),
                         "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
                         "--security-opt", "systempaths=unconfined", "--cgroupns=host",
                         "-v", f"{CGROUP}:{CGROUP}:rw", "--tmpfs", "/run", "-v", "/var/lib/docker",
                         "-v", f"{ROOT}:{ROOT}:ro", *_interpreter(), "-v", f"{self.share}:{self.share}", self.image],
                        check=True, capture_output=True, timeout=120)
-        node = self.nodes[name] = Node(name)
-        node.sh(f"mkdir -p /var/log/slurm /run/munge && chown munge:munge /run/munge && runuser -u munge -- munged; "
-                f"(dockerd --cgroup-parent /{name} --bridge=none --iptables=false --ip6tables=false "
-                f"> /var/log/dockerd.log 2>&1 &); "
-                "for _ in $(seq 300); do docker info >/dev/null 2>&1 && break; sleep 0.1; done; docker info >/dev/null")
-        with self.loaded.open("rb") as fh:
-            node.sh("docker load -q", stdin=fh.read(), timeout=300)
-        return node
 
     def _slurmd(self, node: Node, dynamic: bool = False) -> None:
         args = f"--conf-server {self.controller.name}" if node is not self.controller else ""
@@ -148,6 +168,11 @@ class Cluster:
         self._slurmd(node, dynamic=True)
         self.wait_idle([node.name])
         return node
+
+    def restart_controller(self) -> None:
+        """SIGTERM to slurmctld, then start it again (its state is saved in StateSaveLocation)."""
+        self.controller.sh("p=$(cat /run/slurmctld.pid); kill -TERM $p; "
+                           "for _ in $(seq 300); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; slurmctld")
 
     def json(self, *argv: str) -> Any:
         return json.loads(self.controller.sh(" ".join([*argv, "--json"])).stdout)
@@ -176,8 +201,8 @@ class Cluster:
                        timeout=60)
 
     def heal(self, node: Node) -> None:
-        subprocess.run(["docker", "network", "connect", self.network, node.name], check=True, capture_output=True,
-                       timeout=60)
+        """Reconnect a cut node (nothing to do when it is connected)."""
+        subprocess.run(["docker", "network", "connect", self.network, node.name], capture_output=True, timeout=60)
 
     def teardown(self) -> None:
         ids = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=saigeedged.test={self.prefix}"],

@@ -3,94 +3,19 @@ the first node (the controller), container steps on whichever node Slurm places 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import uuid
-import zlib
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from conftest import STANDIN_ACUITY, STANDIN_MOBILINT
-from factory import random_labels, valjson, yolox
-from harness import drop, read_status, wait_for
-from slurmcluster import ROOT, Cluster, Node, slurm_cluster  # noqa: F401 - the session fixture
+from conftest import STANDIN_ACUITY
+from harness import read_status, wait_for
+from slurmcluster import Cluster, Node, slurm_cluster  # noqa: F401 - the session fixture
+from slurmdaemon import ClusterDaemon
 
 pytestmark = [pytest.mark.slurm, pytest.mark.docker]
-PYTHON = ROOT / ".venv" / "bin" / "python"
-CUBIE, MOBILINT = "saige-slurm-cubie", "saige-slurm-mobilint"
-
-
-class ClusterDaemon:
-    """`saigeedged run` with executor slurm on the controller node; its folders are on the share."""
-
-    def __init__(self, cluster: Cluster, **overrides: Any) -> None:
-        self.cluster, self.node = cluster, cluster.controller
-        self.root = cluster.share / uuid.uuid4().hex[:8]
-        self.inbox, self.outbox, self.data = self.root / "inbox", self.root / "outbox", self.root / "data"
-        self.config = self.root / "saigeedged.yml"
-        self.calib = valjson(self.data, random_labels(8, 3))
-        doc: dict[str, Any] = {
-            "inbox": str(self.inbox), "outbox": str(self.outbox), "state_dir": str(self.root / "state"),
-            "allowed_roots": [str(self.data)], "watch": {"settle_s": 0.3, "mode": "poll", "poll_interval_s": 0.5},
-            "log": {"format": "json"}, "defaults": {"target": "cubie"},
-            "cubie": {"image": STANDIN_ACUITY, "container": CUBIE},
-            "mobilint": {"image": STANDIN_MOBILINT, "container": MOBILINT},
-            "limits": {"step_timeout_s": 300},
-            "executor": {"kind": "slurm", "partition": "saige", "work_share": str(self.root / "work"),
-                         "poll_interval_s": 1.0}}
-        doc.update(overrides)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.config.write_text(yaml.safe_dump(doc))
-        self.pidfile, self.err = self.root / "daemon.pid", self.root / "daemon.err"
-
-    def start(self) -> ClusterDaemon:
-        self.node.sh(f"cd {self.root} && (sh -c 'echo $$ > {self.pidfile}; exec {PYTHON} -m saigeedged run "
-                     f"-c {self.config}' >> {self.err} 2>&1 &)")
-        wait_for(lambda: any(e.get("event") == "daemon.ready" for e in self.events()), 60, "daemon.ready")
-        return self
-
-    def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        try:
-            lines = self.err.read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        docs = [json.loads(x) for x in lines if x.startswith("{")]
-        return [d for d in docs if name is None or d.get("event") == name]
-
-    def signal(self, sig: str) -> None:
-        self.node.sh(f"kill -{sig} $(cat {self.pidfile})")
-
-    def stop(self) -> None:
-        self.node.sh(f"p=$(cat {self.pidfile}); kill -TERM $p 2>/dev/null; "
-                     "for _ in $(seq 300); do kill -0 $p 2>/dev/null || exit 0; sleep 0.1; done; kill -9 $p", check=False)
-
-    def drop(self, name: str, **fields: Any) -> None:
-        manifest = {"task": "detection", "num_classes": 3, "calib": str(self.calib), "n_samples": 4, **fields}
-        drop(self.inbox, name, yolox(self.data / f"{name}.onnx", size=(64, 64), seed=zlib.crc32(name.encode())),
-             manifest)
-
-    def job(self, name: str, states: tuple[str, ...] = ("succeeded", "failed", "cancelled"), step: str | None = None,
-            timeout: float = 180) -> dict[str, Any]:
-        def find() -> dict[str, Any] | None:
-            for path in (self.outbox / "status").glob(f"{name}-*.json"):
-                doc = read_status(self.outbox, path.stem)
-                if doc and doc["state"] in states and (step is None or doc["step"] == step):
-                    return doc
-            return None
-
-        return wait_for(find, timeout, f"{name} in {states} {step or ''}\n{self.tail()}")  # type: ignore[no-any-return]
-
-    def tail(self) -> str:
-        try:
-            return self.err.read_text()[-3000:]
-        except FileNotFoundError:
-            return ""
-
-    def cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return self.node.sh(f"{PYTHON} -m saigeedged {' '.join(argv)} -c {self.config}", check=False)
 
 
 @pytest.fixture
@@ -108,9 +33,9 @@ def cluster_daemon(slurm_cluster: Cluster) -> Iterator[Any]:  # noqa: F811 - the
     slurm_cluster.controller.sh("scancel --user root", check=False)
 
 
-def calls(node: Node, verb: str) -> list[str]:
-    """The stand-in pegasus calls of `verb` in the node's cubie container (cwd, argv)."""
-    out = node.sh(f"docker exec {CUBIE} cat /tmp/standin-calls.log", check=False).stdout
+def calls(node: Node, d: ClusterDaemon, verb: str) -> list[str]:
+    """The stand-in pegasus calls of `verb` in the node's cubie container of daemon `d` (cwd, argv)."""
+    out = node.sh(f"docker exec {d.cubie} cat /tmp/standin-calls.log", check=False).stdout
     return [line for line in out.splitlines() if f"pegasus.py {verb}" in line]
 
 
@@ -147,5 +72,145 @@ def test_a_cubie_drop_compiles_on_a_node(cluster_daemon: Any, slurm_cluster: Clu
     assert (d.outbox / done["bundle"]["path"]).is_file()
     placed = d.events("job.placed")
     assert [e["job_id"] for e in placed] == [done["job_id"]]
-    ran = [n for n in slurm_cluster.nodes.values() if any("first" in c for c in calls(n, "quantize"))]
+    ran = [n for n in slurm_cluster.nodes.values() if any("first" in c for c in calls(n, d, "quantize"))]
     assert [n.name for n in ran] == [placed[0]["node"]]
+    check = d.cli("check").stdout
+    for name in slurm_cluster.nodes:
+        assert f"{name}" in check and "serves cubie, mobilint" in check
+    assert all(n in d.cli("status").stdout for n in slurm_cluster.nodes)  # status lists the partition's nodes
+
+
+def procs(node: Node, d: ClusterDaemon) -> str:
+    """The processes in the node's cubie container of daemon `d`."""
+    return node.sh(f"docker exec {d.cubie} ps -o args", check=False).stdout
+
+
+def quantizing(d: ClusterDaemon, cluster: Cluster, name: str, marker: str) -> tuple[dict[str, Any], Node]:
+    """Drop `name`; its status and node once its quantize step runs there (`marker` among the container's processes)."""
+    d.drop(name)
+    first = d.job(name, ("running",), step="quantize")
+    node = running_on(cluster, first["job_id"])
+    wait_for(lambda: marker in procs(node, d), 30, f"{name}'s quantize step running on its node")
+    return first, node
+
+
+def test_drops_spread_over_the_nodes_one_cubie_job_per_node(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
+    """Four cubie drops on three nodes: three run at once on three nodes, never two on one node, and all publish."""
+    d = cluster_daemon()
+    seen: list[dict[str, int]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            jobs = slurm_cluster.json("squeue")["jobs"]
+            busy: dict[str, int] = {}
+            for j in jobs:
+                if j["job_state"] == "RUNNING" and "cubie" in j["tres_per_node"]:
+                    busy[j["batch_host"]] = busy.get(j["batch_host"], 0) + 1
+            seen.append(busy)
+            time.sleep(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    names = [f"spread{i}_sleep6" for i in range(4)]
+    for name in names:
+        d.drop(name)
+    try:
+        ends = [d.job(name, timeout=240) for name in names]
+    finally:
+        done.set()
+        sampler.join()
+    assert [e["state"] for e in ends] == ["succeeded"] * 4
+    assert max(max(s.values(), default=0) for s in seen) == 1  # at most one cubie job per node at any time
+    assert max(len(s) for s in seen) == 3  # and the three nodes busy at once
+    assert {e["node"] for e in d.events("job.placed")} == set(slurm_cluster.nodes)
+
+
+def test_a_node_killed_mid_step_requeues_the_job_which_publishes_once(cluster_daemon: Any,
+                                                                       slurm_cluster: Cluster) -> None:  # noqa: F811
+    """Power loss of the node running a quantize: Slurm requeues the job, attempt 2 runs elsewhere and publishes once."""
+    d = cluster_daemon()
+    slurm_cluster.drain(slurm_cluster.controller, True)  # the daemon's own host is not the one to die
+    first, node = quantizing(d, slurm_cluster, "lost_sleep20", "sleep 20")
+    try:
+        slurm_cluster.kill(node)
+        done = d.job("lost_sleep20", timeout=240)
+        assert (done["state"], done["attempt"]) == ("succeeded", 2), d.tail()
+        placed = [e["node"] for e in d.events("job.placed")]
+        assert placed[0] == node.name and placed[-1] not in (node.name, slurm_cluster.controller.name)
+        bundles = list((d.outbox).glob("lost_sleep20*.saigeedge"))
+        assert [b.name for b in bundles] == [Path(done["bundle"]["path"]).name]
+        assert [e["job_id"] for e in d.events("job.succeeded")] == [first["job_id"]]
+    finally:
+        slurm_cluster.drain(slurm_cluster.controller, False)
+        slurm_cluster.revive(node)
+
+
+def test_cancel_kills_the_step_in_the_nodes_container(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
+    """`saigeedged cancel` of a job mid-quantize ends it cancelled and its step is gone from the node's container."""
+    d = cluster_daemon()
+    first, node = quantizing(d, slurm_cluster, "cancelme_hang", "sleep 100000")
+    assert d.cli("cancel", first["job_id"]).returncode == 0
+    assert d.job("cancelme_hang")["state"] == "cancelled"
+    wait_for(lambda: "sleep 100000" not in procs(node, d), 30, "the step gone from the node's container")
+    assert not any(j["name"] == first["job_id"] and j["job_state"] == "RUNNING"
+                   for j in slurm_cluster.json("squeue")["jobs"])
+
+
+def test_daemon_killed_mid_step_reattaches_and_runs_the_step_once(cluster_daemon: Any,
+                                                                   slurm_cluster: Cluster) -> None:  # noqa: F811
+    """kill -9 of the daemon during a quantize on a node: the next daemon re-attaches, attempt 1, quantize ran once."""
+    d = cluster_daemon()
+    first, node = quantizing(d, slurm_cluster, "reattach_sleep12", "sleep 12")
+    d.signal("KILL")
+    d.start()
+    done = d.job("reattach_sleep12")
+    assert (done["state"], done["attempt"]) == ("succeeded", 1), d.tail()
+    assert [e["job_id"] for e in d.events("job.reattached")] == [first["job_id"]]
+    assert len([c for c in calls(node, d, "quantize") if "reattach_sleep12" in c]) == 1
+
+
+def test_slurmctld_restart_mid_step_the_job_completes(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
+    """The controller restarts while a quantize runs on a node: the job completes in its first attempt."""
+    d = cluster_daemon()
+    d.drop("ctld_sleep10")
+    first = d.job("ctld_sleep10", ("running",), step="quantize")
+    slurm_cluster.restart_controller()
+    done = d.job("ctld_sleep10")
+    assert (done["state"], done["attempt"], done["job_id"]) == ("succeeded", 1, first["job_id"]), d.tail()
+
+
+def test_a_partitioned_nodes_stale_attempt_never_publishes(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
+    """A node cut off mid-step: attempt 2 runs elsewhere and publishes once; the cut node's step is gone after it returns."""
+    d = cluster_daemon()
+    slurm_cluster.drain(slurm_cluster.controller, True)
+    first, node = quantizing(d, slurm_cluster, "cut_sleep40", "sleep 40")
+    try:
+        slurm_cluster.cut(node)
+        d.job("cut_sleep40", ("running",), step="quantize", timeout=120)
+        wait_for(lambda: (read_status(d.outbox, first["job_id"]) or {}).get("attempt") == 2, 120, "attempt 2")
+        slurm_cluster.heal(node)
+        done = d.job("cut_sleep40", timeout=240)
+        assert (done["state"], done["attempt"]) == ("succeeded", 2), d.tail()
+        wait_for(lambda: "sleep 40" not in procs(node, d), 60, "the stale step gone from the returned node")
+        assert [b.name for b in d.outbox.glob("cut_sleep40*.saigeedge")] == [Path(done["bundle"]["path"]).name]
+        assert len(d.events("job.succeeded")) == 1
+    finally:
+        slurm_cluster.drain(slurm_cluster.controller, False)
+        slurm_cluster.heal(node)
+
+
+def test_a_node_that_joins_takes_work_without_a_restart(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
+    """Three nodes busy with cubie jobs and a fourth job queued: a node joins (slurmd -Z) and the fourth runs there."""
+    d = cluster_daemon()
+    for i in range(3):
+        d.drop(f"join{i}_sleep20")
+    for i in range(3):
+        d.job(f"join{i}_sleep20", ("running",), step="quantize")
+    d.drop("join3")
+    d.job("join3", ("queued",))
+    new = slurm_cluster.join(len(slurm_cluster.nodes) + 1)
+    done = d.job("join3", timeout=120)
+    assert done["state"] == "succeeded"
+    assert [e["node"] for e in d.events("job.placed") if e["job_id"] == done["job_id"]] == [new.name]
+    assert new.name in d.cli("check").stdout  # check lists the node that joined

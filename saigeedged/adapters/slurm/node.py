@@ -187,6 +187,7 @@ class NodeContainer(Container):
             return
         job, _ = self.current()
         if ended.is_dir():
+            (ended / DONE).parent.mkdir(exist_ok=True)
             filesmod.write_bytes(ended / DONE, b"")
         if job is not None:
             ready_path(ended.parent, job.attempt).unlink(missing_ok=True)
