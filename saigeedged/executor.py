@@ -107,10 +107,14 @@ class ClusterNode:
         return not any(w in words for w in ("down", "drain", "fail", "not_responding", "unknown", "future"))
 
 
+def serves(node: ClusterNode, images: dict[str, str]) -> tuple[str, ...]:
+    """The targets (of `images`: target -> image) whose GRES and image feature the node has, up or not."""
+    return tuple(t for t, image in images.items() if node.gres.get(t) and feature(image) in node.features)
+
+
 def capacity(nodes: list[ClusterNode], target: str, image: str) -> int:
     """How many jobs of `target` the partition can run at once: one per up node that has the GRES and the image."""
-    want = feature(image)
-    return sum(min(1, n.gres.get(target, 0)) for n in nodes if n.up and want in n.features)
+    return sum(1 for n in nodes if n.up and serves(n, {target: image}))
 
 
 class Executor(Protocol):

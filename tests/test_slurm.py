@@ -64,8 +64,9 @@ def test_cluster_runs_a_batch_job_and_teardown_leaves_nothing(tmp_path: Path, do
 
 
 def test_a_cubie_drop_compiles_on_a_node(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
-    """A cubie drop publishes its bundle; its pegasus steps ran in a node's container, placed by Slurm."""
-    d = cluster_daemon()
+    """A cubie drop publishes its bundle; its pegasus steps ran in a node's container, placed by Slurm; check, status,
+    the dashboard and the metrics show the partition's nodes."""
+    d = cluster_daemon(dashboard=True, metrics={"textfile": "metrics.prom"})
     d.drop("first")
     done = d.job("first")
     assert done["state"] == "succeeded", done
@@ -78,6 +79,16 @@ def test_a_cubie_drop_compiles_on_a_node(cluster_daemon: Any, slurm_cluster: Clu
     for name in slurm_cluster.nodes:
         assert f"{name}" in check and "serves cubie, mobilint" in check
     assert all(n in d.cli("status").stdout for n in slurm_cluster.nodes)  # status lists the partition's nodes
+    wait_for(lambda: all(f'saigeedged_engine_up{{engine="{n}"}} 1.0' in _read(d.root / "metrics.prom")
+                         for n in slurm_cluster.nodes), 60, "a metric per node")
+    wait_for(lambda: all(n in _read(d.outbox / "index.html") for n in slurm_cluster.nodes), 60, "the nodes on the page")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
 
 
 def procs(node: Node, d: ClusterDaemon) -> str:

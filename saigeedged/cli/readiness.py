@@ -10,7 +10,7 @@ from typing import TextIO
 from saigeedged.adapters import journal
 from saigeedged.adapters.docker import MANAGED_LABEL, DockerAPI, Spec, connect
 from saigeedged.adapters.docker.api import ImageNotFound, NotFound
-from saigeedged.adapters.slurm.cluster import Slurm
+from saigeedged.adapters.slurm.cluster import Slurm, images
 from saigeedged.cli import partition
 from saigeedged.cli.engineprobe import MOBILINT_PROBE, probe_all, run_probe
 from saigeedged.cli.enginestatus import pool_configured
@@ -160,7 +160,7 @@ def _partition(report: Report, config: Config) -> None:
     except SaigeError as exc:
         report(FAIL, "slurm", f"{exc.message} ({exc.hint})")
         return
-    wanted = partition.images(config)
+    wanted = images(config)
     report(OK, "slurm", f"partition {config.executor.partition}: {len(nodes)} nodes, work share {config.work_root}")
     for node in nodes:
         line = partition.node_line(node, wanted)

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from saigeedged.adapters.docker import Spec
-from saigeedged.adapters.slurm.cluster import Slurm
+from saigeedged.adapters.slurm.cluster import Slurm, images
 from saigeedged.adapters.slurm.node import SlurmContainers
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
@@ -32,7 +31,7 @@ class Room:
             return False  # the controller does not answer: nothing new is submitted meanwhile
         busy = sum(1 for w in self.workers() if w.slot.engine == ENGINE and w.current is not None
                    and w.current.target == target)
-        return busy < capacity(nodes, target, Spec.for_target(self.config, target).image)
+        return busy < capacity(nodes, target, images(self.config)[target])
 
 
 def slots(config: Config, slurm: Slurm, workers: Callable[[], list[Worker]]) -> list[tuple[SlurmContainers, Slot]]:

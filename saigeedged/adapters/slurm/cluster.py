@@ -11,12 +11,18 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.executor import ClusterJob, ClusterNode, ExecutorSpec, feature
 
 CALL_TIMEOUT_S = 30.0  # one Slurm command; slurmctld restarting answers within its own MessageTimeout (10 s)
 HINT = "is slurmctld up and munge running on this host? `sinfo` and `systemctl status slurmctld munge` say"
 Run = Callable[[Sequence[str], str | None], str]
+
+
+def images(config: Config) -> dict[str, str]:
+    """Each container target's image: a node serves a target when it has the GRES and this image's feature."""
+    return {"cubie": config.cubie.image, "mobilint": config.mobilint.image}
 
 
 def run_command(argv: Sequence[str], stdin: str | None = None) -> str:
