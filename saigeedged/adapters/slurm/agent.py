@@ -27,7 +27,10 @@ from saigeedged.engines import DEFAULT
 from saigeedged.errors import SaigeError
 
 POLL_S = 0.05  # between looks at the attempt's folder for requests (a directory listing on the share)
-GONE_GRACE_S = 5.0  # the attempt's folder missing this long after it was seen: the daemon removed it (ended)
+# the attempt's folder missing this long after it was seen: the daemon removed it (the attempt ended, and the done
+# marker went with the folder). Longer than a re-creation of the folder (rmtree + mkdir), short because the cluster
+# job holds its node's GRES until the agent exits: 5 s here cost every job 5 s (bench/slurm.py)
+GONE_GRACE_S = 0.5
 NODE_DIR, DONE = ".node", ".node/done"
 
 
