@@ -142,7 +142,7 @@ class Cluster:
     def drain(self, node: Node, on: bool) -> None:
         """Keep new jobs off a node (the daemon's host, in the tests that kill or cut a node), or let them in again."""
         state = "DRAIN Reason=test" if on else "RESUME"
-        self.controller.sh(f"scontrol update NodeName={node.name} State={state}")
+        self.controller.sh(f"scontrol update NodeName={node.name} State={state}", check=on)  # RESUME: drained or not
 
     def _create(self, name: str) -> None:
         # --init: daemons started by `docker exec` are re-parented to PID 1, which must reap them (a restarted
