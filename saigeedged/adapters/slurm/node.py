@@ -218,7 +218,7 @@ class _Follower(Follower):
 
 class SlurmContainers(Containers):
     """A worker's containers when steps run on a Slurm partition: one NodeContainer per target, no host lock (Slurm's
-    GRES keep one job per target per node)."""
+    GRES keep one job per target per node); `release` is the local engine's (no lock is ever held)."""
 
     def __init__(self, config: Config, slurm: Slurm) -> None:
         super().__init__(config)
@@ -236,8 +236,3 @@ class SlurmContainers(Containers):
         self.active = self.container(target)
         self.active.ensure()
         return self.active
-
-    def release(self, ended: Path | None = None) -> None:
-        if self.active is not None:
-            self.active.end_job(ended)
-        self.active = None
