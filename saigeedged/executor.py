@@ -65,6 +65,11 @@ def feature(image: str) -> str:
     return "img-" + re.sub(r"[^A-Za-z0-9_.-]", "_", image)
 
 
+def minutes(limit_s: int) -> int:
+    """Slurm's --time in whole minutes, never below the limit: a job ended by the cluster has outlived its own."""
+    return max(1, -(-limit_s // 60) + 1)
+
+
 def attempt(base: int, restarts: int) -> int:
     """The store's attempt a cluster job runs: the attempt it was submitted for plus Slurm's requeues since."""
     return base + restarts
@@ -120,8 +125,8 @@ def capacity(nodes: list[ClusterNode], target: str, image: str) -> int:
 class Executor(Protocol):
     """What the daemon asks of a cluster: Slurm now, Kubernetes when a site asks."""
 
-    def submit(self, name: str, target: str, image: str, base: int, script: str) -> int:
-        """Queue a job for attempt `base` of `name`; its cluster id."""
+    def submit(self, name: str, target: str, image: str, base: int, script: str, limit_s: int) -> int:
+        """Queue a job for attempt `base` of `name`, ended by the cluster after `limit_s`; its cluster id."""
 
     def poll(self, name: str) -> list[ClusterJob]:
         """The cluster's jobs of that name (newest last)."""

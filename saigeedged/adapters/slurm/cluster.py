@@ -13,7 +13,7 @@ from typing import Any
 
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
-from saigeedged.executor import ClusterJob, ClusterNode, ExecutorSpec, feature
+from saigeedged.executor import ClusterJob, ClusterNode, ExecutorSpec, feature, minutes
 
 CALL_TIMEOUT_S = 30.0  # one Slurm command; slurmctld restarting answers within its own MessageTimeout (10 s)
 HINT = "is slurmctld up and munge running on this host? `sinfo` and `systemctl status slurmctld munge` say"
@@ -57,10 +57,11 @@ class Slurm:
             self._cache[key] = (self.clock(), doc)
         return doc
 
-    def submit(self, name: str, target: str, image: str, base: int, script: str) -> int:
+    def submit(self, name: str, target: str, image: str, base: int, script: str, limit_s: int) -> int:
+        """sbatch; --time bounds the cluster job (its TERM kills the step) even when no daemon is left to end it."""
         out = self.run(["sbatch", "--parsable", f"--job-name={name}", f"--partition={self.spec.partition}",
                         f"--gres={target}:1", f"--constraint={feature(image)}", "--requeue", "--nodes=1",
-                        "--ntasks=1", f"--comment=attempt={base}"], script)
+                        "--ntasks=1", f"--comment=attempt={base}", f"--time={minutes(limit_s)}"], script)
         with self._lock:
             self._cache.clear()  # the next poll sees the new job
         return int(out.strip().split(";")[0])

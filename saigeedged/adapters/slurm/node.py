@@ -99,7 +99,8 @@ class NodeContainer(Container):
             return mine
         ready_path(work.parent, job.attempt).unlink(missing_ok=True)
         script = batch_script(work.parent, job.attempt, self.spec, self.target)
-        cluster_id = self.slurm.submit(job.job_id, self.target, self.spec.image, job.attempt, script)
+        cluster_id = self.slurm.submit(job.job_id, self.target, self.spec.image, job.attempt, script,
+                                       self.config.limits.job_timeout_s)
         return ClusterJob(cluster_id, job.job_id, "PENDING", 0, job.attempt)
 
     def _check_interrupted(self) -> None:
