@@ -61,7 +61,10 @@ class Slurm:
         """sbatch; --time bounds the cluster job (its TERM kills the step) even when no daemon is left to end it."""
         out = self.run(["sbatch", "--parsable", f"--job-name={name}", f"--partition={self.spec.partition}",
                         f"--gres={target}:1", f"--constraint={feature(image)}", "--requeue", "--nodes=1",
-                        "--ntasks=1", f"--comment=attempt={base}", f"--time={minutes(limit_s)}"], script)
+                        "--ntasks=1", f"--comment=attempt={base}", f"--time={minutes(limit_s)}",
+                        # the agent reports through the share; the daemon's own cwd (/ under systemd) is no place
+                        # for slurm-<id>.out files, nor need it exist on the node
+                        "--chdir=/", "--output=/dev/null"], script)
         with self._lock:
             self._cache.clear()  # the next poll sees the new job
         return int(out.strip().split(";")[0])
