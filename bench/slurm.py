@@ -51,7 +51,8 @@ def throughput(cluster: Cluster, jobs: int, sleep: int) -> dict[str, Any]:
             d.drop(name, cache=False)
         docs = [d.job(name, timeout=60 * jobs) for name in names]
         d.stop()
-        assert all(doc["state"] == "succeeded" for doc in docs), d.tail()
+        failed = [(doc["job_id"], doc["state"], doc["error"]) for doc in docs if doc["state"] != "succeeded"]
+        assert not failed, failed
         wall = (max(datetime.fromisoformat(x["finished_at"]) for x in docs)
                 - min(datetime.fromisoformat(x["started_at"]) for x in docs)).total_seconds()
         spread: dict[str, int] = {}

@@ -44,6 +44,7 @@ class Slurm:
         self.spec, self.run, self.clock = spec, run, clock
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, Any]] = {}
+        self._generation = 0  # bumped by every change we make: an answer asked for before it is not kept
 
     def _json(self, argv: Sequence[str], fresh: bool) -> Any:
         """One command's --json answer, shared by every caller for poll_interval_s unless `fresh`."""
@@ -52,9 +53,11 @@ class Slurm:
             seen = self._cache.get(key)
             if not fresh and seen is not None and self.clock() - seen[0] < self.spec.poll_interval_s:
                 return seen[1]
+            generation = self._generation
         doc = json.loads(self.run([*argv, "--json"], None))
         with self._lock:
-            self._cache[key] = (self.clock(), doc)
+            if generation == self._generation:  # else a job was submitted or cancelled meanwhile: not the truth
+                self._cache[key] = (self.clock(), doc)
         return doc
 
     def submit(self, name: str, target: str, image: str, base: int, script: str, limit_s: int) -> int:
@@ -65,8 +68,7 @@ class Slurm:
                         # the agent reports through the share; the daemon's own cwd (/ under systemd) is no place
                         # for slurm-<id>.out files, nor need it exist on the node
                         "--chdir=/", "--output=/dev/null"], script)
-        with self._lock:
-            self._cache.clear()  # the next poll sees the new job
+        self._forget()  # the next poll sees the new job
         return int(out.strip().split(";")[0])
 
     def poll(self, name: str, fresh: bool = False) -> list[ClusterJob]:
@@ -75,7 +77,11 @@ class Slurm:
 
     def cancel(self, cluster_id: int) -> None:
         self.run(["scancel", str(cluster_id)], None)
+        self._forget()
+
+    def _forget(self) -> None:
         with self._lock:
+            self._generation += 1
             self._cache.clear()
 
     def start_now(self, cluster_id: int) -> None:

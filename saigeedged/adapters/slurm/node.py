@@ -71,7 +71,7 @@ class NodeContainer(Container):
         poll = WAIT_S[0]
         while not ready.exists():
             self._check_interrupted()
-            seen = next((j for j in self.slurm.poll(job.job_id) if j.cluster_id == mine.cluster_id), None)
+            seen = self._seen(job, mine.cluster_id, fresh=False) or self._seen(job, mine.cluster_id, fresh=True)
             if seen is None or not seen.alive or seen.attempt != job.attempt:
                 raise SaigeError("ENGINE_LOST", f"cluster job {mine.cluster_id} ended before its node was ready "
                                  f"({seen.state if seen else 'gone'})")
@@ -87,6 +87,10 @@ class NodeContainer(Container):
         self.serving = (job.job_id, job.attempt)
         event("job.placed", job, node=self.node, cluster_id=self.cluster_id, attempt=job.attempt)
         return None
+
+    def _seen(self, job: Job, cluster_id: int, fresh: bool) -> ClusterJob | None:
+        """The cluster job as squeue says (a shared answer may predate it: then one asked now)."""
+        return next((j for j in self.slurm.poll(job.job_id, fresh) if j.cluster_id == cluster_id), None)
 
     def _cluster_job(self, job: Job, work: Path) -> ClusterJob:
         """The live cluster job of this attempt: found (a daemon restart, a requeue) or submitted now."""
