@@ -29,6 +29,8 @@ from slurmdaemon import ClusterDaemon  # noqa: E402
 
 from saigeedged.executor import feature  # noqa: E402
 
+NO_GATE = {"min_cosine": 0.0, "max_map_drop": 1.0}  # the seeded stand-in models are timed, not judged (SPEC §17)
+
 
 def seconds(doc: dict[str, Any], start: str, end: str) -> float:
     return (datetime.fromisoformat(doc[end]) - datetime.fromisoformat(doc[start])).total_seconds()
@@ -48,7 +50,7 @@ def throughput(cluster: Cluster, jobs: int, sleep: int) -> dict[str, Any]:
         d = ClusterDaemon(cluster).start()
         names = [f"t{count}n{i:02d}_sleep{sleep}" for i in range(jobs)]
         for name in names:
-            d.drop(name, cache=False)
+            d.drop(name, cache=False, accuracy=NO_GATE)
         docs = [d.job(name, timeout=60 * jobs) for name in names]
         d.stop()
         failed = [(doc["job_id"], doc["state"], doc["error"]) for doc in docs if doc["state"] != "succeeded"]
@@ -75,7 +77,7 @@ def latency(cluster: Cluster, runs: int) -> dict[str, Any]:
         d = ClusterDaemon(cluster, **({"executor": {"kind": "local"}} if kind == "local" else {})).start()
         times = []
         for i in range(runs):
-            d.drop(f"lat{kind}{i}", cache=False)
+            d.drop(f"lat{kind}{i}", cache=False, accuracy=NO_GATE)
             doc = d.job(f"lat{kind}{i}")
             assert doc["state"] == "succeeded", d.tail()
             times.append(seconds(doc, "started_at", "finished_at"))
