@@ -284,7 +284,7 @@ def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> C
         log=_typed(Log, raw["log"]), metrics=_typed(Metrics, raw["metrics"]), notify=tuple(raw["notify"]),
         retention=_typed(Retention, raw["retention"]), dashboard=raw["dashboard"],
         keep_work=raw["keep_work"] or os.environ.get(f"{ENV_PREFIX}KEEP_WORK") == "1",
-        engines=tuple(parse_engines(raw["engines"], base)),  # a bad engine fails at load, like every other key
+        engines=tuple(parse_engines(raw["engines"])),  # a bad engine fails at load, like every other key
         raw=raw,
         source=source,
         named_dirs="inbox" in user and "outbox" in user,

@@ -106,7 +106,7 @@ def main(job_dir: Path, attempt: int, target_spec: dict[str, str], timeout_s: fl
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())  # only a flag: the loop kills the step
     signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
     spec = Spec(target_spec["name"], target_spec["image"], Path(target_spec["work_root"]), target_spec["runtime"],
-                target_spec["user"], target_spec["owner"], True)
+                target_spec["user"], target_spec["owner"])
     try:
         container = Container(connect(DEFAULT, timeout_s), spec, lambda event, fields: print(event, fields, flush=True))
         agent = Agent(container, job_dir, attempt, stop)

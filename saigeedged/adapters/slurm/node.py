@@ -214,7 +214,7 @@ class _Follower(Follower):
     """The local engine's follower of a step's files; whether the step still runs is Slurm's to say."""
 
     def __init__(self, gone: Callable[[Follower], bool], files: Files, sink: Sink, replay: Sink | None) -> None:
-        super().__init__(cast(DockerAPI, None), cast(Any, None), files, True, lambda cmd: b"", sink, replay)
+        super().__init__(None, files, sink, replay)
         self.gone = gone
 
     def _gone(self) -> bool:
