@@ -19,6 +19,8 @@ from saigeedged import manifest
 from saigeedged.engines import EngineSpec
 from saigeedged.engines import parse as parse_engines
 from saigeedged.errors import SaigeError
+from saigeedged.executor import ExecutorSpec
+from saigeedged.executor import parse as parse_executor
 
 DEFAULT_PATH = Path("/etc/saigeedged/saigeedged.yml")
 
@@ -78,6 +80,9 @@ DEFAULTS: dict[str, Any] = {
     "retention": {"max_age_days": 0.0, "keep_last_per_name": 0, "keep_rows_days": 0.0},
     "dashboard": False,
     "engines": [],  # Docker engines (SPEC §11); empty: the one local engine (saigeedged/engines.py validates items)
+    # where container steps run: `local` (this host's engine) or `slurm` (docs/spec-executor-slurm.md; executor.py)
+    "executor": {"kind": "local", "partition": "", "work_share": "", "fast_requeue": True, "max_jobs": 16,
+                 "poll_interval_s": 2.0},
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -214,6 +219,7 @@ class Config:
     source: Path | None = None
     named_dirs: bool = False
     accuracy: Accuracy = Accuracy()
+    executor: ExecutorSpec = ExecutorSpec()
 
     def section(self, name: str) -> dict[str, Any]:
         """Deprecated: read the typed sections (`config.limits.max_attempts`); kept until the last callers move."""
@@ -222,7 +228,8 @@ class Config:
 
     @property
     def work_root(self) -> Path:
-        return self.state_dir / "work"
+        """Attempts' work dirs: under state_dir, or on the share every compile host mounts (executor slurm)."""
+        return self.executor.work_share or self.state_dir / "work"
 
 
 def _merge(user: Any, defaults: dict[str, Any], prefix: str) -> dict[str, Any]:
@@ -290,11 +297,12 @@ def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> C
         log=_typed(Log, raw["log"]), metrics=_typed(Metrics, raw["metrics"]), notify=tuple(raw["notify"]),
         retention=_typed(Retention, raw["retention"]), dashboard=raw["dashboard"],
         keep_work=raw["keep_work"] or os.environ.get(f"{ENV_PREFIX}KEEP_WORK") == "1",
-        engines=tuple(parse_engines(raw["engines"], base)),  # a bad engine fails at load, like every other key
+        engines=tuple(parse_engines(raw["engines"])),  # a bad engine fails at load, like every other key
         raw=raw,
         source=source,
         named_dirs="inbox" in user and "outbox" in user,
         accuracy=_typed(Accuracy, raw["accuracy"]),
+        executor=parse_executor(raw["executor"], base),
     )
 
 

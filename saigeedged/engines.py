@@ -1,24 +1,21 @@
-"""The Docker engines of the config (SPEC §11): which engines compile which targets, validated at load."""
+"""The Docker engines of the config (SPEC §11): which local engines compile which targets, validated at load.
+
+More than one compile host is `executor: slurm` (docs/spec-executor-slurm.md): the home-made pool of remote engines
+over ssh or tcp+TLS is retired, and such an engine is refused at load with a pointer there."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from saigeedged.errors import SaigeError
 
 CONTAINER_TARGETS = ("cubie", "mobilint")
-SCHEMES = ("unix", "ssh", "tcp")
+SCHEMES = ("unix",)
+RETIRED = ("ssh", "tcp")  # remote engines: scale-out runs on Slurm now
 LOCAL = "local"  # the default engine's name: docker.from_env()'s engine (DOCKER_HOST or /var/run/docker.sock)
 HINT = "see `engines:` in config/saigeedged.yml"
-
-
-@dataclass(frozen=True)
-class TLSFiles:
-    ca: Path
-    cert: Path
-    key: Path
+SLURM_HINT = "more compile hosts are the nodes of a Slurm partition: docs/spec-executor-slurm.md, README 'Add a compile host'"
 
 
 @dataclass(frozen=True)
@@ -27,23 +24,17 @@ class EngineSpec:
 
     name: str
     url: str | None
-    tls: TLSFiles | None
     targets: tuple[str, ...]
 
-    @property
-    def local(self) -> bool:
-        """Only a local engine shares the daemon's filesystem (bind-mounts the work root)."""
-        return self.url is None or self.url.startswith("unix://")
+
+DEFAULT = EngineSpec(LOCAL, None, CONTAINER_TARGETS)
 
 
-DEFAULT = EngineSpec(LOCAL, None, None, CONTAINER_TARGETS)
-
-
-def parse(items: list[Any], base: Path) -> list[EngineSpec]:
-    """Validate the `engines:` items (unique names, a known scheme, tls only for tcp, container targets only)."""
+def parse(items: list[Any]) -> list[EngineSpec]:
+    """Validate the `engines:` items (unique names, unix:// only, container targets only)."""
     if not items:
         return [DEFAULT]
-    specs = [_one(f"config engines[{i}]", item, base) for i, item in enumerate(items)]
+    specs = [_one(f"config engines[{i}]", item) for i, item in enumerate(items)]
     seen: set[str] = set()
     for i, spec in enumerate(specs):
         if spec.name in seen:
@@ -52,35 +43,25 @@ def parse(items: list[Any], base: Path) -> list[EngineSpec]:
     return specs
 
 
-def _one(where: str, item: Any, base: Path) -> EngineSpec:
+def _one(where: str, item: Any) -> EngineSpec:
     if not isinstance(item, dict):
         raise SaigeError("MANIFEST_INVALID", f"{where}: must be a mapping with name, url and targets", hint=HINT)
-    unknown = sorted(set(item) - {"name", "url", "tls", "targets"})
+    unknown = sorted(set(item) - {"name", "url", "targets"})
     if unknown:
-        raise SaigeError("MANIFEST_INVALID", f"{where}: unknown key `{unknown[0]}` (name, url, tls, targets)", hint=HINT)
+        raise SaigeError("MANIFEST_INVALID", f"{where}: unknown key `{unknown[0]}` (name, url, targets)",
+                         hint=SLURM_HINT if unknown[0] == "tls" else HINT)
     name = item.get("name")
     if not isinstance(name, str) or not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise SaigeError("MANIFEST_INVALID", f"{where}.name: must be a word of letters, digits, . _ -, got {name!r}",
                          hint=HINT)
     url = item.get("url")
     scheme = url.split("://", 1)[0] if isinstance(url, str) and "://" in url else None
+    if scheme in RETIRED:
+        raise SaigeError("MANIFEST_INVALID", f"{where}.url: remote engines ({scheme}://) are retired: run more compile "
+                         f"hosts as a Slurm partition with `executor: slurm`, got {url!r}", hint=SLURM_HINT)
     if scheme not in SCHEMES:
-        raise SaigeError("MANIFEST_INVALID", f"{where}.url: must start with unix://, ssh:// or tcp://, got {url!r}",
-                         hint=HINT)
-    tls = _tls(where, item.get("tls"), base)
-    if tls is not None and scheme != "tcp":
-        raise SaigeError("MANIFEST_INVALID", f"{where}.tls: only a tcp:// engine takes tls, this one is {scheme}://",
-                         hint=HINT)
-    return EngineSpec(name, url, tls, _targets(where, item.get("targets", list(CONTAINER_TARGETS))))
-
-
-def _tls(where: str, value: Any, base: Path) -> TLSFiles | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict) or set(value) != {"ca", "cert", "key"} or \
-            not all(isinstance(v, str) and v for v in value.values()):
-        raise SaigeError("MANIFEST_INVALID", f"{where}.tls: must be a mapping of ca, cert and key file paths", hint=HINT)
-    return TLSFiles(*(base / value[k] for k in ("ca", "cert", "key")))
+        raise SaigeError("MANIFEST_INVALID", f"{where}.url: must start with unix://, got {url!r}", hint=HINT)
+    return EngineSpec(name, url, _targets(where, item.get("targets", list(CONTAINER_TARGETS))))
 
 
 def _targets(where: str, value: Any) -> tuple[str, ...]:

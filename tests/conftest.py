@@ -140,12 +140,3 @@ def det_inputs(tmp_path: Path) -> dict[str, Any]:
     onnx = yolox(tmp_path / "det.onnx", size=(64, 64))
     calib = valjson(tmp_path / "data", random_labels(8, 3))
     return {"onnx": onnx, "manifest": {"task": "detection", "num_classes": 3, "calib": str(calib), "n_samples": 4}}
-
-
-@pytest.fixture(scope="session")
-def engine_hosts(docker_client: Any) -> Any:
-    """Extra engines in their own network namespaces (tests/enginehosts.py: tls, ssh, nocubie), removed after."""
-    from enginehosts import started_engines
-
-    with started_engines(docker_client) as hosts:
-        yield hosts

@@ -125,8 +125,8 @@ def test_engine_states_keep_since_until_up_or_down_changes(tmp_path: Path) -> No
 def status_setup(tmp_path: Path) -> Path:
     """Two engines configured and recorded, one job running on compile2, one queued."""
     path = write_config(tmp_path, engines=[{"name": "local", "url": "unix:///var/run/docker.sock"},
-                                           {"name": "compile2", "url": "ssh://saige@compile2", "targets": ["cubie"]},
-                                           {"name": "compile3", "url": "ssh://saige@compile3", "targets": ["cubie"]}])
+                                           {"name": "compile2", "url": "unix:///run/compile2.sock", "targets": ["cubie"]},
+                                           {"name": "compile3", "url": "unix:///run/compile3.sock", "targets": ["cubie"]}])
     data = yaml.safe_load(path.read_text())
     store = Store(Path(data["state_dir"]) / "saigeedged.db")
     store.set_engine("local", True, None, ["cubie", "mobilint"])

@@ -50,7 +50,7 @@ def queued_job(tmp_path: Path, config: configmod.Config, jobs: Jobs, name: str) 
 
 
 def worker(config: configmod.Config, jobs: Jobs, places: Places, engine: str, **slot: Any) -> Worker:
-    spec = DEFAULT if engine == "local" else EngineSpec(engine, None, None, ("cubie",))
+    spec = DEFAULT if engine == "local" else EngineSpec(engine, None, ("cubie",))
     containers = Containers(config, engine=Engine(spec, config))
     return Worker(config, jobs, containers, places, slot=Slot(engine, ("cubie",), True, **slot))
 

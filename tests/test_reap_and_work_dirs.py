@@ -91,8 +91,8 @@ def test_an_engine_lacking_the_image_waits_until_every_engine_serving_the_target
     lack_path = write_config(tmp_path / "lack", cubie={**yaml.safe_load(docker_config.read_text())["cubie"],
                                                        "image": "saigeedged-standin/not-loaded:none"})
     lack = configmod.load(lack_path)
-    a = Engine(EngineSpec("a", None, None, ("cubie",)), lack)
-    b = Engine(EngineSpec("b", "unix:///var/run/docker.sock", None, ("cubie",)), have)
+    a = Engine(EngineSpec("a", None, ("cubie",)), lack)
+    b = Engine(EngineSpec("b", "unix:///var/run/docker.sock", ("cubie",)), have)
     store = Store(tmp_path / "db.sqlite")
     monitor = EngineMonitor([a, b], store, lambda name, reason: None, lambda: None, time.monotonic, 120.0)
     monitor.tick("a")  # a's thread answers first (start() runs one thread per engine)
@@ -132,7 +132,7 @@ def test_the_local_container_sees_the_next_job_after_a_legacy_attempt_ended(dock
     """A legacy (pre-upgrade) attempt, the last folder under the work root, ends: the running container still sees
     the next job's work folder (it does not if the work root was removed and made again under its bind mount)."""
     config = configmod.load(docker_config)
-    engine = Engine(EngineSpec("local", None, None, ("cubie",)), config)
+    engine = Engine(EngineSpec("local", None, ("cubie",)), config)
     container = engine.container("cubie")
     config.work_root.mkdir(parents=True, exist_ok=True)
     container.ensure()

@@ -5,8 +5,8 @@ tests of all.
 A tier is the tests of its markers that no earlier tier took, and the last tier takes the rest, so every test runs in
 exactly one tier. Lanes share no state: the CPU-bound tiers (unit, docker: onnxruntime in the daemons' children) go
 one after the other in one lane; the tiers that mostly wait on their own boxes (systemd: bootstrap, package builds,
-apt in the box) and engines (extra dockerds) each have a lane of their own. A tier of tests that mostly wait on their
-own cluster (slurm) would get one too.
+apt in the box) and slurm (a cluster of node containers, mostly waiting on Slurm's failure detection) each have a lane
+of their own.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ class Tier:
 # each own their containers (names made unique per test); the two systemd modules each boot their own box.
 TIERS = (
     Tier("systemd", "systemd", ("-n", "2", "--dist", "loadfile")),
-    Tier("engines", "engines"),
+    Tier("slurm", "slurm"),
     Tier("docker", "docker or journald", ("-n", "3", "--dist", "worksteal")),
     Tier("unit", None, ("-n", "4", "--dist", "worksteal")),
 )
-LANES = (("unit", "docker"), ("systemd",), ("engines",))
+LANES = (("unit", "docker"), ("systemd",), ("slurm",))
 VENV = ROOT / ".venv" / "bin"
 LINTERS = ((str(VENV / "ruff"), "check", "saigeedged", "tests", "bench"), (str(VENV / "mypy"),),
            (str(VENV / "lint-imports"),))  # the layers of .importlinter: imports go one way

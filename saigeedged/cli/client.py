@@ -15,6 +15,7 @@ import yaml
 from saigeedged import accuracytable, files
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
+from saigeedged.cli import partition
 from saigeedged.cli.enginestatus import attempt_lines, engine_lines
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
@@ -155,7 +156,10 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
     print(f"{'JOB':<44} {'STATE':<10} {'STEP':<18} {'TARGET':<8} ERROR", file=out)
     for job in jobs:
         print(_row(job), file=out)
-    print("", *engine_lines(config, store.engines(), store.in_state(RUNNING)), sep="\n", file=out)  # one or many
+    if config.executor.slurm:  # the partition's nodes instead of the engines
+        print("", *partition.lines(config), sep="\n", file=out)
+    else:
+        print("", *engine_lines(config, store.engines(), store.in_state(RUNNING)), sep="\n", file=out)  # one or many
     return 0
 
 

@@ -1,19 +1,16 @@
-"""`saigeedged check` for an engine pool (SPEC §11): one line per engine, saying what it lacks.
-
-Each engine is probed for: an answer (or why not: refused, timed out, TLS, ssh authentication), the image of
-each target it serves, pegasus (cubie) or qbcompiler (mobilint) inside that image, and the runtime compiles use.
+"""`saigeedged check` for the `engines:` of the config (SPEC §11: local engines): one line per engine, saying what
+it lacks. Each engine is probed for: an answer (or why not: refused, timed out), the image of each target it serves,
+pegasus (cubie) or qbcompiler (mobilint) inside that image, and the runtime compiles use.
 """
 
 from __future__ import annotations
 
 import socket
-import ssl
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import paramiko
 import requests
 
 from saigeedged.adapters.docker import connect, pick_runtime
@@ -65,17 +62,11 @@ def unreachable_reason(exc: BaseException, timeout_s: float) -> str:
     """Why an engine did not answer, in the operator's words (docker-py wraps the cause; look along the chain)."""
     chain = _chain(exc)
     text = " ".join(str(e) for e in chain)
-    if any(isinstance(e, requests.exceptions.SSLError | ssl.SSLError) for e in chain):
-        return f"TLS handshake failed (check tls: ca, cert, key): {str(chain[-1])[:200]}"
-    if any(isinstance(e, paramiko.AuthenticationException) for e in chain):
-        return "ssh authentication failed: the service user's key is not accepted (~/.ssh of the daemon's HOME)"
-    if any(isinstance(e, paramiko.SSHException) for e in chain) and "known_hosts" in text:
-        return "ssh host key unknown: add the host to the daemon's ~/.ssh/known_hosts (ssh-keyscan)"
     if any(isinstance(e, requests.exceptions.Timeout | socket.timeout | TimeoutError) for e in chain) \
             or "timed out" in text.lower():
-        return f"timed out after {timeout_s:g} s (dockerd hung or a firewall drops the port)"
+        return f"timed out after {timeout_s:g} s (dockerd hung)"
     if any(isinstance(e, ConnectionRefusedError) for e in chain) or "refused" in text.lower():
-        return "connection refused (dockerd not running or not listening there)"
+        return "connection refused (dockerd not running, or a stale socket)"
     return f"{type(chain[-1]).__name__}: {str(chain[-1])[:200]}"
 
 

@@ -50,10 +50,25 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("retry", "queue a failed or cancelled job again"), ("cancel", "cancel a queued or running job")):
         p = add(name, text)
         p.add_argument("job_id")
+    p = sub.add_parser("node-step", help="(run by an attempt's Slurm job) serve its steps on this compile host")
+    p.add_argument("--job-dir", type=Path, required=True, help="the job's folder on the work share")
+    p.add_argument("--attempt", type=int, required=True)
+    p.add_argument("--target", choices=("cubie", "mobilint"), required=True)
+    p.add_argument("--spec", required=True, help="the container's spec as JSON (name, image, work_root, ...)")
     return parser
 
 
+def _node_step(args: argparse.Namespace) -> int:
+    import json
+
+    from saigeedged.adapters.slurm import agent
+
+    return agent.main(args.job_dir, args.attempt, json.loads(args.spec), configmod.DEFAULTS["limits"]["engine_timeout_s"])
+
+
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "node-step":  # on a compile host: everything it needs is in its arguments, no config
+        return _node_step(args)
     config = configmod.load(args.config)
     if args.command == "compile":
         from saigeedged.cli import oneshot

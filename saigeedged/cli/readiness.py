@@ -10,7 +10,9 @@ from typing import TextIO
 from saigeedged.adapters import journal
 from saigeedged.adapters.docker import MANAGED_LABEL, DockerAPI, Spec, connect
 from saigeedged.adapters.docker.api import ImageNotFound, NotFound
+from saigeedged.adapters.slurm.cluster import Slurm, images
 from saigeedged.adapters.store import Store
+from saigeedged.cli import partition
 from saigeedged.cli.engineprobe import MOBILINT_PROBE, probe_all, run_probe
 from saigeedged.cli.enginestatus import pool_configured
 from saigeedged.compile import vivsdk
@@ -18,6 +20,7 @@ from saigeedged.compile.backends import cubie, mobilint
 from saigeedged.config import DEFAULTS, Config
 from saigeedged.engines import DEFAULT
 from saigeedged.errors import SaigeError
+from saigeedged.executor import capacity, feature
 from saigeedged.jobs import QUEUED, RUNNING
 from saigeedged.profiles import TARGET_CANDIDATES
 
@@ -177,9 +180,29 @@ def _engines(report: Report, config: Config) -> None:
         report(OK, "versions", f"{text} (engine {', '.join(names)})")
 
 
+def _partition(report: Report, config: Config) -> None:
+    """executor slurm: a line per node of the partition; a target no up node serves is a failure (its jobs wait)."""
+    try:
+        nodes = Slurm(config.executor).nodes(fresh=True)
+    except SaigeError as exc:
+        report(FAIL, "slurm", f"{exc.message} ({exc.hint})")
+        return
+    wanted = images(config)
+    report(OK, "slurm", f"partition {config.executor.partition}: {len(nodes)} nodes, work share {config.work_root}")
+    for node in nodes:
+        line = partition.node_line(node, wanted)
+        report(OK if node.up and "lacks" not in line else WARN, "node", line)
+    for target in partition.TARGETS:
+        if capacity(nodes, target, wanted[target]) == 0:
+            report(FAIL, target, f"no up node of partition {config.executor.partition} has Gres={target}:1 and "
+                   f"Feature={feature(wanted[target])}")
+
+
 def main(config: Config, out: TextIO | None = None) -> int:
     report = Report(out or sys.stdout)
-    if pool_configured(config):
+    if config.executor.slurm:  # container steps run on the partition's nodes, through their own engines
+        _partition(report, config)
+    elif pool_configured(config):
         _engines(report, config)
     else:
         _docker(report, config)

@@ -103,7 +103,7 @@ class Daemon:
         left = self.recovery.attempt_left(job, self.pool.work_dir(job))
         if left.resumable:
             return True
-        self.pool.monitor.abandoned([Attempt.of(job)])
+        self.pool.abandon([Attempt.of(job)])
         if left.crashes >= self.config.limits.max_attempts:
             self.recovery.died_under(job, left.crashes)
         else:

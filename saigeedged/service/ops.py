@@ -18,10 +18,12 @@ from saigeedged.adapters.dashboard import Slot, View
 from saigeedged.adapters.ends import Ends
 from saigeedged.adapters.metrics import Metrics, parse_listen
 from saigeedged.adapters.outbox import place_data
+from saigeedged.adapters.slurm.cluster import Slurm, images
 from saigeedged.adapters.store import Store
 from saigeedged.adapters.webhooks import Sender, channels
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
+from saigeedged.executor import ClusterNode, serves
 from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job
 from saigeedged.service.lifecycle import Places
 from saigeedged.service.statusline import configured, slot_views
@@ -54,6 +56,7 @@ class Ops(threading.Thread):
         self.policy = retention.Policy.from_config(config.retention)
         self.outputs = retention.Outputs(config.outbox, Places(config.inbox, config.state_dir).failed)
         self.dashboard = config.dashboard
+        self.slurm = Slurm(config.executor) if config.executor.slurm else None  # its nodes stand for the engines
         self.stop_event, self.changed = threading.Event(), threading.Event()
         self._page_stale = False
         self._last = dict.fromkeys(("page", "textfile", "retention"), float("-inf"))
@@ -119,14 +122,31 @@ class Ops(threading.Thread):
             retention.prune(self.store, self.outputs, self.policy, time.time())
 
     def engines_up(self) -> dict[str, bool]:
-        """Each configured engine's last recorded state (SPEC §11, §15: one engine is a pool of one)."""
+        """Each configured engine's last recorded state (SPEC §11, §15: one engine is a pool of one); with executor
+        slurm each node of the partition as sinfo says."""
+        if self.slurm is not None:
+            return {n.name: n.up for n in self._nodes()}
         return {e.name: e.up for e in configured(self.config, self.store.engines())}
+
+    def _nodes(self) -> list[ClusterNode]:
+        assert self.slurm is not None
+        try:
+            return self.slurm.nodes()
+        except SaigeError:  # the controller does not answer: no node is known to be up
+            return []
+
+    def _slots(self, running: list[Job]) -> list[Slot]:
+        """The dashboard's rows: an engine's slots, or a node of the partition with the targets it serves."""
+        if self.slurm is not None:
+            wanted = images(self.config)
+            return [Slot(n.name, ", ".join(serves(n, wanted)) or "-", n.up, None) for n in self._nodes()]
+        pool = configured(self.config, self.store.engines())
+        ups = {e.name: e.up for e in pool}
+        return [Slot(s.engine, s.target, ups[s.engine], s.job) for s in slot_views(pool, running) if s.engine in ups]
 
     def view(self) -> View:
         running = self.store.in_state(RUNNING)  # the rows, not the workers: one truth per page
-        pool = configured(self.config, self.store.engines())
-        ups = {e.name: e.up for e in pool}
-        slots = [Slot(s.engine, s.target, ups[s.engine], s.job) for s in slot_views(pool, running) if s.engine in ups]
+        slots = self._slots(running)
         slots.append(Slot("this host", "host", True, next((job for job in running if job.target == "host"), None)))
         return View(jobid.iso(jobid.utc_now()), slots, running, self.store.head(QUEUED, dashboard.QUEUE_SHOWN),
                     self.store.recent(dashboard.RECENT), self.store.count(QUEUED))

@@ -12,8 +12,11 @@ from typing import Any
 import structlog
 
 from saigeedged.adapters.docker import Containers, Engine
+from saigeedged.adapters.slurm.cluster import Slurm
 from saigeedged.config import Config
-from saigeedged.jobs import HOST_ENGINE, QUEUED, RUNNING, Job
+from saigeedged.errors import SaigeError
+from saigeedged.jobs import HOST_ENGINE, QUEUED, RUNNING, Attempt, Job
+from saigeedged.service import clusterslots
 from saigeedged.service.finishing import Finisher
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.missingimages import MissingImages
@@ -35,14 +38,19 @@ class Pool:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config, self.jobs, self.places = config, jobs, places
         self.on_event, self.on_wait, self.on_change = on_event, on_wait, on_change
-        self.specs = list(config.engines)  # at least the local engine
+        self.specs = [] if config.executor.slurm else list(config.engines)  # at least the local engine
         self.engines = [Engine(spec, config, on_event) for spec in self.specs]
+        self.slurm = Slurm(config.executor) if config.executor.slurm else None
         self.wake = threading.Event()
         self.workers: list[Worker] = []
         missing = MissingImages(config.state_dir, self._asked)
         self.monitor = EngineMonitor(self.engines, jobs.store, self._lose, self._changed, clock,
                                      config.limits.engine_timeout_s, missing)
-        if len(self.engines) > 1:  # a slot per (engine, target), host jobs their own (SPEC §11)
+        if self.slurm is not None:  # container jobs on a Slurm partition's nodes (docs/spec-executor-slurm.md)
+            for containers, slot in clusterslots.slots(config, self.slurm, lambda: self.workers):
+                self._join(Worker(config, jobs, containers, places, on_change, slot, self.wake))
+                clusterslots.bind(self.workers[-1])
+        elif len(self.engines) > 1:  # a slot per (engine, target), host jobs their own (SPEC §11)
             for engine in self.engines:
                 for target in engine.spec.targets:
                     self._add(engine, Slot(engine.name, (target,), True, self._ready(engine.name),
@@ -54,7 +62,8 @@ class Pool:
             self._add(engine, Slot(engine.name, (*engine.spec.targets, "host"), False,
                                    lambda target: target == "host" or ready(target), self._lost(engine.name)))
         # the finishing stage: the container jobs' reports, off the container's path (issue 25)
-        self.finisher = Finisher(config, jobs, Containers(config, on_event, on_wait, engine=self.engines[0]), places,
+        self.finisher = Finisher(config, jobs, Containers(config, on_event, on_wait,  # it calls no engine
+                                                          engine=self.engines[0] if self.engines else None), places,
                                  on_change)
         for worker in self.workers:
             worker.finisher = self.finisher
@@ -62,7 +71,10 @@ class Pool:
 
     def _add(self, engine: Engine, slot: Slot) -> None:
         containers = Containers(self.config, self.on_event, self.on_wait, engine=engine)
-        self.workers.append(Worker(self.config, self.jobs, containers, self.places, self.on_change, slot, self.wake))
+        self._join(Worker(self.config, self.jobs, containers, self.places, self.on_change, slot, self.wake))
+
+    def _join(self, worker: Worker) -> None:
+        self.workers.append(worker)
 
     def _asked(self) -> set[str]:
         """The targets asked for now: the config's default and those of the queued and running jobs."""
@@ -96,13 +108,28 @@ class Pool:
         """Hand running container jobs to the workers of their slots to re-attach; returns those no slot serves."""
         left = []
         for job in jobs:
-            worker = next((w for w in self.workers if job.target in w.slot.targets
-                           and w.slot.engine_of(job.target) == (job.engine or w.slot.engine)), None)
+            serving = [w for w in self.workers if job.target in w.slot.targets
+                       and w.slot.engine_of(job.target) == (job.engine or w.slot.engine)]
+            worker = min(serving, key=lambda w: len(w.resumable), default=None)  # each its own: they run at once
             if worker is None:
                 left.append(job)
             elif job.job_id not in {j.job_id for j in worker.resumable}:  # a start-up tried again (state_dir full)
                 worker.resumable.append(job)
         return left
+
+    def abandon(self, attempts: list[Attempt]) -> None:
+        """Kill the steps of these attempts (given up on): on a Slurm partition at once, each job's cluster jobs
+        cancelled (the agent's TERM kills the step on its node); else by the engine monitor when their engine answers,
+        before its slots take work (their records say so)."""
+        if self.slurm is None:
+            self.monitor.abandoned(attempts)
+            return
+        for attempt in attempts:
+            try:
+                for live in (j for j in self.slurm.poll(attempt.job_id, fresh=True) if j.alive):
+                    self.slurm.cancel(live.cluster_id)
+            except SaigeError as exc:  # the controller does not answer: Slurm's --time still ends the cluster job
+                log.warning("slurm.cancel_failed", job_id=attempt.job_id, error_code=exc.code, message=exc.message)
 
     def reaping(self) -> set[str]:
         """The jobs whose abandoned attempts' steps are still to be killed (their work dirs stay until then)."""
@@ -112,7 +139,7 @@ class Pool:
         """`saigeedged cancel` of a running job, whatever its engine's state (Worker.cancel)."""
         ended = [attempt for w in self.workers for attempt in w.cancel(job_id)]
         if ended:
-            self.monitor.abandoned(ended)
+            self.abandon(ended)
 
     def running(self) -> list[Worker]:
         return [w for w in self.workers if w.current is not None]

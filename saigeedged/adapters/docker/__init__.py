@@ -1,7 +1,7 @@
 """The only package that talks to Docker: engines, their long-lived compiler containers, the steps exec'd in them.
 
 api: typed Protocols of the docker-py calls and `connect`; spec: what a container must look like; lifecycle:
-find, create, start, recreate; execs: steps, kills, reaping; transfer: a work dir to and from a remote engine;
+find, create, start, recreate; execs: steps, kills, reaping; detached: a step followed through its files;
 engine: one engine and a worker's containers on it.
 """
 

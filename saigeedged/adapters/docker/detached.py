@@ -2,9 +2,9 @@
 
 The step belongs to its attempt, not to the daemon: a wrapper run by a detached exec writes the step's output to
 `.steps/<n>.log`, its pids to the work dir's pidfile and, when it ends, its exit code to `.steps/<n>.rc`. The
-daemon follows the log and waits for the exit code with short calls, each bounded by the client's timeout (the
-local engine's files are read through the bind mount, a remote engine's by a small exec), so a daemon that stops,
-restarts or is killed finds the step again by its number and re-attaches, or reads the code of a step that ended.
+daemon follows the log and waits for the exit code by reading those files through the bind mount (or the work
+share of executor slurm), so a daemon that stops, restarts or is killed finds the step again by its number and
+re-attaches, or reads the code of a step that ended.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from saigeedged.adapters.docker.api import APIError, ContainerRef, DockerAPI
-from saigeedged.adapters.docker.transfer import LIST_FORMAT, STEPS_DIR
+from saigeedged.adapters.docker.api import APIError, DockerAPI
 from saigeedged.errors import SaigeError
 
-POLL_S = (0.005, 0.05)  # between looks at a local step's files (a file read, no engine call): from the first to
-# the longest, doubling, so a short step ends within milliseconds and a long one costs a stat every 50 ms
-REMOTE_POLL_S = 0.5  # between looks at a remote step's files (one exec each)
+STEPS_DIR = ".steps"  # the detached steps' logs, exit codes and exec ids
+
+POLL_S = (0.005, 0.05)  # between looks at a step's files (a file read, no engine call): from the first to the
+# longest, doubling, so a short step ends within milliseconds and a long one costs a stat every 50 ms
 LIVENESS_S = 2.0  # how often the engine is asked whether the step's exec still runs
 # $0 = .steps/<n> (no suffix), $1 = the pidfile, then timeout's argv. The wrapper writes its own pid and then the
 # step's (timeout's, GNU's the head of its own process group) to the pidfile, so a kill reaches both process groups;
@@ -31,12 +31,6 @@ WRAP = ('s=$0; p=$1; shift; echo $$ > "$p"; '
         'trap : TERM INT HUP; "$@" > "$s.log" 2>&1 < /dev/null & k=$!; echo $k >> "$p"; '
         'while :; do wait $k; c=$?; kill -0 $k 2>/dev/null || break; done; fi; '
         'rm -f "$p"; echo $c > "$s.rc.tmp" && mv -f "$s.rc.tmp" "$s.rc"')
-# a remote step's state in one exec: its exit code (empty while it runs), a marker, its log from an offset and, once
-# it has ended, the listing of the work dir ($2) the host copies the outputs back by (no exec of its own)
-_PEEK = ('r=$(cat "$0.rc" 2>/dev/null); echo "$r"; echo @@; tail -c +"$1" "$0.log" 2>/dev/null; '
-         'if [ -n "$r" ]; then echo; echo @@LIST; find "$2" -type f -exec stat -c "' + LIST_FORMAT + '" {} + 2>/dev/null; '
-         'fi; true')
-_MARK, _LIST = b"\n@@\n", b"\n@@LIST\n"
 Sink = Callable[[bytes], None]
 Stopping = Callable[[], bool]
 
@@ -120,15 +114,12 @@ def code_of(text: str) -> int | None:
 
 
 class Follower:
-    """Follows one detached step until it ends; `local`: its files are read on the host (bind mount)."""
+    """Follows one detached step until it ends, reading its files on the host; `api` tells whether its exec runs."""
 
-    def __init__(self, api: DockerAPI, ctr: ContainerRef, files: Files, local: bool, run_fixed: Callable[[list[str]], bytes],
-                 sink: Sink, replay: Sink | None) -> None:
-        self.api, self.ctr, self.files, self.local = api, ctr, files, local
-        self.run_fixed = run_fixed  # one short exec of a fixed command, its output (remote engines)
+    def __init__(self, api: DockerAPI | None, files: Files, sink: Sink, replay: Sink | None) -> None:
+        self.api, self.files = api, files
         self.sink, self.replay = sink, replay
         self.offset = 0  # bytes of the step's log read so far
-        self.listing: bytes | None = None  # a remote work dir as the step left it (LIST_FORMAT lines)
         self.seen = files.seen()
         self._checked = time.monotonic()
 
@@ -146,20 +137,13 @@ class Follower:
 
     def _look(self) -> int | None:
         """Read what the step wrote since the last look; its exit code once it has ended."""
-        if self.local:
-            code = self._local_code()
-            try:
-                with self.files.path("log").open("rb") as fh:
-                    fh.seek(self.offset)
-                    data = fh.read()
-            except FileNotFoundError:  # the wrapper has not started the step yet
-                data = b""
-        else:
-            out = self.run_fixed(["sh", "-c", _PEEK, str(self.files.base), str(self.offset + 1), str(self.files.work)])
-            head, _, data = out.partition(_MARK)
-            code = code_of(head.decode(errors="replace"))
-            if code is not None:
-                data, _, self.listing = data.rpartition(_LIST)
+        code = self._local_code()
+        try:
+            with self.files.path("log").open("rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:  # the wrapper has not started the step yet
+            data = b""
         if data:
             self._feed(data)
         return code
@@ -172,6 +156,7 @@ class Follower:
 
     def _gone(self) -> bool:
         """Has the wrapper's exec ended without leaving an exit code (its container died or was recreated)?"""
+        assert self.api is not None, "a follower without an engine says itself whether its step is gone"
         try:
             info = self.api.api.exec_inspect(self.files.exec_id())
         except APIError as exc:
@@ -182,7 +167,7 @@ class Follower:
 
     def follow(self, stopping: Stopping) -> int:
         """The step's exit code; CONTAINER_LOST when it vanished; `stopping()`: leave it running (CANCELLED, stop)."""
-        poll = POLL_S[0] if self.local else REMOTE_POLL_S
+        poll = POLL_S[0]
         while True:
             code = self._look()
             if code is not None:
@@ -199,5 +184,4 @@ class Follower:
                     raise SaigeError("CONTAINER_LOST", f"step {self.files.n} left no exit code: its container died "
                                      "or was recreated under it")
             time.sleep(poll)
-            if self.local:
-                poll = min(poll * 2, POLL_S[1])
+            poll = min(poll * 2, POLL_S[1])

@@ -1,4 +1,4 @@
-"""One Docker engine (local, ssh or tcp+TLS) and the containers a process uses on it."""
+"""One (local) Docker engine and the containers a process uses on it."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ class Engine:
     def api(self) -> DockerAPI:
         """The client for jobs (limits.engine_timeout_s); DOCKER_UNAVAILABLE when the engine cannot be reached.
 
-        A client whose engine stopped answering is made anew once the engine answers again: a dead transport (an ssh
-        channel whose host went away, a cut tcp connection) is never reused, and the containers get the new one.
+        A client whose engine stopped answering is made anew once the engine answers again (a dockerd restart), and
+        the containers get the new one.
         """
         with self._lock:
             if self._api is not None and self._stale:
@@ -91,8 +91,7 @@ class Engine:
 
     def container(self, target: str) -> Container:
         if target not in self._by_target:
-            self._by_target[target] = Container(self.api(), Spec.for_target(self.config, target, mount=self.spec.local),
-                                                self.on_event)
+            self._by_target[target] = Container(self.api(), Spec.for_target(self.config, target), self.on_event)
         return self._by_target[target]
 
     def close(self) -> None:
@@ -109,7 +108,7 @@ def _close(client: DockerAPI) -> None:
 
 
 class Containers:
-    """The containers one worker uses on one engine, made on first use; on the local engine the container's host lock
+    """The containers one worker uses on one engine, made on first use; the container's host lock
     is held while a job uses it (one job at a time in it, across processes: `saigeedged compile` beside the daemon)."""
 
     def __init__(self, config: Config, on_event: Callable[[str, dict[str, Any]], None] | None = None,
@@ -118,7 +117,7 @@ class Containers:
         self.on_event = on_event or (lambda event, fields: None)
         self.on_wait = on_wait
         self.engine = engine or Engine(DEFAULT, config, self.on_event)
-        self.locks: dict[str, HostLock] = {}  # by container name (local engine only)
+        self.locks: dict[str, HostLock] = {}  # by container name
         self.lock: HostLock | None = None  # the one held for the active container
         self.active: Container | None = None
         self.interrupted: Callable[[], str | None] = lambda: None  # set by the worker: ends a wait for the lock
@@ -134,10 +133,9 @@ class Containers:
         """The target's container, running, with the host lock held (released by release())."""
         if self.active is not None and self.active is self.engine.container(target):
             return self.active  # asked again within the job (its toolchain, then its steps): made ready once per job
-        if self.engine.spec.local:
-            name = Spec.for_target(self.config, target).name
-            self.lock = self.locks.setdefault(name, HostLock(self.config.state_dir, name))
-            self.lock.acquire(self.on_wait, self.interrupted)
+        name = Spec.for_target(self.config, target).name
+        self.lock = self.locks.setdefault(name, HostLock(self.config.state_dir, name))
+        self.lock.acquire(self.on_wait, self.interrupted)
         self.active = self.container(target)
         self.active.book = self.book
         self.active.ensure()
@@ -145,7 +143,7 @@ class Containers:
         return self.active
 
     def release(self, ended: Path | None = None) -> None:
-        """The job is done with its container; `ended`: its attempt ended, so its remote work folder goes too."""
+        """The job is done with its container; `ended`: its attempt ended (not left running by a stop)."""
         if self.active is not None:
             self.active.end_job(ended)
         self.active = None

@@ -11,7 +11,6 @@ from saigeedged.adapters.docker import detached, stream
 from saigeedged.adapters.docker.api import ENGINE_ERRORS, ContainerRef, DockerAPI, NotFound
 from saigeedged.adapters.docker.lifecycle import Lifecycle, OnEvent
 from saigeedged.adapters.docker.spec import Spec, exec_user
-from saigeedged.adapters.docker.transfer import WorkSync, owner_ids
 from saigeedged.errors import SaigeError
 
 KILL_AFTER = "30s"
@@ -20,7 +19,7 @@ PIDFILE = ".step.pid"
 STOPFILE = ".step.stop"  # beside the pidfile: a cancel for this job's steps, holding its reason
 # by path: a busybox sh would run its own applet for a bare `timeout` (coreutils lives here on Ubuntu)
 TIMEOUT_BIN = "/usr/bin/timeout"
-# the stop file is touched inside the container too: on a remote engine the host's copy is not seen there
+# the stop file is touched inside the container too, by the path the container sees
 _KILL = 'touch "${0%.pid}.stop" 2>/dev/null; for p in $(cat "$0" 2>/dev/null); do ' \
         'kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; done; rm -f "$0"'
 # $0 and every further argument: pidfiles of attempts to end
@@ -30,12 +29,10 @@ Sink = Callable[[bytes], None]
 
 
 class Container(Lifecycle):
-    """A compiler container and the steps run in it; on a remote engine the work dir is copied in and out."""
+    """A compiler container and the steps run in it (the work root bind-mounted at its own path)."""
 
     def __init__(self, api: DockerAPI, spec: Spec, on_event: OnEvent) -> None:
         super().__init__(api, spec, on_event)
-        self._sync: WorkSync | None = None  # the work dir of the job in this container (remote engines)
-        self.moved = 0  # bytes copied in and out (remote engines), for the job log
         self.probe_failure = ""  # what the last entry-point probe that found nothing said, for the error message
         self._steps: dict[str, int] = {}  # work dir -> steps its attempt started so far (their numbers in .steps/)
         self.book: detached.Book = detached.FileBook()  # set per job by Containers.get: the daemon's is the store
@@ -101,18 +98,13 @@ class Container(Lifecycle):
         if not files.started():
             _raise_if_stopped(workdir, argv)  # a cancel that came between steps is not erased by this one
             with self._reach(f"starting {label}"):
-                self._copy_in(ctr, workdir)
-                _raise_if_stopped(workdir, argv)  # a cancel during the copy (the first one empties the remote dir)
                 self._launch(ctr, files, argv, timeout_s, env)
-        follower = detached.Follower(self.docker, ctr, files, self.spec.mount, lambda cmd: self._fixed(ctr, cmd), sink,
-                                     replay)
+        follower = detached.Follower(self.docker, files, sink, replay)
         with self._reach(f"following {label}"):
             code = follower.follow(stopping)
         _raise_if_stopped(workdir, argv)
         if self._lost(ctr, code):
             raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} died during {label}")
-        with self._reach(f"copying the outputs of {label}"):
-            self._copy_out(ctr, workdir, follower.listing)
         return code
 
     def _next_step(self, workdir: Path) -> int:
@@ -121,17 +113,14 @@ class Container(Lifecycle):
         return self._steps[key]
 
     def end_job(self, ended: Path | None) -> None:
-        """The job using this container is done with it: the next job (or attempt) numbers its steps from 1. `ended`:
-        its attempt ended (not detached by a stop), so a remote engine's copy of the work dir is removed."""
+        """The job using this container is done with it: the next job (or attempt) numbers its steps from 1."""
         self._steps.clear()
-        if ended is None or self.spec.mount or self._sync is None:
-            return
-        self._sync = None
-        try:
-            with self._reach(f"removing {ended} in {self.spec.name}"):
-                self._fixed(self.docker.containers.get(self.spec.name), ["rm", "-rf", str(ended)])
-        except (SaigeError, *ENGINE_ERRORS):
-            pass  # the engine is gone: its folder goes with the container, or with the next attempt's copy
+
+    def launch(self, files: detached.Files, argv: Sequence[str], timeout_s: int, env: dict[str, str] | None) -> None:
+        """Start a step detached and return at once (a Slurm node's agent: the daemon follows its files on the share)."""
+        ctr = self.ensure()
+        with self._reach(f"starting {shlex.join(argv[:3])}"):
+            self._launch(ctr, files, argv, timeout_s, env)
 
     def _launch(self, ctr: ContainerRef, files: detached.Files, argv: Sequence[str], timeout_s: int,
                env: dict[str, str] | None) -> None:
@@ -144,30 +133,6 @@ class Container(Lifecycle):
                                       environment=env)["Id"])
         files.book.launched(files.work, files.n, exec_id)  # before it starts: a step is never started unrecorded
         api.exec_start(exec_id, detach=True)
-
-    def _copy_in(self, ctr: ContainerRef, workdir: Path) -> None:
-        if self.spec.mount:
-            return
-        if self._sync is None or self._sync.work != workdir:
-            self._sync, self.moved = WorkSync(workdir, owner_ids(exec_user(self.spec.user))), 0
-        self.moved += self._sync.push(self.docker, ctr, lambda argv: self._fixed(ctr, argv))
-
-    def _copy_out(self, ctr: ContainerRef, workdir: Path, listing: bytes | None) -> None:
-        if self.spec.mount:
-            return
-        if self._sync is None or self._sync.work != workdir:  # a step re-attached after a restart: all comes back
-            self._sync, self.moved = WorkSync(workdir, owner_ids(exec_user(self.spec.user))), 0
-            self._sync.started = True  # the container's copy is this attempt's own: the next push must not empty it
-        self.moved += self._sync.pull(self.docker, ctr, lambda argv: self._fixed(ctr, argv), listing)
-
-    def _fixed(self, ctr: ContainerRef, argv: list[str]) -> bytes:
-        """Run a fixed helper command (no manifest values); its output, or CONTAINER_LOST when it fails."""
-        out: list[bytes] = []
-        code = self._exec(ctr, argv, "/", None, out.append)
-        if code != 0:
-            raise SaigeError("CONTAINER_LOST", f"container {self.spec.name}: `{shlex.join(argv[:2])}` exited {code}: "
-                             f"{b''.join(out)[-500:].decode(errors='replace')}")
-        return b"".join(out)
 
     def _lost(self, ctr: ContainerRef, code: int) -> bool:
         """Did the container die under the step? A kill shows as 137 before the engine marks it exited.

@@ -62,14 +62,11 @@ class Lifecycle:
         return pick_runtime(self.spec.runtime, self.docker.info() if self.spec.runtime == "auto" else {})
 
     def _has_mount(self, attrs: dict[str, Any]) -> bool:
-        """Is the container as the spec wants it: the work root bind-mounted (local), or nothing of ours (remote)?"""
+        """Is the container as the spec wants it: the work root bind-mounted at its own path?"""
         root = str(self.spec.work_root)
-        mounted = any(m.get("Source") == root and m.get("Destination") == root for m in attrs.get("Mounts", []))
-        return mounted if self.spec.mount else not mounted
+        return any(m.get("Source") == root and m.get("Destination") == root for m in attrs.get("Mounts", []))
 
     def _mounts(self) -> list[Any]:
-        if not self.spec.mount:
-            return []  # a remote engine shares no filesystem with us: the work dir travels by archive
         self.spec.work_root.mkdir(parents=True, exist_ok=True)
         return [Mount(target=str(self.spec.work_root), source=str(self.spec.work_root), type="bind")]
 

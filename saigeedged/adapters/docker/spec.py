@@ -16,7 +16,7 @@ OWNER_LABEL = "io.saigeedge.owner"  # host:state_dir of the daemon that made it:
 
 @dataclass(frozen=True)
 class Spec:
-    """What a target's container must look like; `mount` False on a remote engine (no shared filesystem)."""
+    """What a target's container must look like."""
 
     name: str
     image: str
@@ -24,14 +24,13 @@ class Spec:
     runtime: str = "auto"
     user: str = "auto"
     owner: str = ""
-    mount: bool = True
 
     @classmethod
-    def for_target(cls, config: Config, target: str, mount: bool = True) -> Spec:
+    def for_target(cls, config: Config, target: str) -> Spec:
         section = config.cubie if target == "cubie" else config.mobilint
         runtime, user = (section.runtime, section.user) if isinstance(section, Cubie) else ("auto", "auto")
         return cls(section.container, section.image, config.work_root, runtime, user,
-                   f"{socket.gethostname()}:{config.state_dir}", mount)
+                   f"{socket.gethostname()}:{config.state_dir}")
 
 
 def pick_runtime(setting: str, info: dict[str, Any]) -> str | None:

@@ -1,0 +1,115 @@
+"""The only module that runs Slurm's commands (sbatch, squeue, scancel, scontrol, sinfo): the `Executor` of a Slurm
+partition. `squeue --json` and `sinfo --json` are the truth for where an attempt runs and which nodes are up; their
+answers are shared for `poll_interval_s`, so many followers cost one squeue."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from saigeedged.config import Config
+from saigeedged.errors import SaigeError
+from saigeedged.executor import ClusterJob, ClusterNode, ExecutorSpec, feature, minutes
+
+CALL_TIMEOUT_S = 30.0  # one Slurm command; slurmctld restarting answers within its own MessageTimeout (10 s)
+HINT = "is slurmctld up and munge running on this host? `sinfo` and `systemctl status slurmctld munge` say"
+Run = Callable[[Sequence[str], str | None], str]
+
+
+def images(config: Config) -> dict[str, str]:
+    """Each container target's image: a node serves a target when it has the GRES and this image's feature."""
+    return {"cubie": config.cubie.image, "mobilint": config.mobilint.image}
+
+
+def run_command(argv: Sequence[str], stdin: str | None = None) -> str:
+    """Run one Slurm command; its stdout, or DOCKER_UNAVAILABLE (wait, no attempt spent) naming it and why."""
+    try:
+        done = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=CALL_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SaigeError("DOCKER_UNAVAILABLE", f"cannot reach Slurm: `{argv[0]}`: {exc}", hint=HINT) from None
+    if done.returncode != 0:
+        raise SaigeError("DOCKER_UNAVAILABLE", f"cannot reach Slurm: `{' '.join(argv[:2])}` exited {done.returncode}: "
+                         f"{done.stderr.strip()[-300:]}", hint=HINT)
+    return done.stdout
+
+
+class Slurm:
+    """A Slurm partition as the daemon's executor (`executor: slurm`)."""
+
+    def __init__(self, spec: ExecutorSpec, run: Run = run_command, clock: Callable[[], float] = time.monotonic) -> None:
+        self.spec, self.run, self.clock = spec, run, clock
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[float, Any]] = {}
+        self._generation = 0  # bumped by every change we make: an answer asked for before it is not kept
+
+    def _json(self, argv: Sequence[str], fresh: bool) -> Any:
+        """One command's --json answer, shared by every caller for poll_interval_s unless `fresh`."""
+        key = " ".join(argv)
+        with self._lock:
+            seen = self._cache.get(key)
+            if not fresh and seen is not None and self.clock() - seen[0] < self.spec.poll_interval_s:
+                return seen[1]
+            generation = self._generation
+        doc = json.loads(self.run([*argv, "--json"], None))
+        with self._lock:
+            if generation == self._generation:  # else a job was submitted or cancelled meanwhile: not the truth
+                self._cache[key] = (self.clock(), doc)
+        return doc
+
+    def submit(self, name: str, target: str, image: str, base: int, script: str, limit_s: int) -> int:
+        """sbatch; --time bounds the cluster job (its TERM kills the step) even when no daemon is left to end it."""
+        out = self.run(["sbatch", "--parsable", f"--job-name={name}", f"--partition={self.spec.partition}",
+                        f"--gres={target}:1", f"--constraint={feature(image)}", "--requeue", "--nodes=1",
+                        "--ntasks=1", f"--comment=attempt={base}", f"--time={minutes(limit_s)}",
+                        # the agent reports through the share; the daemon's own cwd (/ under systemd) is no place
+                        # for slurm-<id>.out files, nor need it exist on the node
+                        "--chdir=/", "--output=/dev/null"], script)
+        self._forget()  # the next poll sees the new job
+        return int(out.strip().split(";")[0])
+
+    def poll(self, name: str, fresh: bool = False) -> list[ClusterJob]:
+        jobs = [_job(j) for j in self._json(["squeue", "--all"], fresh).get("jobs", [])]
+        return sorted((j for j in jobs if j.name == name), key=lambda j: j.cluster_id)
+
+    def cancel(self, cluster_id: int) -> None:
+        self.run(["scancel", str(cluster_id)], None)
+        self._forget()
+
+    def _forget(self) -> None:
+        with self._lock:
+            self._generation += 1
+            self._cache.clear()
+
+    def start_now(self, cluster_id: int) -> None:
+        """A job requeued off a lost node is held about 2 min (BeginTime): it may start again at once."""
+        self.run(["scontrol", "update", f"JobId={cluster_id}", "StartTime=now"], None)
+
+    def nodes(self, fresh: bool = False) -> list[ClusterNode]:
+        doc = self._json(["sinfo", f"--partition={self.spec.partition}"], fresh)
+        seen: dict[str, ClusterNode] = {}
+        for n in doc.get("nodes", []):
+            seen.setdefault(str(n.get("name")), _node(n))
+        return list(seen.values())
+
+
+def _job(doc: dict[str, Any]) -> ClusterJob:
+    comment = str(doc.get("comment") or "")
+    base = int(comment.removeprefix("attempt=")) if comment.startswith("attempt=") and comment[8:].isdigit() else 0
+    return ClusterJob(int(doc.get("job_id", 0)), str(doc.get("name", "")), str(doc.get("job_state", "")),
+                      int(doc.get("restart_cnt") or 0), base, str(doc.get("batch_host") or doc.get("nodes") or ""),
+                      str(doc.get("state_reason") or ""))
+
+
+def _node(doc: dict[str, Any]) -> ClusterNode:
+    state = " ".join([str(doc.get("state", "")), *[str(f) for f in doc.get("state_flags") or []]]).lower()
+    gres: dict[str, int] = {}
+    for item in str(doc.get("gres") or "").split(","):
+        name, _, count = item.partition(":")
+        if name and count.split("(")[0].isdigit():
+            gres[name] = int(count.split("(")[0])
+    features = tuple(f for f in str(doc.get("active_features") or doc.get("features") or "").split(",") if f)
+    return ClusterNode(str(doc.get("name")), state, gres, features, str(doc.get("reason") or ""))

@@ -1,0 +1,243 @@
+"""A target's container on a Slurm node, as a worker of the daemon sees it (executor slurm): the same interface as the
+local engine's Container, reached through the attempt's cluster job and its agent (agent.py) by files on the share.
+
+`ensure` finds or submits the cluster job of the job's current attempt (`squeue --json`: the one whose submitted
+attempt plus its requeues is the store's attempt; any other live one is cancelled) and waits for its agent; a step
+is asked for by `.steps/<n>.req` and followed as on the local engine, by its `.steps/<n>.{log,rc}`; Slurm says
+whether the attempt still runs (requeued off a lost node: ENGINE_LOST, retryable; the requeued job serves the
+next attempt). A cancel is `scancel` (the agent's TERM kills the step); a daemon stop leaves everything running.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from saigeedged import files as filesmod
+from saigeedged.adapters.docker import Container, Containers, DockerAPI, Spec
+from saigeedged.adapters.docker.detached import Files, Follower, Sink, Stopping
+from saigeedged.adapters.docker.execs import STOPFILE, _raise_if_stopped
+from saigeedged.adapters.events import event
+from saigeedged.adapters.slurm.agent import DONE, NODE_DIR, ready_path
+from saigeedged.adapters.slurm.cluster import Slurm
+from saigeedged.config import Config
+from saigeedged.errors import SaigeError
+from saigeedged.executor import ClusterJob
+from saigeedged.jobs import Job
+
+WAIT_S = (0.02, 0.2)  # between looks for an agent's answer on the share: from the first to the longest, doubling
+Current = Callable[[], tuple[Job | None, Path | None]]
+
+
+def batch_script(job_dir: Path, base: int, spec: Spec, target: str, python: str = sys.executable) -> str:
+    """The sbatch script of an attempt: node-step in the foreground (exec: it gets Slurm's TERM itself)."""
+    fields = json.dumps({"name": spec.name, "image": spec.image, "work_root": str(spec.work_root),
+                         "runtime": spec.runtime, "user": spec.user, "owner": spec.owner})
+    argv = [python, "-m", "saigeedged", "node-step", "--job-dir", str(job_dir), "--target", target, "--spec", fields]
+    return ("#!/bin/sh\n# a saigeedged attempt: its folder is named by the attempt submitted plus Slurm's requeues\n"
+            f'exec {shlex.join(argv)} --attempt "$(({base} + ${{SLURM_RESTART_COUNT:-0}}))"\n')
+
+
+class NodeContainer(Container):
+    """The target's container on the node that runs the current attempt's cluster job."""
+
+    def __init__(self, config: Config, slurm: Slurm, target: str, current: Current,
+                 interrupted: Callable[[], str | None]) -> None:
+        super().__init__(cast(DockerAPI, None), Spec.for_target(config, target), lambda event, fields: None)
+        self.config, self.slurm, self.target = config, slurm, target
+        self.current, self.interrupted = current, interrupted
+        self.node = ""
+        self.cluster_id: int | None = None
+        self.serving: tuple[str, int] | None = None  # the attempt whose agent is ready
+
+    def _attempt(self) -> tuple[Job, Path]:
+        job, work = self.current()
+        assert job is not None and work is not None, "a node container is used only by a worker's running job"
+        return job, work
+
+    def ensure(self) -> Any:
+        """The attempt's cluster job, submitted if needed, running with its agent ready (waits while it is queued)."""
+        job, work = self._attempt()
+        if self.serving == (job.job_id, job.attempt):
+            return None  # asked again within the attempt (its toolchain, then its steps)
+        mine = self._cluster_job(job, work)
+        ready = ready_path(work.parent, job.attempt)
+        poll = WAIT_S[0]
+        while not ready.exists():
+            self._check_interrupted()
+            seen = self._seen(job, mine.cluster_id, fresh=False) or self._seen(job, mine.cluster_id, fresh=True)
+            if seen is None or not seen.alive or seen.attempt != job.attempt:
+                raise SaigeError("ENGINE_LOST", f"cluster job {mine.cluster_id} ended before its node was ready "
+                                 f"({seen.state if seen else 'gone'})")
+            if seen.state == "PENDING" and seen.reason == "BeginTime" and self.slurm.spec.fast_requeue:
+                self.slurm.start_now(seen.cluster_id)
+            time.sleep(poll)
+            poll = min(poll * 2, WAIT_S[1])
+        doc = json.loads(ready.read_text())
+        if "error" in doc:
+            err = doc["error"]
+            raise SaigeError(err["code"], f"on its node: {err['message']}", hint=err.get("hint"))
+        self.node, self.image_id, self.cluster_id = str(doc["node"]), doc.get("image_id"), mine.cluster_id
+        self.serving = (job.job_id, job.attempt)
+        event("job.placed", job, node=self.node, cluster_id=self.cluster_id, attempt=job.attempt)
+        return None
+
+    def _seen(self, job: Job, cluster_id: int, fresh: bool) -> ClusterJob | None:
+        """The cluster job as squeue says (a shared answer may predate it: then one asked now)."""
+        return next((j for j in self.slurm.poll(job.job_id, fresh) if j.cluster_id == cluster_id), None)
+
+    def _cluster_job(self, job: Job, work: Path) -> ClusterJob:
+        """The live cluster job of this attempt: found (a daemon restart, a requeue) or submitted now."""
+        live = [j for j in self.slurm.poll(job.job_id, fresh=True) if j.alive]
+        mine = next((j for j in live if j.attempt == job.attempt), None)
+        for other in live:
+            if other is not mine:  # an attempt the store has moved past: it must not hold a node
+                self.slurm.cancel(other.cluster_id)
+        if mine is not None:
+            return mine
+        ready_path(work.parent, job.attempt).unlink(missing_ok=True)
+        script = batch_script(work.parent, job.attempt, self.spec, self.target)
+        cluster_id = self.slurm.submit(job.job_id, self.target, self.spec.image, job.attempt, script,
+                                       self.config.limits.job_timeout_s)
+        return ClusterJob(cluster_id, job.job_id, "PENDING", 0, job.attempt)
+
+    def _check_interrupted(self) -> None:
+        reason = self.interrupted()
+        if reason is not None:
+            raise SaigeError("CANCELLED", f"the job was interrupted while its cluster job waited ({reason})",
+                             reason=reason)
+
+    def _ask(self, work: Path, name: str, payload: bytes, answer: str) -> Path:
+        """Write a request for the agent, wait for the file of its answer (bounded by limits.engine_timeout_s)."""
+        (work / NODE_DIR).mkdir(parents=True, exist_ok=True)
+        filesmod.write_bytes(work / NODE_DIR / name, payload)
+        deadline, poll = time.monotonic() + self.config.limits.engine_timeout_s, WAIT_S[0]
+        while not (work / NODE_DIR / answer).exists():
+            if time.monotonic() > deadline:
+                raise SaigeError("DOCKER_UNAVAILABLE", f"the agent on node {self.node} did not answer within "
+                                 f"{self.config.limits.engine_timeout_s:.0f}s")
+            time.sleep(poll)
+            poll = min(poll * 2, WAIT_S[1])
+        return work / NODE_DIR / answer
+
+    def probe(self, script: str) -> tuple[int, str]:
+        _, work = self._attempt()
+        key = f"probe-{uuid.uuid4().hex[:8]}"
+        rc = self._ask(work, f"{key}.sh", script.encode(), f"{key}.rc")
+        out = (work / NODE_DIR / f"{key}.out").read_text(errors="replace")
+        code = int(rc.read_text().strip() or -1)
+        for suffix in ("sh", "out", "rc"):
+            (work / NODE_DIR / f"{key}.{suffix}").unlink(missing_ok=True)
+        return code, out
+
+    def run_step(self, argv: Sequence[str], workdir: Path, timeout_s: int, sink: Sink,
+                 env: dict[str, str] | None = None, replay: Sink | None = None,
+                 stopping: Stopping = lambda: False) -> int:
+        """One step on the node, started by its agent and followed by its files on the share (SPEC §15)."""
+        files = Files(workdir, self._next_step(workdir))
+        if not files.started():
+            _raise_if_stopped(workdir, argv)
+            files.base.parent.mkdir(parents=True, exist_ok=True)
+            filesmod.write_bytes(files.path("req"), json.dumps({"argv": list(argv), "timeout_s": timeout_s,
+                                                                "env": env}).encode())
+        code = _Follower(self._gone, files, sink, replay).follow(stopping)
+        _raise_if_stopped(workdir, argv)
+        return code
+
+    def _gone(self, follower: Follower) -> bool:
+        """Does Slurm no longer run this attempt (requeued off a lost node, failed)? Unknown (Slurm not answering, a
+        controller restart) is not gone: the step's own files decide meanwhile."""
+        job, _ = self._attempt()
+        try:
+            jobs = self.slurm.poll(job.job_id)
+        except SaigeError:
+            return False
+        if any(j.alive and j.attempt == job.attempt and j.state != "PENDING" for j in jobs):
+            return False
+        if follower._look() is not None:
+            return False  # it ended just now: the next look returns its code
+        if self.interrupted() is not None:
+            raise SaigeError("CANCELLED", f"the job was cancelled ({self.interrupted()})", reason=self.interrupted())
+        seen = ", ".join(f"{j.cluster_id} {j.state} restarts {j.restarts}" for j in jobs) or "no cluster job"
+        raise SaigeError("ENGINE_LOST", f"node {self.node or '?'} no longer runs attempt {job.attempt} ({seen}): "
+                         "Slurm requeued it off a lost node, or it ended", step=job.step)
+
+    def interrupt(self, workdir: Path, reason: str) -> None:
+        """A cancel ends the attempt's cluster job: its agent's TERM kills the step on the node."""
+        try:
+            (workdir / STOPFILE).write_text(reason)
+        except OSError:
+            pass
+        if reason == "stop" or self.current()[0] is None:
+            return
+        job = self.current()[0]
+        assert job is not None
+        try:
+            for live in (j for j in self.slurm.poll(job.job_id, fresh=True) if j.alive):
+                self.slurm.cancel(live.cluster_id)
+        except SaigeError:
+            pass  # Slurm does not answer now: the agent still sees the stop file's step end with the attempt's done
+
+    def end_job(self, ended: Path | None) -> None:
+        """The attempt is over (not left running by a stop): its agent ends and frees the node's GRES."""
+        self._steps.clear()
+        self.serving = None
+        if ended is None:
+            return
+        job, _ = self.current()
+        if ended.is_dir():
+            (ended / DONE).parent.mkdir(exist_ok=True)
+            filesmod.write_bytes(ended / DONE, b"")
+        if job is not None:
+            ready_path(ended.parent, job.attempt).unlink(missing_ok=True)
+
+    def alive(self) -> bool:
+        return True
+
+    def recreate(self) -> None:
+        """Nothing: the node's own container is made afresh by the next attempt's agent when it died."""
+
+    def follow_image(self) -> None:
+        """Nothing: the node's agent reports the image ID its container runs (the cache key names it)."""
+
+    def reap(self, workdirs: Sequence[Path]) -> None:
+        """Nothing: Slurm cancels a stale job when its node returns, and its agent kills the step."""
+
+
+class _Follower(Follower):
+    """The local engine's follower of a step's files; whether the step still runs is Slurm's to say."""
+
+    def __init__(self, gone: Callable[[Follower], bool], files: Files, sink: Sink, replay: Sink | None) -> None:
+        super().__init__(None, files, sink, replay)
+        self.gone = gone
+
+    def _gone(self) -> bool:
+        return self.gone(self)
+
+
+class SlurmContainers(Containers):
+    """A worker's containers when steps run on a Slurm partition: one NodeContainer per target, no host lock (Slurm's
+    GRES keep one job per target per node); `release` is the local engine's (no lock is ever held)."""
+
+    def __init__(self, config: Config, slurm: Slurm) -> None:
+        super().__init__(config)
+        self.slurm = slurm
+        self.current: Current = lambda: (None, None)  # the worker's running job and work dir (set by the pool)
+        self._nodes: dict[str, NodeContainer] = {}
+
+    def container(self, target: str) -> Container:
+        if target not in self._nodes:
+            self._nodes[target] = NodeContainer(self.config, self.slurm, target, lambda: self.current(),
+                                                lambda: self.interrupted())
+        return self._nodes[target]
+
+    def get(self, target: str) -> Container:
+        self.active = self.container(target)
+        self.active.ensure()
+        return self.active

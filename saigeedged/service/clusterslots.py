@@ -1,0 +1,49 @@
+"""The workers of executor slurm: `max_jobs` workers whose container jobs run on the partition's nodes, taking a job
+only while a node with the target's GRES and image feature is free (a node that joins adds room at once), and one
+for host jobs on this host (docs/spec-executor-slurm.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from saigeedged.adapters.slurm.cluster import Slurm, images
+from saigeedged.adapters.slurm.node import SlurmContainers
+from saigeedged.config import Config
+from saigeedged.errors import SaigeError
+from saigeedged.executor import ENGINE, capacity
+from saigeedged.jobs import HOST_ENGINE
+from saigeedged.service.slot import Slot
+from saigeedged.service.worker import Worker
+
+CLUSTER_TARGETS = ("cubie", "mobilint")
+
+
+class Room:
+    """Is there a free node for one more job of a target? From sinfo (shared for poll_interval_s) and our workers."""
+
+    def __init__(self, config: Config, slurm: Slurm, workers: Callable[[], list[Worker]]) -> None:
+        self.config, self.slurm, self.workers = config, slurm, workers
+
+    def __call__(self, target: str) -> bool:
+        try:
+            nodes = self.slurm.nodes()
+        except SaigeError:
+            return False  # the controller does not answer: nothing new is submitted meanwhile
+        busy = sum(1 for w in self.workers() if w.slot.engine == ENGINE and w.current is not None
+                   and w.current.target == target)
+        return busy < capacity(nodes, target, images(self.config)[target])
+
+
+def slots(config: Config, slurm: Slurm, workers: Callable[[], list[Worker]]) -> list[tuple[SlurmContainers, Slot]]:
+    """The (containers, slot) of each cluster worker, then the host jobs' slot (its containers are never used)."""
+    room = Room(config, slurm, workers)
+    made = [(SlurmContainers(config, slurm), Slot(ENGINE, CLUSTER_TARGETS, True, room))
+            for _ in range(config.executor.max_jobs)]
+    return [*made, (SlurmContainers(config, slurm), Slot(HOST_ENGINE, ("host",), True))]
+
+
+def bind(worker: Worker) -> None:
+    """A cluster worker's node containers follow its running job and work dir."""
+    containers = worker.containers
+    if isinstance(containers, SlurmContainers):
+        containers.current = lambda: (worker.current, worker.work)

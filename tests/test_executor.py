@@ -1,0 +1,90 @@
+"""The executor section and the pure rules of executor slurm (saigeedged/executor.py), and how Slurm's JSON is read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import write_config
+
+from saigeedged import config as configmod
+from saigeedged.adapters.slurm import cluster
+from saigeedged.errors import SaigeError
+from saigeedged.executor import ClusterJob, ClusterNode, ExecutorSpec, capacity, feature, minutes, serves
+
+
+def test_no_executor_key_is_the_local_engine_and_its_work_root(tmp_path: Path) -> None:
+    """Without `executor:` nothing changes for one host: executor local, work dirs under state_dir."""
+    config = configmod.load(write_config(tmp_path))
+    assert config.executor == ExecutorSpec() and not config.executor.slurm
+    assert config.work_root == tmp_path / "state" / "work"
+
+
+def test_executor_slurm_puts_the_work_root_on_the_share(tmp_path: Path) -> None:
+    """executor slurm: the attempts' work dirs live on the work share, at the same path on every host."""
+    config = configmod.load(write_config(tmp_path, executor={"kind": "slurm", "partition": "saige",
+                                                             "work_share": "/srv/saige/work"}))
+    assert config.executor.slurm and config.work_root == Path("/srv/saige/work")
+
+
+@pytest.mark.parametrize("section, field", [
+    ({"kind": "k8s"}, "executor.kind"),
+    ({"kind": "slurm", "partition": "saige"}, "executor.work_share"),
+    ({"kind": "slurm", "partition": "saige", "work_share": "work"}, "executor.work_share"),
+    ({"kind": "slurm", "work_share": "/srv/saige/work"}, "executor.partition"),
+    ({"kind": "slurm", "partition": "a b", "work_share": "/srv/saige/work"}, "executor.partition"),
+    ({"max_jobs": 0}, "executor.max_jobs"),
+])
+def test_a_bad_executor_fails_at_load_naming_the_key(tmp_path: Path, section: dict[str, Any], field: str) -> None:
+    """A bad executor section is MANIFEST_INVALID at load, naming the key, with a hint to the spec."""
+    with pytest.raises(SaigeError) as err:
+        configmod.load(write_config(tmp_path, executor=section))
+    assert err.value.code == "MANIFEST_INVALID" and f"config {field}" in err.value.message
+    assert "executor" in err.value.hint
+
+
+def test_an_image_feature_is_a_word_slurm_takes() -> None:
+    """The image's feature keeps letters, digits, . _ - and replaces what Slurm's expressions use (: / & |)."""
+    assert feature("ubuntu-npu:v2.0.10.1") == "img-ubuntu-npu_v2.0.10.1"
+    assert feature("mobilint/qbcompiler:1.3-cpu-ubuntu22.04") == "img-mobilint_qbcompiler_1.3-cpu-ubuntu22.04"
+
+
+def test_the_time_limit_never_ends_a_job_before_its_own_timeout() -> None:
+    """--time is in whole minutes, rounded up and one more: the daemon's job timeout always comes first."""
+    assert [minutes(s) for s in (1, 60, 61, 14400)] == [2, 2, 3, 241]
+
+
+def test_capacity_counts_up_nodes_with_the_gres_and_the_image() -> None:
+    """A target's room is one job per up node that has its GRES and its image's feature; drained or down nodes and
+    nodes without the image add none."""
+    img = feature("npu:1")
+    nodes = [ClusterNode("a", "idle", {"cubie": 1}, ("cubie", img)),
+             ClusterNode("b", "mixed", {"cubie": 1, "mobilint": 1}, (img,)),
+             ClusterNode("c", "idle drain", {"cubie": 1}, (img,)),
+             ClusterNode("d", "down not_responding", {"cubie": 1}, (img,)),
+             ClusterNode("e", "idle", {"cubie": 1}, ("img-other",))]
+    assert capacity(nodes, "cubie", "npu:1") == 2
+    assert capacity(nodes, "mobilint", "npu:1") == 1
+    assert serves(nodes[2], {"cubie": "npu:1", "mobilint": "npu:1"}) == ("cubie",)  # what it has, down or not
+
+
+def test_squeue_and_sinfo_json_are_read_as_the_cluster_says() -> None:
+    """A requeued job's attempt is the one submitted plus Slurm's restarts; a node's state words include its flags."""
+    answers = {"squeue": {"jobs": [
+        {"job_id": 7, "name": "det-1", "job_state": "RUNNING", "restart_cnt": 1, "comment": "attempt=2",
+         "batch_host": "n2", "state_reason": "None"},
+        {"job_id": 8, "name": "other", "job_state": "PENDING", "restart_cnt": 0, "comment": "", "nodes": ""}]},
+        "sinfo": {"nodes": [{"name": "n2", "state": "idle", "state_flags": ["DRAIN"], "gres": "cubie:1,mobilint:1(S:0)",
+                             "active_features": "cubie,img-x", "reason": "test"}]}}
+
+    def run(argv: Any, stdin: str | None) -> str:
+        import json
+
+        return json.dumps(answers[argv[0]])
+
+    slurm = cluster.Slurm(ExecutorSpec("slurm", "saige", Path("/w")), run)
+    assert slurm.poll("det-1") == [ClusterJob(7, "det-1", "RUNNING", 1, 2, "n2", "None")]
+    assert slurm.poll("det-1")[0].attempt == 3 and slurm.poll("det-1")[0].alive
+    (node,) = slurm.nodes()
+    assert (node.name, node.up, node.gres, node.features) == ("n2", False, {"cubie": 1, "mobilint": 1}, ("cubie", "img-x"))

@@ -1,0 +1,227 @@
+"""executor: slurm against a real Slurm cluster of three node containers (tests/slurmcluster.py): the daemon runs on
+the first node (the controller), container steps on whichever node Slurm places each attempt."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import STANDIN_ACUITY
+from harness import read_status, wait_for
+from slurmcluster import Cluster, Node, slurm_cluster  # noqa: F401 - the session fixture
+from slurmdaemon import ClusterDaemon
+
+pytestmark = [pytest.mark.slurm, pytest.mark.docker]
+
+
+@pytest.fixture
+def cluster_daemon(slurm_cluster: Cluster) -> Iterator[Any]:  # noqa: F811 - the session fixture by name
+    """Start a daemon on the controller: cluster_daemon(**config overrides); stopped and its cluster jobs ended after."""
+    started: list[ClusterDaemon] = []
+
+    def start(**overrides: Any) -> ClusterDaemon:
+        started.append(ClusterDaemon(slurm_cluster, **overrides).start())
+        return started[-1]
+
+    yield start
+    for d in started:
+        d.stop()
+    slurm_cluster.controller.sh("scancel --user root", check=False)
+
+
+def calls(node: Node, d: ClusterDaemon, verb: str) -> list[str]:
+    """The stand-in pegasus calls of `verb` in the node's cubie container of daemon `d` (cwd, argv)."""
+    out = node.sh(f"docker exec {d.cubie} cat /tmp/standin-calls.log", check=False).stdout
+    return [line for line in out.splitlines() if f"pegasus.py {verb}" in line]
+
+
+def running_on(cluster: Cluster, job_id: str) -> Node:
+    """The node whose cluster job runs this job's attempt now (squeue)."""
+    def find() -> str | None:
+        jobs = cluster.json("squeue")["jobs"]
+        return next((j["batch_host"] for j in jobs if j["name"] == job_id and j["job_state"] == "RUNNING"), None)
+
+    return cluster.nodes[wait_for(find, 60, f"{job_id} running")]
+
+
+def test_cluster_runs_a_batch_job_and_teardown_leaves_nothing(tmp_path: Path, docker_client: Any) -> None:
+    """A one-node cluster of its own runs an sbatch job with its gres; its teardown leaves no container, network or cgroup."""
+    cluster = Cluster(tmp_path, ["img-x"], [STANDIN_ACUITY])
+    try:
+        cluster.start(1)
+        out = cluster.controller.sh(f"cd {tmp_path} && sbatch --parsable --gres=cubie:1 -C img-x "
+                                    f"--wrap 'echo ran on $(hostname) restarts=$SLURM_RESTART_COUNT'").stdout.strip()
+        log = tmp_path / f"slurm-{out}.out"
+        wait_for(lambda: log.exists() and "ran on" in log.read_text(), 60, "the batch job's output")
+        assert f"ran on {cluster.controller.name}" in log.read_text()
+    finally:
+        cluster.teardown()
+    assert cluster.leftovers() == []
+
+
+def test_a_cubie_drop_compiles_on_a_node(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
+    """A cubie drop publishes its bundle; its pegasus steps ran in a node's container, placed by Slurm; check, status,
+    the dashboard and the metrics show the partition's nodes."""
+    d = cluster_daemon(dashboard=True, metrics={"textfile": "metrics.prom"})
+    d.drop("first")
+    done = d.job("first")
+    assert done["state"] == "succeeded", done
+    assert (d.outbox / done["bundle"]["path"]).is_file()
+    placed = d.events("job.placed")
+    assert [e["job_id"] for e in placed] == [done["job_id"]]
+    ran = [n for n in slurm_cluster.nodes.values() if any("first" in c for c in calls(n, d, "quantize"))]
+    assert [n.name for n in ran] == [placed[0]["node"]]
+    check = d.cli("check").stdout
+    for name in slurm_cluster.nodes:
+        assert f"{name}" in check and "serves cubie, mobilint" in check
+    assert all(n in d.cli("status").stdout for n in slurm_cluster.nodes)  # status lists the partition's nodes
+    wait_for(lambda: all(f'saigeedged_engine_up{{engine="{n}"}} 1.0' in _read(d.root / "metrics.prom")
+                         for n in slurm_cluster.nodes), 60, "a metric per node")
+    wait_for(lambda: all(n in _read(d.outbox / "index.html") for n in slurm_cluster.nodes), 60, "the nodes on the page")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def procs(node: Node, d: ClusterDaemon) -> str:
+    """The processes in the node's cubie container of daemon `d`."""
+    return node.sh(f"docker exec {d.cubie} ps -o args", check=False).stdout
+
+
+def quantizing(d: ClusterDaemon, cluster: Cluster, name: str, marker: str) -> tuple[dict[str, Any], Node]:
+    """Drop `name`; its status and node once its quantize step runs there (`marker` among the container's processes)."""
+    d.drop(name)
+    first = d.job(name, ("running",), step="quantize")
+    node = running_on(cluster, first["job_id"])
+    wait_for(lambda: marker in procs(node, d), 30, f"{name}'s quantize step running on its node")
+    return first, node
+
+
+def test_drops_spread_over_the_nodes_one_cubie_job_per_node(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
+    """Four cubie drops on three nodes: three run at once on three nodes, never two on one node, and all publish."""
+    d = cluster_daemon()
+    seen: list[dict[str, int]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            jobs = slurm_cluster.json("squeue")["jobs"]
+            busy: dict[str, int] = {}
+            for j in jobs:
+                if j["job_state"] == "RUNNING" and "cubie" in j["tres_per_node"]:
+                    busy[j["batch_host"]] = busy.get(j["batch_host"], 0) + 1
+            seen.append(busy)
+            time.sleep(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    names = [f"spread{i}_sleep6" for i in range(4)]
+    for name in names:
+        d.drop(name)
+    try:
+        ends = [d.job(name, timeout=240) for name in names]
+    finally:
+        done.set()
+        sampler.join()
+    assert [e["state"] for e in ends] == ["succeeded"] * 4
+    assert max(max(s.values(), default=0) for s in seen) == 1  # at most one cubie job per node at any time
+    assert max(len(s) for s in seen) == 3  # and the three nodes busy at once
+    assert {e["node"] for e in d.events("job.placed")} == set(slurm_cluster.nodes)
+
+
+def test_a_node_killed_mid_step_requeues_the_job_which_publishes_once(cluster_daemon: Any,
+                                                                       slurm_cluster: Cluster) -> None:  # noqa: F811
+    """Power loss of the node running a quantize: Slurm requeues the job, attempt 2 runs elsewhere and publishes once."""
+    d = cluster_daemon()
+    slurm_cluster.drain(slurm_cluster.controller, True)  # the daemon's own host is not the one to die
+    first, node = quantizing(d, slurm_cluster, "lost_sleep20", "sleep 20")
+    try:
+        slurm_cluster.kill(node)
+        done = d.job("lost_sleep20", timeout=240)
+        assert (done["state"], done["attempt"]) == ("succeeded", 2), d.tail()
+        placed = [e["node"] for e in d.events("job.placed")]
+        assert placed[0] == node.name and placed[-1] not in (node.name, slurm_cluster.controller.name)
+        bundles = list((d.outbox).glob("lost_sleep20*.saigeedge"))
+        assert [b.name for b in bundles] == [Path(done["bundle"]["path"]).name]
+        assert [e["job_id"] for e in d.events("job.succeeded")] == [first["job_id"]]
+    finally:
+        slurm_cluster.drain(slurm_cluster.controller, False)
+        slurm_cluster.revive(node)
+
+
+def test_cancel_kills_the_step_in_the_nodes_container(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
+    """`saigeedged cancel` of a job mid-quantize ends it cancelled and its step is gone from the node's container."""
+    d = cluster_daemon()
+    first, node = quantizing(d, slurm_cluster, "cancelme_hang", "sleep 100000")
+    assert d.cli("cancel", first["job_id"]).returncode == 0
+    assert d.job("cancelme_hang")["state"] == "cancelled"
+    wait_for(lambda: "sleep 100000" not in procs(node, d), 30, "the step gone from the node's container")
+    assert not any(j["name"] == first["job_id"] and j["job_state"] == "RUNNING"
+                   for j in slurm_cluster.json("squeue")["jobs"])
+
+
+def test_daemon_killed_mid_step_reattaches_and_runs_the_step_once(cluster_daemon: Any,
+                                                                   slurm_cluster: Cluster) -> None:  # noqa: F811
+    """kill -9 of the daemon during a quantize on a node: the next daemon re-attaches, attempt 1, quantize ran once."""
+    d = cluster_daemon()
+    first, node = quantizing(d, slurm_cluster, "reattach_sleep12", "sleep 12")
+    d.signal("KILL")
+    d.start()
+    done = d.job("reattach_sleep12")
+    assert (done["state"], done["attempt"]) == ("succeeded", 1), d.tail()
+    assert [e["job_id"] for e in d.events("job.reattached")] == [first["job_id"]]
+    assert len([c for c in calls(node, d, "quantize") if "reattach_sleep12" in c]) == 1
+
+
+def test_slurmctld_restart_mid_step_the_job_completes(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
+    """The controller restarts while a quantize runs on a node: the job completes in its first attempt."""
+    d = cluster_daemon()
+    d.drop("ctld_sleep10")
+    first = d.job("ctld_sleep10", ("running",), step="quantize")
+    slurm_cluster.restart_controller()
+    done = d.job("ctld_sleep10")
+    assert (done["state"], done["attempt"], done["job_id"]) == ("succeeded", 1, first["job_id"]), d.tail()
+
+
+def test_a_partitioned_nodes_stale_attempt_never_publishes(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
+    """A node cut off mid-step: attempt 2 runs elsewhere and publishes once; the cut node's step is gone after it returns."""
+    d = cluster_daemon()
+    slurm_cluster.drain(slurm_cluster.controller, True)
+    first, node = quantizing(d, slurm_cluster, "cut_sleep40", "sleep 40")
+    try:
+        slurm_cluster.cut(node)
+        d.job("cut_sleep40", ("running",), step="quantize", timeout=120)
+        wait_for(lambda: (read_status(d.outbox, first["job_id"]) or {}).get("attempt") == 2, 120, "attempt 2")
+        slurm_cluster.heal(node)
+        done = d.job("cut_sleep40", timeout=240)
+        assert (done["state"], done["attempt"]) == ("succeeded", 2), d.tail()
+        wait_for(lambda: "sleep 40" not in procs(node, d), 60, "the stale step gone from the returned node")
+        assert [b.name for b in d.outbox.glob("cut_sleep40*.saigeedge")] == [Path(done["bundle"]["path"]).name]
+        assert len(d.events("job.succeeded")) == 1
+    finally:
+        slurm_cluster.drain(slurm_cluster.controller, False)
+        slurm_cluster.heal(node)
+
+
+def test_a_node_that_joins_takes_work_without_a_restart(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
+    """Three nodes busy with cubie jobs and a fourth job queued: a node joins (slurmd -Z) and the fourth runs there."""
+    d = cluster_daemon()
+    for i in range(3):
+        d.drop(f"join{i}_sleep20")
+    for i in range(3):
+        d.job(f"join{i}_sleep20", ("running",), step="quantize")
+    d.drop("join3")
+    d.job("join3", ("queued",))
+    new = slurm_cluster.join(len(slurm_cluster.nodes) + 1)
+    done = d.job("join3", timeout=120)
+    assert done["state"] == "succeeded"
+    assert [e["node"] for e in d.events("job.placed") if e["job_id"] == done["job_id"]] == [new.name]
+    assert new.name in d.cli("check").stdout  # check lists the node that joined
