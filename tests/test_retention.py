@@ -121,7 +121,10 @@ def test_daemon_prunes_after_start(daemon: Any, seeded: Seeded) -> None:
     """The daemon runs a retention round right after start (then daily) and says so in the journal."""
     d = daemon(retention={"max_age_days": 7})
     done = wait_for(lambda: d.events("retention.done"), 30, "the first retention round")
-    assert done[0]["removed"] == 9
+    # "run" (running, about to replace solo's bundle) goes back to the queue at start and, a host job, may have ended
+    # before the round: then nothing protects solo's aged bundle any more and it goes too
+    bundle = seeded.outbox.root / seeded.jobs["solo"].bundle["path"]  # type: ignore[index]
+    assert done[0]["removed"] == 9 + (not bundle.exists())
     assert not any(p.exists() for p in seeded.files("det1") + seeded.files("bad"))
     assert sorted(e["job_id"] for e in d.events("retention.pruned")) == sorted(
         seeded.jobs[k].job_id for k in ("det1", "det2", "solo", "bad"))

@@ -125,11 +125,14 @@ class Box:
         self.sh("grep -q saigeedged-box /etc/hosts || echo '127.0.1.1 saigeedged-box' >> /etc/hosts")
 
     def apt_install(self, deb: Path) -> float:
-        """`apt install ./<deb>` as an operator runs it (offline: the dependencies wait in apt's cache); its seconds."""
+        """`apt install ./<deb>` as an operator or an unattended upgrade runs it (offline: the dependencies wait in apt's
+        cache); its seconds."""
         copy = self.shared / deb.name
         shutil.copyfile(deb, copy)
         start = time.monotonic()
-        self.sh(f"cd {self.shared} && DEBIAN_FRONTEND=noninteractive apt-get install -y -q ./{deb.name}", timeout=600)
+        # --force-confold: as an unattended upgrade runs it, an operator's edited config is kept without a prompt
+        self.sh(f"cd {self.shared} && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
+                f"-o Dpkg::Options::=--force-confold ./{deb.name}", timeout=600)
         return time.monotonic() - start
 
     def show(self, *props: str) -> dict[str, str]:
