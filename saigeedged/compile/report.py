@@ -50,7 +50,7 @@ def emulated_job(prep: Prepared, emulated: Path, wrapped: Path) -> dict[str, Any
         return evaluate.run(spec(prep, wrapped, "emulated", wrapped, (f"qtype {entry.qtype}: emulated in float32",)))
     calib = host.Calib(tuple(str(s.image) for s in prep.chosen), prep.input_size, entry.profile.letterbox)
     bits = 16 if entry.qtype == "int16" else 8
-    host.quantize(wrapped, emulated, prep.info.input_name, calib.batches(), entry.calibration_method, bits)
+    host.quantize(wrapped, emulated, prep.info.input_name, calib.stream(), entry.calibration_method, bits)
     notes: tuple[str, ...] = (f"onnxruntime QDQ uint{bits} asymmetric per tensor, {host.METHODS[entry.calibration_method][0]}",)
     if entry.hybrid_topn:
         notes += (f"hybrid_topn {entry.hybrid_topn}: the board's hybrid layers are chosen by pegasus and not emulated",)
