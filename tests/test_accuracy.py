@@ -252,6 +252,13 @@ def test_mobilint_report_is_emulated(tmp_path: Path, docker_config: Path) -> Non
     assert rep["method"] == "emulated" and rep["images"] == 8 and rep["gate"]["passed"]
     assert "uint8 asymmetric per tensor" in rep["notes"][0] and rep["task"]["metric"] == "mAP"
     assert rep["outputs"]["scores"]["cosine"] > 0.95
+    assert not any("made before" in n for n in rep["notes"])
+    # the same drop again: a cache hit, whose report takes the emulated model of that compile instead of quantizing
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        again = json.loads(zf.read("accuracy.json"))
+    assert any("made before (no new quantization)" in n for n in again["notes"])
+    assert again["outputs"] == rep["outputs"] and again["task"] == rep["task"]
 
 
 @pytest.mark.docker
