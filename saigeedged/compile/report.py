@@ -107,14 +107,15 @@ class Plan:
 def plan(prep: Prepared, art: Artifact, ctx: Context, key: str | None = None) -> Plan | None:
     """The report's container part (cubie: `pegasus inference` when the image has it) and what the child will run;
     None: no held-out image (`eval_samples: 0`, or every image calibrated), no report. `key`: the compile's cache
-    key, under which an emulated model is kept."""
+    key, under which an emulated model is kept (not with the cache off: `cache: false` or cache.max_bytes 0)."""
     if not prep.held_out:
         return None
     wrapped = prep.work_dir / f"{prep.name}.eval-float.onnx"
     if prep.entry.target == "host":
         return Plan(host_job, (prep, art.members[art.model_member], wrapped))
     bits = 16 if prep.entry.qtype == "int16" else 8
-    kept = emulated.path(ctx.config.state_dir, key, prep.entry.calibration_method, bits)
+    reuse = prep.entry.cache and ctx.config.cache.max_bytes > 0  # `cache: false` asks for a compile from scratch
+    kept = emulated.path(ctx.config.state_dir, key if reuse else None, prep.entry.calibration_method, bits)
     emulation = Plan(emulated_job, (prep, prep.work_dir / f"{prep.name}.emulated.onnx", wrapped, kept))
     if prep.entry.target == "cubie":
         simulated = _simulated(prep, ctx, wrapped)
