@@ -259,6 +259,13 @@ def test_mobilint_report_is_emulated(tmp_path: Path, docker_config: Path) -> Non
         again = json.loads(zf.read("accuracy.json"))
     assert any("made before (no new quantization)" in n for n in again["notes"])
     assert again["outputs"] == rep["outputs"] and again["task"] == rep["task"]
+    # `cache: false` asks for everything from scratch: the emulation quantizes again, to the same model
+    fresh = manifest(tmp_path / "tags.yml", task="mlc", num_classes=3, calib=str(calib), target="mobilint",
+                     device="regulus-rb", output=str(out), onnx=str(src), n_samples=4, cache=False)
+    assert cli.main(["compile", str(fresh), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        scratch = json.loads(zf.read("accuracy.json"))
+    assert not any("made before" in n for n in scratch["notes"]) and scratch["outputs"] == rep["outputs"]
 
 
 @pytest.mark.docker
