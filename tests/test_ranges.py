@@ -17,6 +17,7 @@ from saigeedged.compile.backends import host
 
 
 def _wrapped(tmp_path: Path) -> tuple[Path, list[np.ndarray]]:
+    """A small detector wrapped to take uint8 NHWC like the bundle's, and 5 noise images."""
     src = yolox(tmp_path / "det.onnx", size=(64, 64))
     wrapped = tmp_path / "det.uint8.onnx"
     host.wrap_job(src, wrapped, "images", (64, 64), [0.0, 0.0, 0.0], [1 / 255] * 3, True)
@@ -26,6 +27,7 @@ def _wrapped(tmp_path: Path) -> tuple[Path, list[np.ndarray]]:
 
 @pytest.mark.parametrize("method", ["ema", "minmax"])
 def test_ranges_are_onnxruntimes_calibration(tmp_path: Path, method: str) -> None:
+    """ranges.collect gives the tensors, float32 arrays and values onnxruntime's MinMaxCalibrater gives."""
     wrapped, batches = _wrapped(tmp_path)
     moving = host.METHODS[method][1]
     mine = ranges.collect(wrapped, "images", iter(batches), moving).data
@@ -43,6 +45,7 @@ def test_ranges_are_onnxruntimes_calibration(tmp_path: Path, method: str) -> Non
 
 @pytest.mark.parametrize("method", ["ema", "minmax"])
 def test_quantized_model_is_quantize_statics_own(tmp_path: Path, method: str) -> None:
+    """host.quantize from those ranges writes the QDQ graph quantize_static writes with its own calibration."""
     wrapped, batches = _wrapped(tmp_path)
     host.quantize(wrapped, tmp_path / "new.onnx", "images", iter(batches), method)
     assert host.ranges_path(tmp_path / "new.onnx").is_file()
