@@ -1,7 +1,8 @@
 """The emulation's quantized model kept per compile (SPEC §17): a board job's report re-quantizes the float model on
 the host (report.emulated_job); a cache hit or a variant with the same compile key, or a redone report, takes the
-model made before instead of quantizing again. Kept under <state_dir>/emulated/ named by a digest of the compile key,
-the emulation's settings and onnxruntime's version; the newest KEEP files stay."""
+model made before instead of quantizing again. Kept in the cache's folder (<state_dir>/cache/.emulated/, which
+`saigeedged cache clear` empties too, outside cache.max_bytes) named by a digest of the compile key, the emulation's
+settings and onnxruntime's version; the newest KEEP files stay."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
+from saigeedged.adapters import cache
+
 KEEP = 64
 
 
@@ -21,7 +24,7 @@ def path(state_dir: Path, key: str | None, method: str, bits: int) -> Path | Non
         return None
     version = importlib.metadata.version("onnxruntime")
     digest = hashlib.sha256(f"{key}\n{method}\n{bits}\n{version}".encode()).hexdigest()[:32]
-    return state_dir / "emulated" / f"{digest}.onnx"
+    return state_dir / "cache" / cache.EMULATED / f"{digest}.onnx"
 
 
 def take(kept: Path | None, dest: Path) -> bool:
@@ -46,7 +49,8 @@ def keep(made: Path, kept: Path | None) -> None:
     if kept is None:
         return
     try:
-        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.parent.parent.mkdir(mode=cache.MODE, parents=True, exist_ok=True)  # the plain model of an encrypted
+        kept.parent.mkdir(mode=cache.MODE, exist_ok=True)  # bundle: the daemon's user only, like the cache
         tmp = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
         shutil.copyfile(made, tmp)
         os.replace(tmp, kept)
