@@ -7,6 +7,11 @@ asked); the stand-in ACUITY image is SAIGEEDGED_STANDIN_ACUITY (default saigeedg
 
 The stand-in compiler does no work: each job's container steps take a fraction of a second, so with the report on
 the burst is bounded by the reports (made one at a time by the finishing stage), not by the container.
+
+The stand-in's `pegasus inference` answers only for images it has reference tensors of, else exits 1 and the report
+falls back to the host emulation (a quantization of the float model and both models on the images). `--simulator`
+puts reference tensors for every calibration image into the container first (the float heads rounded to 256 levels,
+as tests/test_accuracy.py does), so the cubie reports take the simulator path a real ACUITY image takes.
 """
 
 from __future__ import annotations
@@ -30,9 +35,61 @@ from harness import Daemon  # noqa: E402
 from realmodels import yolox_nano  # noqa: E402
 
 STANDIN = os.environ.get("SAIGEEDGED_STANDIN_ACUITY", "saigeedged-standin/acuity:test")
+HEADS = ("/head/Concat_output_0", "/head/Concat_1_output_0", "/head/Concat_2_output_0")
 
 
-def burst(root: Path, drops: int, size: int, eval_samples: int, prlimit: str | None, target: str = "cubie") -> dict[str, Any]:
+def _references(onnx_path: Path, folder: Path, size: int) -> bytes:
+    """A tar of /standin/tensors/quantized/<md5 of the image>/attach_<head>_out0_<shape>.tensor for every image."""
+    import hashlib
+    import io
+    import tarfile
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from saigeedged.compile import images
+
+    model = onnx.load(str(onnx_path))
+    model.graph.output.extend([onnx.ValueInfoProto(name=n) for n in HEADS])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(folder.iterdir()):
+            u8 = images.load_rgb(path, (size, size), letterbox=True)
+            heads = sess.run(list(HEADS), {"images": (u8[..., ::-1].astype(np.float32) / 255).transpose(2, 0, 1)[None]})
+            digest = hashlib.md5(path.read_bytes()).hexdigest()
+            for head, value in zip(HEADS, heads, strict=True):
+                step = max(float(value.max() - value.min()), 1e-12) / 255
+                got = np.round((value - value.min()) / step) * step + value.min()
+                text = "\n".join(f"{v:.6f}" for v in got.ravel()).encode() + b"\n"
+                layer = head.strip("/").replace("/", "_")
+                info = tarfile.TarInfo(f"quantized/{digest}/attach_{layer}_out0_{'_'.join(map(str, value.shape))}.tensor")
+                info.size = len(text)
+                tar.addfile(info, io.BytesIO(text))
+    return buf.getvalue()
+
+
+def _put_references(container: str, data: bytes) -> None:
+    import docker
+
+    client = docker.from_env()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            ctr = client.containers.get(container)
+            break
+        except docker.errors.NotFound:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    ctr.exec_run(["mkdir", "-p", "/standin/tensors"])
+    if not ctr.put_archive("/standin/tensors", data):
+        raise SystemExit("put_archive of the reference tensors failed")
+
+
+def burst(root: Path, drops: int, size: int, eval_samples: int, prlimit: str | None, target: str = "cubie",
+          simulator: bool = False) -> dict[str, Any]:
     """Seconds from the drops to the last job's end, and the jobs' states."""
     root.mkdir(parents=True)
     container = f"saige-burst-{os.getpid()}-{root.name}"
@@ -50,10 +107,18 @@ def burst(root: Path, drops: int, size: int, eval_samples: int, prlimit: str | N
     for i in range(drops):  # made beside the inbox, moved in at once
         shutil.copyfile(onnx, staging / f"b{i:03d}.onnx")
         (staging / f"b{i:03d}.yml").write_text(yaml.safe_dump(manifest))
+    references = _references(onnx, root / "data" / "images", size) if simulator and eval_samples else None
     d = Daemon(config)
     d.prefix = ["prlimit", f"--as={prlimit}"] if prlimit else []
     d.start()
     try:
+        if references is not None:  # the daemon makes its container for its first job: a warm-up job, not timed
+            shutil.copyfile(onnx, d.inbox / "warm.onnx")
+            (d.inbox / "warm.yml").write_text(yaml.safe_dump({**manifest, "eval_samples": 0}))
+            while not [doc for p in (d.outbox / "status").glob("warm*.json")
+                       if (doc := json.loads(p.read_text()))["state"] in ("succeeded", "failed")]:
+                time.sleep(0.5)
+            _put_references(container, references)
         start = time.monotonic()
         for path in sorted(staging.iterdir(), key=lambda p: p.suffix != ".onnx"):
             path.rename(d.inbox / path.name)
@@ -62,8 +127,9 @@ def burst(root: Path, drops: int, size: int, eval_samples: int, prlimit: str | N
             if len(docs) == drops and all(doc["state"] in ("succeeded", "failed") for doc in docs):
                 break
             time.sleep(0.5)
+        methods = sorted({(doc.get("accuracy") or {}).get("method") for doc in docs} - {None})
         return {"seconds": time.monotonic() - start, "states": sorted({doc["state"] for doc in docs}),
-                "errors": sorted({doc["error"]["code"] for doc in docs if doc["error"]})}
+                "errors": sorted({doc["error"]["code"] for doc in docs if doc["error"]}), "methods": methods}
     finally:
         d.stop()
         d.close()
@@ -76,12 +142,15 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=640)
     parser.add_argument("--prlimit", default=None)
     parser.add_argument("--target", default="cubie", choices=("cubie", "host"))
+    parser.add_argument("--simulator", action="store_true", help="reference tensors in the stand-in first (cubie)")
+    parser.add_argument("--skip-off", type=float, default=None, help="the eval_samples 0 burst's seconds, not rerun")
     args = parser.parse_args()
     print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        off = burst(Path(tmp) / "off", args.drops, args.size, 0, args.prlimit, args.target)
+        off = {"seconds": args.skip_off} if args.skip_off else burst(Path(tmp) / "off", args.drops, args.size, 0,
+                                                                     args.prlimit, args.target)
         print(f"eval_samples 0: {off}", flush=True)
-        on = burst(Path(tmp) / "on", args.drops, args.size, 16, args.prlimit, args.target)
+        on = burst(Path(tmp) / "on", args.drops, args.size, 16, args.prlimit, args.target, args.simulator)
         print(f"report on (16): {on}", flush=True)
     print(f"{args.drops} drops of a {args.size} detector: report on {on['seconds']:.1f} s, eval_samples 0 "
           f"{off['seconds']:.1f} s, ratio {on['seconds'] / off['seconds']:.2f}; load average after: "

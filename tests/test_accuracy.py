@@ -252,6 +252,24 @@ def test_mobilint_report_is_emulated(tmp_path: Path, docker_config: Path) -> Non
     assert rep["method"] == "emulated" and rep["images"] == 8 and rep["gate"]["passed"]
     assert "uint8 asymmetric per tensor" in rep["notes"][0] and rep["task"]["metric"] == "mAP"
     assert rep["outputs"]["scores"]["cosine"] > 0.95
+    assert not any("made before" in n for n in rep["notes"])
+    # the same drop again: a cache hit, whose report takes the emulated model of that compile instead of quantizing
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        again = json.loads(zf.read("accuracy.json"))
+    assert any("made before (no new quantization)" in n for n in again["notes"])
+    state = Path(yaml.safe_load(docker_config.read_text())["state_dir"])
+    assert len(list((state / "cache" / ".emulated").glob("*.onnx"))) == 1
+    assert again["outputs"] == rep["outputs"] and again["task"] == rep["task"]
+    # `cache: false` asks for everything from scratch: the emulation quantizes again, to the same model
+    fresh = manifest(tmp_path / "tags.yml", task="mlc", num_classes=3, calib=str(calib), target="mobilint",
+                     device="regulus-rb", output=str(out), onnx=str(src), n_samples=4, cache=False)
+    assert cli.main(["compile", str(fresh), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        scratch = json.loads(zf.read("accuracy.json"))
+    assert not any("made before" in n for n in scratch["notes"]) and scratch["outputs"] == rep["outputs"]
+    assert cli.main(["cache", "clear", "-c", str(docker_config)]) == 0  # the kept emulated models go with the cache
+    assert not (state / "cache" / ".emulated").exists()
 
 
 @pytest.mark.docker

@@ -24,6 +24,7 @@ from saigeedged.files import fsync_path, sha256_file
 
 META = "meta.json"
 TMP_PREFIX = ".tmp-"
+EMULATED = ".emulated"  # the emulated models of board reports (compile/emulated.py): not entries, cleared with them
 LOCK_POLL_S = 0.1  # flock has no timeout: a waiter polls so that a stop or cancel can end the wait
 MODE = 0o700  # the daemon's user only: an entry is the plain compiled model even when its bundle is encrypted
 
@@ -178,6 +179,7 @@ class Cache:
         entries = self.entries()
         for entry in entries:
             self._discard(entry.path)
+        shutil.rmtree(self.root / EMULATED, ignore_errors=True)
         self.sweep()
         return len(entries)
 

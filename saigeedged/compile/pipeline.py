@@ -173,12 +173,12 @@ def _compile(job: Job, step: _Steps) -> Compiled:
         job.on_prepared(prep)
     if entry.variants:
         prep, made, measured = variants.sweep(prep, ctx, job.job_id,
-                                              lambda p, a: _gated(job, p, report.measure(p, a, ctx)))
+                                              lambda p, m: _gated(job, p, report.measure(p, m.art, ctx, m.key)))
         job.on_inputs({"cache": made.status()})
         return Compiled(prep, made, step.names, measured=measured)
     made = reuse.compile(prep, ctx, job.job_id, step.skip)
     job.on_inputs({"cache": made.status()})
-    return Compiled(prep, made, step.names, report.plan(prep, made.art, ctx))
+    return Compiled(prep, made, step.names, report.plan(prep, made.art, ctx, made.key))
 
 
 def _finish(job: Job, step: _Steps, compiled: Compiled, publish: Callable[[Path], None], created_at: str) -> Result:

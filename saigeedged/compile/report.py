@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from saigeedged.accuracytable import table as table
-from saigeedged.compile import child, evaluate, simulate
+from saigeedged.compile import child, emulated, evaluate, simulate
 from saigeedged.compile.backends import cubie, host
 from saigeedged.profiles import mean_scale
 
@@ -41,20 +41,25 @@ def host_job(prep: Prepared, compiled: Path, wrapped: Path) -> dict[str, Any]:
     return evaluate.run(spec(prep, compiled, "int8", wrapped))
 
 
-def emulated_job(prep: Prepared, emulated: Path, wrapped: Path) -> dict[str, Any]:
+def emulated_job(prep: Prepared, emulation: Path, wrapped: Path, kept: Path | None = None) -> dict[str, Any]:
     """In the child: the board's quantization reproduced with onnxruntime (QDQ, asymmetric per tensor, the manifest's
-    algorithm like §6c, int16 for qtype int16), then both on the held-out images."""
+    algorithm like §6c, int16 for qtype int16), then both on the held-out images. `kept`: where this compile's
+    emulated model is kept (emulated.py): taken from there when it was made before, else made and kept."""
     entry = prep.entry
     _wrap(prep, wrapped)
     if entry.qtype in FLOAT_QTYPES:
         return evaluate.run(spec(prep, wrapped, "emulated", wrapped, (f"qtype {entry.qtype}: emulated in float32",)))
-    calib = host.Calib(tuple(str(s.image) for s in prep.chosen), prep.input_size, entry.profile.letterbox)
     bits = 16 if entry.qtype == "int16" else 8
-    host.quantize(wrapped, emulated, prep.info.input_name, calib.batches(), entry.calibration_method, bits)
     notes: tuple[str, ...] = (f"onnxruntime QDQ uint{bits} asymmetric per tensor, {host.METHODS[entry.calibration_method][0]}",)
+    if emulated.take(kept, emulation):
+        notes += ("the emulated model of this compile made before (no new quantization)",)
+    else:
+        calib = host.Calib(tuple(str(s.image) for s in prep.chosen), prep.input_size, entry.profile.letterbox)
+        host.quantize(wrapped, emulation, prep.info.input_name, calib.stream(), entry.calibration_method, bits)
+        emulated.keep(emulation, kept)
     if entry.hybrid_topn:
         notes += (f"hybrid_topn {entry.hybrid_topn}: the board's hybrid layers are chosen by pegasus and not emulated",)
-    return evaluate.run(spec(prep, emulated, "emulated", wrapped, notes))
+    return evaluate.run(spec(prep, emulation, "emulated", wrapped, notes))
 
 
 def simulated_job(prep: Prepared, wrapped: Path, folder: Path, defaults: list[str], note: str) -> dict[str, Any]:
@@ -99,21 +104,25 @@ class Plan:
     fallback: str | None = None
 
 
-def plan(prep: Prepared, art: Artifact, ctx: Context) -> Plan | None:
+def plan(prep: Prepared, art: Artifact, ctx: Context, key: str | None = None) -> Plan | None:
     """The report's container part (cubie: `pegasus inference` when the image has it) and what the child will run;
-    None: no held-out image (`eval_samples: 0`, or every image calibrated), no report."""
+    None: no held-out image (`eval_samples: 0`, or every image calibrated), no report. `key`: the compile's cache
+    key, under which an emulated model is kept (not with the cache off: `cache: false` or cache.max_bytes 0)."""
     if not prep.held_out:
         return None
     wrapped = prep.work_dir / f"{prep.name}.eval-float.onnx"
     if prep.entry.target == "host":
         return Plan(host_job, (prep, art.members[art.model_member], wrapped))
-    emulated = Plan(emulated_job, (prep, prep.work_dir / f"{prep.name}.emulated.onnx", wrapped))
+    bits = 16 if prep.entry.qtype == "int16" else 8
+    reuse = prep.entry.cache and ctx.config.cache.max_bytes > 0  # `cache: false` asks for a compile from scratch
+    kept = emulated.path(ctx.config.state_dir, key if reuse else None, prep.entry.calibration_method, bits)
+    emulation = Plan(emulated_job, (prep, prep.work_dir / f"{prep.name}.emulated.onnx", wrapped, kept))
     if prep.entry.target == "cubie":
         simulated = _simulated(prep, ctx, wrapped)
         if isinstance(simulated, str):
-            return Plan(emulated.job, emulated.args, simulated)
+            return Plan(emulation.job, emulation.args, simulated)
         return Plan(*simulated)
-    return emulated
+    return emulation
 
 
 def made(prep: Prepared, planned: Plan, ctx: Context) -> dict[str, Any]:
@@ -129,9 +138,9 @@ def made(prep: Prepared, planned: Plan, ctx: Context) -> dict[str, Any]:
     return result
 
 
-def measure(prep: Prepared, art: Artifact, ctx: Context) -> dict[str, Any] | None:
+def measure(prep: Prepared, art: Artifact, ctx: Context, key: str | None = None) -> dict[str, Any] | None:
     """The report of this compile (None: no held-out image), container part and child together."""
-    planned = plan(prep, art, ctx)
+    planned = plan(prep, art, ctx, key)
     return None if planned is None else made(prep, planned, ctx)
 
 

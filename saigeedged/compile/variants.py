@@ -12,10 +12,10 @@ from typing import Any
 
 from saigeedged import accuracytable
 from saigeedged.compile import reuse
-from saigeedged.compile.backends import Artifact, Context
+from saigeedged.compile.backends import Context
 from saigeedged.compile.inputs import Prepared
 
-Judge = Callable[[Prepared, Artifact], "dict[str, Any] | None"]
+Judge = Callable[[Prepared, reuse.Made], "dict[str, Any] | None"]
 
 
 def label(index: int, overrides: dict[str, Any]) -> str:
@@ -69,7 +69,7 @@ def sweep(prep: Prepared, ctx: Context, job_id: str, judge: Judge) -> tuple[Prep
         ctx.log.line(f"variant {i + 1}/{len(variants)}: {label(i, overrides)}")
         vprep = prepared(prep, i, overrides)
         made = reuse.compile(vprep, ctx, job_id, lambda names: None)  # the steps stay: the next variant runs them
-        results.append((vprep, made, judge(vprep, made.art)))
+        results.append((vprep, made, judge(vprep, made)))
     ranked = max(range(len(results)), key=lambda i: (score(results[i][2]), -i))
     vprep, made, measured = results[ranked]
     if measured is not None:
