@@ -89,6 +89,17 @@ def slowest(limit: int) -> list[tuple[float, str]]:
     return sorted(found, reverse=True)[:limit]
 
 
+def counts() -> tuple[int, int, int]:
+    """(passed, failed, skipped) over every tier's JUnit report (errors count as failed)."""
+    passed = failed = skipped = 0
+    for report in LOGS.glob("*.xml"):
+        for suite in ET.parse(report).iter("testsuite"):
+            tests, bad = int(suite.get("tests", 0)), int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+            skips = int(suite.get("skipped", 0))
+            passed, failed, skipped = passed + tests - bad - skips, failed + bad, skipped + skips
+    return passed, failed, skipped
+
+
 def main() -> int:
     LOGS.mkdir(exist_ok=True)
     for old in LOGS.glob("*"):
@@ -107,7 +118,9 @@ def main() -> int:
     print(f"\nslowest {SLOWEST}:")
     for seconds, test in slowest(SLOWEST):
         print(f"{seconds:8.2f}s {test}")
-    return 1 if failed or len(results) != len(TIERS) + 1 else 0
+    passed, bad, skipped = counts()
+    print(f"\n{passed} passed, {bad} failed" + (f", {skipped} skipped" if skipped else ""))  # all tiers together
+    return 1 if failed or bad or not passed or len(results) != len(TIERS) + 1 else 0
 
 
 if __name__ == "__main__":
