@@ -126,8 +126,7 @@ class Pool:
             return
         for attempt in attempts:
             try:
-                for live in (j for j in self.slurm.poll(attempt.job_id, fresh=True) if j.alive):
-                    self.slurm.cancel(live.cluster_id)
+                self.slurm.cancel_live(attempt.job_id)
             except SaigeError as exc:  # the controller does not answer: Slurm's --time still ends the cluster job
                 log.warning("slurm.cancel_failed", job_id=attempt.job_id, error_code=exc.code, message=exc.message)
 

@@ -79,6 +79,12 @@ class Slurm:
         self.run(["scancel", str(cluster_id)], None)
         self._forget()
 
+    def cancel_live(self, name: str) -> None:
+        """Cancel every cluster job of saigeedged job `name` still alive (asked afresh): each agent's TERM kills its
+        step on its node."""
+        for live in (j for j in self.poll(name, fresh=True) if j.alive):
+            self.cancel(live.cluster_id)
+
     def _forget(self) -> None:
         with self._lock:
             self._generation += 1

@@ -179,8 +179,7 @@ class NodeContainer(Container):
         job = self.current()[0]
         assert job is not None
         try:
-            for live in (j for j in self.slurm.poll(job.job_id, fresh=True) if j.alive):
-                self.slurm.cancel(live.cluster_id)
+            self.slurm.cancel_live(job.job_id)
         except SaigeError:
             pass  # Slurm does not answer now: the agent still sees the stop file's step end with the attempt's done
 
