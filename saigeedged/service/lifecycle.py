@@ -128,9 +128,11 @@ class Jobs:
                 raise Superseded(f"job {attempt.job_id}: attempt {attempt.attempt} on {attempt.engine} is over")
             yield
 
-    def save(self, job: Job, expect: str | None = None, fence: Attempt | None = None) -> None:
-        """The row, then its status file (only once the row is written); `fence`: see Store.save (Superseded)."""
-        job.updated_at = jobid.iso(jobid.utc_now())
+    def save(self, job: Job, expect: str | None = None, fence: Attempt | None = None, touch: bool = True) -> None:
+        """The row, then its status file (only once the row is written); `fence`: see Store.save (Superseded).
+        `touch`: the change is now (updated_at); an end keeps the time its row was first written with."""
+        if touch:
+            job.updated_at = jobid.iso(jobid.utc_now())
         with self._job(job.job_id), self._writing:
             self.store.save(job, expect, fence)
             self._write_status(job)
@@ -271,6 +273,8 @@ class Jobs:
     def _end(self, job: Job, state: str, error: SaigeError | None, expect: str | None, announce: bool,
              fence: Attempt | None) -> None:
         job.state, job.finished_at = state, jobid.iso(jobid.utc_now())
+        job.updated_at = job.finished_at  # whoever reads the ended row before its status file is written (a webhook
+        # sender seeing a shell's cancel) reads what the status file will say
         job.error = error.as_dict(error.fields.get("step")) if error else None
         # the row first: `expect` and the fence are checked before anything moves, and a crash once the inputs are
         # deleted does not run the job again
@@ -287,7 +291,8 @@ class Jobs:
                   message=error.message.splitlines()[0] if error else None)
         else:  # a command's end (not the daemon's): the daemon's next round says it in the journal
             self.store.mark_behind(job.job_id, "event")
-        self.save(job, expect=state if fence else None, fence=fence)  # still this attempt's end (a retry may follow)
+        self.save(job, expect=state if fence else None, fence=fence, touch=False)  # still this attempt's end (a retry
+        # may follow)
 
     def abandon(self, job: Job, exc: Exception, attempt: Attempt | None) -> None:
         """Mark a job that hit a bug failed (INTERNAL) so the queue moves on, fenced by `attempt`, the one its worker
