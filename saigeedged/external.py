@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Container, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import onnx
+if TYPE_CHECKING:
+    import onnx
 
 # A model that keeps its weights outside is small itself (the graph only); a larger one is not read by the
 # scanner, which runs in the daemon's main loop: its external data, if any, then stays behind and validate says so.
@@ -22,13 +24,20 @@ def locations(model: Path) -> list[str]:
         if model.stat().st_size > PROBE_BYTES:
             return []
         data = model.read_bytes()
-        return tensor_locations(onnx.load_model_from_string(data)) if b"location" in data else []
+        if b"location" not in data:
+            return []
+        import onnx  # here, not at the top: onnx (ml_dtypes) is 0.7 s of every daemon start, and most models never
+        # get this far
+
+        return tensor_locations(onnx.load_model_from_string(data))
     except Exception:  # not ours to judge here: validate checks the model and names the problem
         return []
 
 
 def tensor_locations(proto: onnx.ModelProto) -> list[str]:
     """The external-data `location`s of a model loaded without its external data."""
+    import onnx
+
     found: set[str] = set()
     tensors = list(proto.graph.initializer) + [a.t for n in proto.graph.node for a in n.attribute if a.HasField("t")]
     for tensor in tensors:

@@ -136,7 +136,7 @@ def test_sigterm_on_a_hung_step_exits_in_time_and_leaves_it_running(cubie_daemon
     wait_for(lambda: d.events("job.reattached"), 30, "the hung step re-attached")
     cli.main(["cancel", job["job_id"], "-c", str(d.config)])
     assert d.wait_state(job["job_id"], ("cancelled",))["attempt"] == 1
-    wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 10, "the step killed by the cancel")
+    wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 30, "the step killed by the cancel")
 
 
 def test_container_killed_mid_job_is_recreated_and_retried(cubie_daemon: Any, docker_client: Any, tmp_path: Path,

@@ -59,7 +59,8 @@ def test_preparer_keeps_the_window_and_hands_over_unchanged_preps(tmp_path: Path
         wait_for(lambda: (config.work_root / "urgent" / "attempt1" / "dataset.txt").is_file(), 60, "urgent prepared")
         wait_for(lambda: not (config.work_root / "first").exists(), 10, "first's prep thrown away")
         assert preparer.take(first, lambda: None) is None
-        urgent.attempt = 2  # e.g. requeued meanwhile: made for attempt 1, not used
+        urgent.attempt, urgent.state = 2, "running"  # requeued and taken again meanwhile: made for attempt 1, not
+        store.save(urgent)  # used; one write, as the store's take makes it (the preparer never sees it queued again)
         assert preparer.take(urgent, lambda: None) is None and not (config.work_root / "urgent").exists()
         store.save(Job.from_doc({**urgent.to_doc(), "attempt": 1, "state": "cancelled"}))
         preparer.wake.set()

@@ -21,7 +21,7 @@ EXIT_WAIT_S = 5.0  # a child that closed its pipe without an answer is exiting: 
 # the server lacks was imported (compiled, with no .pyc) by every child of every step (issue 21: most of what a
 # cache-hit job cost, 0.5 -> 0.2 s a job)
 PRELOAD = ["saigeedged.compile.backends.host", "onnxruntime.quantization", "saigeedged.compile.prepare",
-           "saigeedged.compile.report", "saigeedged.compile.ahead"]
+           "saigeedged.compile.report", "saigeedged.compile.evaluate", "saigeedged.compile.ahead"]
 # how a child dies of its memory bound outside Python: C++ bad_alloc aborts, a NULL from malloc faults, the OOM
 # killer kills (a SIGTERM of a stopping unit is not one of them)
 OUT_OF_MEMORY = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGKILL})

@@ -6,8 +6,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import onnx
+from typing import TYPE_CHECKING
 
 from saigeedged import external
 from saigeedged.compile import calibration, onnxcheck
@@ -17,6 +16,9 @@ from saigeedged.errors import SaigeError
 from saigeedged.files import sha256_file as sha256_file  # re-exported: callers import it from here
 from saigeedged.manifest import Entry, safe_stem
 from saigeedged.profiles import DETECTION_HEADS
+
+if TYPE_CHECKING:
+    import onnx
 
 
 @dataclass(frozen=True)

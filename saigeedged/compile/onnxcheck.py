@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-import onnx
-from onnx import shape_inference, utils
+from typing import TYPE_CHECKING
 
 from saigeedged import external
 from saigeedged.errors import SaigeError
+
+if TYPE_CHECKING:  # onnx itself is imported where a model is read: the daemon imports this module, and onnx (with
+    import onnx  # ml_dtypes) is 0.7 s of every start, for models that are read in the children
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ def load(path: Path, weights: bool = True) -> onnx.ModelProto:
     """
     if not path.is_file():
         raise SaigeError("INPUT_NOT_FOUND", f"ONNX file {path} not found")
+    import onnx
+
     try:
         model = onnx.load(str(path), load_external_data=weights and _utf8(str(path)))
         if _utf8(str(path)):
@@ -114,6 +117,9 @@ def cut_outputs(model: onnx.ModelProto, path: Path, names: tuple[str, ...], dest
     missing = [n for n in names if n not in produced]
     if missing:
         raise SaigeError("SURGERY_OUTPUTS_NOT_FOUND", f"{path.name}: no tensor named {', '.join(missing)}")
+    import onnx
+    from onnx import shape_inference, utils
+
     inferred = shape_inference.infer_shapes(model)
     initializers = {init.name for init in inferred.graph.initializer}
     inputs = [i.name for i in inferred.graph.input if i.name not in initializers]

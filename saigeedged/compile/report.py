@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from saigeedged.accuracytable import table as table
-from saigeedged.compile import child, emulated, evaluate, simulate
-from saigeedged.compile.backends import cubie, host
+from saigeedged.compile import child, emulated, simulate
+from saigeedged.compile.backends import cubie
 from saigeedged.profiles import mean_scale
 
 if TYPE_CHECKING:
+    from saigeedged.compile import evaluate
     from saigeedged.compile.backends import Artifact, Context
     from saigeedged.compile.inputs import Prepared
     from saigeedged.config import Config
@@ -23,6 +24,8 @@ FLOAT_QTYPES = ("float16", "qbfloat16")  # a board run in float: the emulation i
 
 
 def spec(prep: Prepared, compiled: Path, method: str, wrapped: Path, notes: tuple[str, ...] = ()) -> evaluate.Spec:
+    from saigeedged.compile import evaluate  # the child's (onnx, numpy): preloaded by its fork server, never the daemon's
+
     entry = prep.entry
     return evaluate.Spec(wrapped, compiled, method, prep.info.input_name, tuple(str(s.image) for s in prep.held_out),
                          tuple((s.boxes, s.labels) for s in prep.held_out), prep.input_size, entry.profile.letterbox,
@@ -31,12 +34,16 @@ def spec(prep: Prepared, compiled: Path, method: str, wrapped: Path, notes: tupl
 
 
 def _wrap(prep: Prepared, wrapped: Path) -> None:
+    from saigeedged.compile.backends import host
+
     mean, scale = mean_scale(prep.entry.profile)
     host.wrap_job(prep.model, wrapped, prep.info.input_name, prep.input_size, mean, scale, prep.entry.channels == "bgr")
 
 
 def host_job(prep: Prepared, compiled: Path, wrapped: Path) -> dict[str, Any]:
     """In the child: the float model wrapped like the bundle's, then both on the held-out images."""
+    from saigeedged.compile import evaluate
+
     _wrap(prep, wrapped)
     return evaluate.run(spec(prep, compiled, "int8", wrapped))
 
@@ -45,6 +52,9 @@ def emulated_job(prep: Prepared, emulation: Path, wrapped: Path, kept: Path | No
     """In the child: the board's quantization reproduced with onnxruntime (QDQ, asymmetric per tensor, the manifest's
     algorithm like §6c, int16 for qtype int16), then both on the held-out images. `kept`: where this compile's
     emulated model is kept (emulated.py): taken from there when it was made before, else made and kept."""
+    from saigeedged.compile import evaluate
+    from saigeedged.compile.backends import host
+
     entry = prep.entry
     _wrap(prep, wrapped)
     if entry.qtype in FLOAT_QTYPES:
@@ -64,6 +74,8 @@ def emulated_job(prep: Prepared, emulation: Path, wrapped: Path, kept: Path | No
 
 def simulated_job(prep: Prepared, wrapped: Path, folder: Path, defaults: list[str], note: str) -> dict[str, Any]:
     """In the child: the float model wrapped like the board's input against what the simulator wrote."""
+    from saigeedged.compile import evaluate
+
     try:
         tensors = [simulate.read_tensors(folder, prep.info.output_shapes, i) for i in range(len(prep.held_out))]
     except (OSError, ValueError) as exc:  # a simulator output this reader does not know: the emulation instead

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from saigeedged import __version__, cachekey, external, jobid
 from saigeedged.adapters import cache
 from saigeedged.compile import backends
@@ -105,6 +103,8 @@ def host_side(target: str, config: Config) -> dict[str, Any]:
 
 def external_data(path: Path) -> list[tuple[str, str]]:
     """(location, sha256) of each external data file the ONNX names: its weights, which its own digest misses."""
+    import onnx  # in the call: the daemon imports this module, and onnx costs 0.7 s of its start
+
     names = external.tensor_locations(onnx.load(str(path), load_external_data=False))
     return [(name, sha256_file(path.parent / name)) for name in names]
 

@@ -204,6 +204,7 @@ class Daemon:
     def hang_up(self) -> None:
         """SIGHUP: scan the inbox now (a share whose events do not reach us); the config is read at start only."""
         self._hung_up = True
+        self.wake.set()
 
     def _answer_hangup(self) -> None:
         if self._hung_up:
