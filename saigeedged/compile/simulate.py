@@ -58,7 +58,9 @@ def read_tensors(folder: Path, shapes: Sequence[Sequence[int]], iteration: int) 
             raise ValueError(f"no iter_{iteration} .tensor file of {math.prod(shape)} values (output shape {list(shape)}) "
                              f"in {folder.name}")
         files.remove(match)
-        found.append(np.fromfile(match, dtype=np.float32, sep="\n").reshape(shape))
+        # loadtxt's C parser: the same float32 values as np.fromfile(sep="\n"), at a fifth of its time (0.34 s of a
+        # 640 report's 16 images)
+        found.append(np.loadtxt(match, dtype=np.float32, ndmin=1).reshape(shape))
     return found
 
 
