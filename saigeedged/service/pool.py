@@ -17,7 +17,7 @@ from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import HOST_ENGINE, QUEUED, RUNNING, Attempt, Job
 from saigeedged.service import clusterslots
-from saigeedged.service.finishing import Finisher
+from saigeedged.service.finishing import REPORTS_AT_ONCE, Finisher, Handed
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.missingimages import MissingImages
 from saigeedged.service.monitor import EngineMonitor
@@ -62,12 +62,13 @@ class Pool:
             self._add(engine, Slot(engine.name, (*engine.spec.targets, "host"), False,
                                    lambda target: target == "host" or ready(target), self._lost(engine.name)))
         # the finishing stage: the container jobs' reports, off the container's path (issue 25)
-        self.finisher = Finisher(config, jobs, Containers(config, on_event, on_wait,  # it calls no engine
-                                                          engine=self.engines[0] if self.engines else None), places,
-                                 on_change)
+        self.handed = Handed()
+        self.finishers = [Finisher(config, jobs, Containers(config, on_event, on_wait,  # they call no engine
+                                                            engine=self.engines[0] if self.engines else None),
+                                   places, self.handed, i == 0, on_change) for i in range(REPORTS_AT_ONCE)]
         for worker in self.workers:
-            worker.finisher = self.finisher
-        self.workers.append(self.finisher)
+            worker.finisher = self.handed
+        self.workers.extend(self.finishers)
 
     def _add(self, engine: Engine, slot: Slot) -> None:
         containers = Containers(self.config, self.on_event, self.on_wait, engine=engine)

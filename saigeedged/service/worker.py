@@ -271,6 +271,11 @@ class Worker(threading.Thread):
         if done.action == HOLD:
             self._keep_running(job, exc)
             return
+        if done.action == END and exc.code in ("CANCELLED", "TIMEOUT") and self.facts.step_may_run(job):
+            # the kill may not have reached the step: a cancel that came while a re-attached attempt replayed its
+            # ended steps ends the job before the running one is attached; the monitor kills what still runs there
+            self.facts.give_up(job)
+            self.kept = True
         end_attempt(job, jobid.iso(jobid.utc_now()), exc.code)
         if done.action == END:
             self.jobs.end(job, done.reason, exc, fence=fence)
