@@ -139,6 +139,21 @@ def test_sigterm_on_a_hung_step_exits_in_time_and_leaves_it_running(cubie_daemon
     wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 30, "the step killed by the cancel")
 
 
+def test_a_cancel_made_while_the_daemon_was_down_kills_the_step_it_re_attaches(cubie_daemon: Any, docker_client: Any,
+                                                                             tmp_path: Path,
+                                                                             det_inputs: dict[str, Any]) -> None:
+    """`saigeedged cancel` of a running job while the daemon is stopped: the next start ends it cancelled (attempt 1)
+    and kills its step, which the stop left running in the container."""
+    d = cubie_daemon()
+    job = in_quantize(d, docker_client, tmp_path, "hang", det_inputs["manifest"])
+    d.signal(signal.SIGTERM)
+    assert d.proc.wait(30) == 0 and "sleep 100000" in procs(docker_client, d)
+    assert cli.main(["cancel", job["job_id"], "-c", str(d.config)]) == 0  # the row is running: flagged
+    d.start()
+    assert d.wait_state(job["job_id"], ("cancelled",))["attempt"] == 1
+    wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 30, "the step killed")
+
+
 def test_container_killed_mid_job_is_recreated_and_retried(cubie_daemon: Any, docker_client: Any, tmp_path: Path,
                                                            det_inputs: dict[str, Any]) -> None:
     """docker kill during a step: CONTAINER_LOST, container recreated, job retried to success."""
