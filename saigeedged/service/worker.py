@@ -271,9 +271,11 @@ class Worker(threading.Thread):
         if done.action == HOLD:
             self._keep_running(job, exc)
             return
-        if done.action == END and exc.code in ("CANCELLED", "TIMEOUT") and self.facts.step_may_run(job):
+        if done.action == END and exc.code in ("CANCELLED", "TIMEOUT") and self.config.executor.kind == "local" \
+                and self.facts.step_may_run(job):
             # the kill may not have reached the step: a cancel that came while a re-attached attempt replayed its
             # ended steps ends the job before the running one is attached; the monitor kills what still runs there
+            # (on a Slurm partition the cancel's scancel ends the cluster job, and the node's agent the step)
             self.facts.give_up(job)
             self.kept = True
         end_attempt(job, jobid.iso(jobid.utc_now()), exc.code)
