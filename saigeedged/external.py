@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Container, Iterable
 from pathlib import Path
@@ -32,6 +33,16 @@ def locations(model: Path) -> list[str]:
         return tensor_locations(onnx.load_model_from_string(data))
     except Exception:  # not ours to judge here: validate checks the model and names the problem
         return []
+
+
+def may_name_files(model: Path) -> bool:
+    """Can the model have external data? Every external tensor's entry holds the key `location`: a file without
+    those bytes has none, and is never parsed (mapped, not read: a large model costs no memory here)."""
+    with model.open("rb") as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            return False
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return data.find(b"location") >= 0
 
 
 def tensor_locations(proto: onnx.ModelProto) -> list[str]:

@@ -112,7 +112,8 @@ class Lifecycle:
             if ctr.status != "created":  # a container that never ran is not restarted: container.created told it
                 self.on_event("container.restarted", {"container": self.spec.name})
             ctr.reload()
-        self.image_id = ctr.image.id if ctr.image else None
+        self.image_id = ctr.attrs.get("ImageID", ctr.attrs.get("Image")) or None  # what docker-py's ctr.image.id
+        # is, without its two image inspections (this runs before every step)
         return ctr
 
     def _check_owner(self, ctr: ContainerRef) -> None:
