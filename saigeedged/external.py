@@ -19,18 +19,15 @@ PROBE_BYTES = 32 << 20
 def locations(model: Path) -> list[str]:
     """The `location`s of the model's external tensors, read without loading any weight ([] when unreadable).
 
-    The model's bytes are read once; only those that name a `location` (the key of an external tensor's entry) are
-    parsed: most models keep their weights inside and are never parsed here (the scanner runs in the main loop)."""
+    Only models that name a `location` (may_name_files) are parsed: most keep their weights inside and are never
+    parsed here (the scanner runs in the main loop)."""
     try:
-        if model.stat().st_size > PROBE_BYTES:
-            return []
-        data = model.read_bytes()
-        if b"location" not in data:
+        if model.stat().st_size > PROBE_BYTES or not may_name_files(model):
             return []
         import onnx  # here, not at the top: onnx (ml_dtypes) is 0.7 s of every daemon start, and most models never
         # get this far
 
-        return tensor_locations(onnx.load_model_from_string(data))
+        return tensor_locations(onnx.load(str(model), load_external_data=False))
     except Exception:  # not ours to judge here: validate checks the model and names the problem
         return []
 

@@ -7,18 +7,17 @@ from collections.abc import Sequence
 
 from saigeedged.adapters.slurm.cluster import Slurm, images
 from saigeedged.config import Config
+from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.errors import SaigeError
 from saigeedged.executor import ClusterNode, feature, serves
 from saigeedged.guards import printable
-
-TARGETS = ("cubie", "mobilint")
 
 
 def node_line(node: ClusterNode, wanted: dict[str, str]) -> str:
     """`name  up|down  targets...`: a target counts when the node has its GRES and its image's feature; what it
     lacks is named, so the operator knows which `Feature=`/`Gres=` to add."""
     served = serves(node, wanted)
-    lacks = [f"{t} (needs Gres={t}:1 Feature={feature(wanted[t])})" for t in TARGETS if t not in served]
+    lacks = [f"{t} (needs Gres={t}:1 Feature={feature(wanted[t])})" for t in CONTAINER_TARGETS if t not in served]
     state = "up" if node.up else f"down ({node.state}{': ' + node.reason if node.reason else ''})"
     return printable(f"{node.name:<24} {state:<8} serves {', '.join(served) or 'nothing'}"
                      + (f"; lacks {', '.join(lacks)}" if lacks else ""))

@@ -18,7 +18,7 @@ from saigeedged.cli.enginestatus import pool_configured
 from saigeedged.compile import vivsdk
 from saigeedged.compile.backends import cubie, mobilint
 from saigeedged.config import DEFAULTS, Config
-from saigeedged.engines import DEFAULT
+from saigeedged.engines import CONTAINER_TARGETS, DEFAULT
 from saigeedged.errors import SaigeError
 from saigeedged.executor import capacity, feature
 from saigeedged.jobs import QUEUED, RUNNING
@@ -192,7 +192,7 @@ def _partition(report: Report, config: Config) -> None:
     for node in nodes:
         line = partition.node_line(node, wanted)
         report(OK if node.up and "lacks" not in line else WARN, "node", line)
-    for target in partition.TARGETS:
+    for target in CONTAINER_TARGETS:
         if capacity(nodes, target, wanted[target]) == 0:
             report(FAIL, target, f"no up node of partition {config.executor.partition} has Gres={target}:1 and "
                    f"Feature={feature(wanted[target])}")

@@ -9,13 +9,12 @@ from collections.abc import Callable
 from saigeedged.adapters.slurm.cluster import Slurm, images
 from saigeedged.adapters.slurm.node import SlurmContainers
 from saigeedged.config import Config
+from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.errors import SaigeError
 from saigeedged.executor import ENGINE, capacity
 from saigeedged.jobs import HOST_ENGINE
 from saigeedged.service.slot import Slot
 from saigeedged.service.worker import Worker
-
-CLUSTER_TARGETS = ("cubie", "mobilint")
 
 
 class Room:
@@ -37,7 +36,7 @@ class Room:
 def slots(config: Config, slurm: Slurm, workers: Callable[[], list[Worker]]) -> list[tuple[SlurmContainers, Slot]]:
     """The (containers, slot) of each cluster worker, then the host jobs' slot (its containers are never used)."""
     room = Room(config, slurm, workers)
-    made = [(SlurmContainers(config, slurm), Slot(ENGINE, CLUSTER_TARGETS, True, room))
+    made = [(SlurmContainers(config, slurm), Slot(ENGINE, CONTAINER_TARGETS, True, room))
             for _ in range(config.executor.max_jobs)]
     return [*made, (SlurmContainers(config, slurm), Slot(HOST_ENGINE, ("host",), True))]
 

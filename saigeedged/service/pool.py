@@ -48,7 +48,7 @@ class Pool:
                                      config.limits.engine_timeout_s, missing)
         if self.slurm is not None:  # container jobs on a Slurm partition's nodes (docs/spec-executor-slurm.md)
             for containers, slot in clusterslots.slots(config, self.slurm, lambda: self.workers):
-                self._join(Worker(config, jobs, containers, places, on_change, slot, self.wake))
+                self.workers.append(Worker(config, jobs, containers, places, on_change, slot, self.wake))
                 clusterslots.bind(self.workers[-1])
         elif len(self.engines) > 1:  # a slot per (engine, target), host jobs their own (SPEC §11)
             for engine in self.engines:
@@ -72,10 +72,7 @@ class Pool:
 
     def _add(self, engine: Engine, slot: Slot) -> None:
         containers = Containers(self.config, self.on_event, self.on_wait, engine=engine)
-        self._join(Worker(self.config, self.jobs, containers, self.places, self.on_change, slot, self.wake))
-
-    def _join(self, worker: Worker) -> None:
-        self.workers.append(worker)
+        self.workers.append(Worker(self.config, self.jobs, containers, self.places, self.on_change, slot, self.wake))
 
     def _asked(self) -> set[str]:
         """The targets asked for now: the config's default and those of the queued and running jobs."""

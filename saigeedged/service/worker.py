@@ -251,16 +251,22 @@ class Worker(threading.Thread):
         """Settle an attempt that did not succeed as decision.decide says; every write is fenced by the job's attempt
         (Superseded when the store names another one)."""
         fence = Attempt.of(job)
-        full = bool(exc.fields.get("state_full"))
+        full, started = bool(exc.fields.get("state_full")), self.facts.step_may_run(job)
         done = decide(exc.code, exc.fields.get("reason"), exc.retryable, bool(exc.fields.get("exhausted")),
-                      job.attempt, self.config.limits.max_attempts, self.facts.step_may_run(job), full)
+                      job.attempt, self.config.limits.max_attempts, started, full)
         if full:  # not the job's fault: it goes on (or back to the queue) once state_dir has room again
             self.kept = True
             room.wait_for_disk(self.config.work_root, self.jobs.store.wait_for_room, exc.message)
         if exc.code == "DOCKER_UNAVAILABLE":
             self.slot.on_lost(exc.message)
             self.kept = True  # whatever may still run there is the monitor's to reap
-        if exc.fields.get("unresumable"):
+        # given up: an attempt that cannot go on, or one that ends by a cancel or timeout whose kill may not have
+        # reached its step (a cancel that came while a re-attached attempt replayed its ended steps ends the job before
+        # the running one is attached): the monitor kills what still runs there. On a Slurm partition the cancel's
+        # scancel ends the cluster job, and the node's agent the step.
+        killed_late = done.action == END and exc.code in ("CANCELLED", "TIMEOUT") and started \
+            and self.config.executor.kind == "local"
+        if exc.fields.get("unresumable") or killed_late:
             self.kept = True
             self.facts.give_up(job)
         if done.action == DETACH:
@@ -271,13 +277,6 @@ class Worker(threading.Thread):
         if done.action == HOLD:
             self._keep_running(job, exc)
             return
-        if done.action == END and exc.code in ("CANCELLED", "TIMEOUT") and self.config.executor.kind == "local" \
-                and self.facts.step_may_run(job):
-            # the kill may not have reached the step: a cancel that came while a re-attached attempt replayed its
-            # ended steps ends the job before the running one is attached; the monitor kills what still runs there
-            # (on a Slurm partition the cancel's scancel ends the cluster job, and the node's agent the step)
-            self.facts.give_up(job)
-            self.kept = True
         end_attempt(job, jobid.iso(jobid.utc_now()), exc.code)
         if done.action == END:
             self.jobs.end(job, done.reason, exc, fence=fence)

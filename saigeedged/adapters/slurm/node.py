@@ -174,10 +174,9 @@ class NodeContainer(Container):
             (workdir / STOPFILE).write_text(reason)
         except OSError:
             pass
-        if reason == "stop" or self.current()[0] is None:
-            return
         job = self.current()[0]
-        assert job is not None
+        if reason == "stop" or job is None:
+            return
         try:
             self.slurm.cancel_live(job.job_id)
         except SaigeError:
