@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from saigeedged import files as filesmod
+from saigeedged.adapters import signals
 from saigeedged.adapters.docker import Container, Spec, connect
 from saigeedged.adapters.docker.detached import Files
 from saigeedged.engines import DEFAULT
@@ -103,8 +104,7 @@ class Agent:
 def main(job_dir: Path, attempt: int, target_spec: dict[str, str], timeout_s: float) -> int:
     """The node-step command: `target_spec` is the container's Spec fields as the daemon's config has them."""
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())  # only a flag: the loop kills the step
-    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    signals.Relay({signal.SIGTERM: stop.set, signal.SIGINT: stop.set})  # only a flag: the loop kills the step
     spec = Spec(target_spec["name"], target_spec["image"], Path(target_spec["work_root"]), target_spec["runtime"],
                 target_spec["user"], target_spec["owner"])
     try:
