@@ -328,8 +328,8 @@ class Daemon:
         if self.watcher is not None:
             self.watcher.stop()
         if not self.pool.stopped():  # e.g. blocked on a hung engine: its row stays `running`, requeued at next start
-            log.error("daemon.stop_timeout", message=f"the running job did not stop within {STOP_GRACE_S:.0f}s; "
-                      "it runs again at the next start")
+            log.error("daemon.stop_timeout", message=f"the running job or an engine's watch did not stop within "
+                      f"{STOP_GRACE_S:.0f}s; a running job runs again at the next start")
         else:
             self.pool.close()
             self.store.close()  # never under a live worker that may still write its row

@@ -11,6 +11,7 @@ attempts moved off it are killed first; then it is up (`engine.up`) and its wait
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,15 @@ class EngineMonitor:
         self.stop_event.set()
         for kick in self.kick.values():
             kick.set()
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def alive(self) -> bool:
+        """Does an engine's watch still run (it reads and writes the store: the store closes only after it)?"""
+        return any(t.is_alive() for t in self._threads)
 
     def abandoned(self, attempts: list[Attempt]) -> None:
         """Attempts given up on (moved elsewhere, or ended under daemons that kept dying): their records say so, and

@@ -159,14 +159,17 @@ class Pool:
         deadline = time.monotonic() + timeout
         for worker in self.workers:
             worker.join(max(0.0, deadline - time.monotonic()))
+        self.monitor.join(max(0.0, deadline - time.monotonic()))
 
     def is_alive(self) -> bool:
         """Every worker is alive (a dead one would leave its slot's jobs queued forever)."""
         return all(w.is_alive() for w in self.workers)
 
     def stopped(self) -> bool:
-        """No worker runs any more (after stop and join)."""
-        return not any(w.is_alive() for w in self.workers)
+        """No worker and no engine's watch runs any more (after stop and join): the store may be closed. A stop right
+        after start met the monitor's first look at its engine reading the store, and closing it under that read
+        crashed the process (SIGSEGV in sqlite3)."""
+        return not any(w.is_alive() for w in self.workers) and not self.monitor.alive()
 
     def status(self, queued: int) -> str:
         """The STATUS= line: busy slots by engine (SPEC §11); with one engine the line of §9."""
