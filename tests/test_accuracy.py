@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zipfile
 from pathlib import Path
@@ -349,6 +350,44 @@ def test_cubie_report_comes_from_the_simulator(tmp_path: Path, docker_config: Pa
     for head in DETECTION_HEADS:
         assert rep["outputs"][head]["cosine"] == pytest.approx(want[head][0], abs=1e-4)
     assert rep["default_quantization"] == []  # the stand-in's .quantize has calibrated scales
+
+
+@pytest.mark.docker
+def test_an_unreadable_simulator_output_is_emulated_and_the_emulation_kept(tmp_path: Path, docker_config: Path,
+                                                                         docker_client: Any) -> None:
+    """`pegasus inference` answering with .tensor files that match no output: the report is emulated (and says why),
+    and its emulated model is kept like any emulation's, so the same compile's next report (a cache hit) takes it
+    instead of quantizing again."""
+    import io
+    import tarfile
+
+    src = yolox(tmp_path / "det.onnx", size=(64, 64))
+    calib = valjson(tmp_path / "data", random_labels(20, 3))
+    out = tmp_path / "det.saigeedge"
+    mf = manifest(tmp_path / "det.yml", task="detection", num_classes=3, calib=str(calib), target="cubie", output=str(out),
+                  onnx=str(src), n_samples=8, eval_samples=4)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:  # three values an image, whatever the image: no output has 3
+        for image in (tmp_path / "data" / "images").iterdir():
+            info = tarfile.TarInfo(f"quantized/{hashlib.md5(image.read_bytes()).hexdigest()}/attach_x_out0_3.tensor")
+            info.size = len(b"1.0\n2.0\n3.0\n")
+            tar.addfile(info, io.BytesIO(b"1.0\n2.0\n3.0\n"))
+    warm = manifest(tmp_path / "warm.yml", task="detection", num_classes=3, calib=str(calib), target="cubie",
+                    output=str(tmp_path / "warm.saigeedge"), onnx=str(src), n_samples=6, eval_samples=0)
+    assert cli.main(["compile", str(warm), "-c", str(docker_config)]) == 0  # makes the container (another key)
+    ctr = docker_client.containers.get(yaml.safe_load(docker_config.read_text())["cubie"]["container"])
+    ctr.exec_run(["mkdir", "-p", "/standin/tensors"])
+    assert ctr.put_archive("/standin/tensors", buf.getvalue())
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        first = json.loads(zf.read("accuracy.json"))
+    assert first["method"] == "emulated" and any("`pegasus inference` output unreadable" in n for n in first["notes"])
+    assert not any("made before" in n for n in first["notes"])
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        again = json.loads(zf.read("accuracy.json"))
+    assert any("made before (no new quantization)" in n for n in again["notes"])
+    assert again["outputs"] == first["outputs"]
 
 
 def test_three_variant_sweep_publishes_the_best_and_shows_all(tmp_path: Path, config_path: Path, capsys: Any) -> None:
