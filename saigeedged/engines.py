@@ -11,6 +11,7 @@ from typing import Any
 from saigeedged.errors import SaigeError
 
 CONTAINER_TARGETS = ("cubie", "mobilint")
+TARGETS = (*CONTAINER_TARGETS, "host")  # every target a manifest may name (SPEC §3)
 SCHEMES = ("unix",)
 RETIRED = ("ssh", "tcp")  # remote engines: scale-out runs on Slurm now
 LOCAL = "local"  # the default engine's name: docker.from_env()'s engine (DOCKER_HOST or /var/run/docker.sock)

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from saigeedged import guards, safeyaml
+from saigeedged.engines import TARGETS
 from saigeedged.errors import SaigeError
 from saigeedged.profiles import CHANNEL_ORDERS, MOBILINT_DEVICES, PLATFORMS, PROFILES, TaskProfile
 
 QUANTIZERS = ("asymmetric_affine", "dynamic_fixed_point", "perchannel_symmetric_affine", "qbfloat16", "float16")
 QTYPES = ("uint8", "int16", "int8", "qbfloat16", "float16")
 METHODS = ("ema", "minmax", "kl", "normal", "auto")
-TARGETS = ("cubie", "mobilint", "host")
 TOP_LEVEL_DEFAULTS = ("target", "calibration_method", "n_samples", "seed")
 
 # field -> (accepted types, allowed values or None)

@@ -25,11 +25,11 @@ from saigeedged import __version__, accuracytable
 from saigeedged.adapters.ends import Ends
 from saigeedged.adapters.store import Store
 from saigeedged.adapters.tally import Tally
+from saigeedged.engines import TARGETS
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import QUEUED, RUNNING, SUCCEEDED, Job
 
 log = structlog.get_logger()
-TARGETS = ("cubie", "mobilint", "host")
 TASKS = ("detection", "mlc", "reid")
 ROLL_S = 86400.0  # how often the kept summary of ended jobs is moved forward
 JOB_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, float("inf"))

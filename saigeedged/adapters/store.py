@@ -28,6 +28,7 @@ from saigeedged.adapters.database import (
     transient,
 )
 from saigeedged.adapters.history import History
+from saigeedged.engines import TARGETS
 from saigeedged.jobid import iso, utc_now
 from saigeedged.jobs import (
     QUEUED,
@@ -41,7 +42,6 @@ from saigeedged.jobs import (
     begin_attempt,
     check_transition,
 )
-from saigeedged.manifest import TARGETS
 from saigeedged.records import AttemptRecord
 
 __all__ = ["FINAL", "SCHEMA_VERSION", "CorruptDatabase", "EngineState", "NewerDatabase", "Store", "StoreFull"]

@@ -8,10 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from saigeedged.engines import LOCAL
+from saigeedged.engines import LOCAL, TARGETS
 from saigeedged.jobs import HOST_ENGINE, Job
 
-ALL_TARGETS = ("cubie", "mobilint", "host")
 ATTEMPT = "attempt"  # an attempt's work dir is work/<job>/attempt<N>
 
 
@@ -21,14 +20,14 @@ class Slot:
     with more than one engine; else the one engine's single slot takes every target, one job at a time (SPEC §2)."""
 
     engine: str = LOCAL
-    targets: tuple[str, ...] = ALL_TARGETS
+    targets: tuple[str, ...] = TARGETS
     pooled: bool = False
     ready: Callable[[str], bool] = field(default=lambda target: True)  # False: its engine is down or lacks the image
     on_lost: Callable[[str], None] = field(default=lambda reason: None)  # a job found the engine gone
 
     def skip(self) -> tuple[str, ...]:
         """The targets this slot takes nothing of now."""
-        return tuple(t for t in ALL_TARGETS if t not in self.targets or not self.ready(t))
+        return tuple(t for t in TARGETS if t not in self.targets or not self.ready(t))
 
     def engine_of(self, target: str) -> str:
         """The engine an attempt of a `target` job is recorded on."""
