@@ -127,8 +127,8 @@ def run(spec: Spec) -> dict[str, Any]:
     """In the child: both models on every held-out image for the per-output errors and the task metric (sessions
     optimised for the graph outputs: the INT8 kernels the bundle runs), then the per-layer table on the first
     LAYER_IMAGES images only (sessions with every paired activation exposed)."""
-    outputs = [o.name for o in onnx.load(str(spec.float_model), load_external_data=False).graph.output]
     ref_sess, got_sess = session(spec.float_model), session(spec.compiled)
+    outputs = [o.name for o in ref_sess.get_outputs()]  # the graph's outputs in its order, without a second parse
     ref_out, got_out = [], []
     for x in _inputs(spec):  # each image decoded and letterboxed once, for both models
         ref_out.append(ref_sess.run(outputs, x))
@@ -165,8 +165,9 @@ def worst_layers(spec: Spec, outputs: list[str], compiled: onnx.ModelProto) -> l
 def run_given(spec: Spec, got_out: list[list[NDArray[Any]]], defaults: list[str]) -> dict[str, Any]:
     """In the child: the float model on every held-out image against outputs the compiled model gave elsewhere (the
     toolkit's simulator), one list per image in the float model's output order; no per-layer table."""
-    outputs = [o.name for o in onnx.load(str(spec.float_model), load_external_data=False).graph.output]
-    ref_out = _outputs(session(spec.float_model), outputs, spec)
+    ref_sess = session(spec.float_model)
+    outputs = [o.name for o in ref_sess.get_outputs()]
+    ref_out = _outputs(ref_sess, outputs, spec)
     got = [[g.reshape(r.shape) for r, g in zip(ref, given, strict=True)] for ref, given in zip(ref_out, got_out, strict=True)]
     report = compare(spec, outputs, ref_out, got)
     report["worst_layers"], report["layer_images"], report["default_quantization"] = [], 0, defaults
