@@ -234,6 +234,11 @@ class Store(History, AttemptRecords):
             rows = self._rows(f"SELECT {TARGET}, COUNT(*) FROM jobs WHERE state = ? GROUP BY 1", (state,))
         return {str(target): int(str(n)) for target, n in rows}
 
+    def waiting_by_target(self) -> dict[str, int]:
+        """Queued and running jobs per target: what the targets' images are needed for."""
+        queued, running = self.count_by_target(QUEUED), self.count_by_target(RUNNING)
+        return {t: queued.get(t, 0) + running.get(t, 0) for t in {*queued, *running}}
+
     def recent(self, limit: int = 20) -> list[Job]:
         """The newest `limit` final jobs, newest first (read backwards along jobs_final: no sort of the history)."""
         return self._jobs(f"SELECT doc FROM jobs INDEXED BY jobs_final WHERE {FINAL} ORDER BY seq DESC LIMIT ?", (limit,))

@@ -21,7 +21,6 @@ from saigeedged.config import DEFAULTS, Config
 from saigeedged.engines import CONTAINER_TARGETS, DEFAULT
 from saigeedged.errors import SaigeError
 from saigeedged.executor import capacity, feature
-from saigeedged.jobs import QUEUED, RUNNING
 from saigeedged.profiles import TARGET_CANDIDATES
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -61,10 +60,9 @@ def _waiting(state_dir: Path) -> dict[str, int]:
         return {}
     store = Store(path, verify=False)  # `check` beside a running daemon: no whole-file read
     try:
-        counts = [store.count_by_target(QUEUED), store.count_by_target(RUNNING)]
+        return store.waiting_by_target()
     finally:
         store.close()
-    return {t: sum(c.get(t, 0) for c in counts) for t in {*counts[0], *counts[1]}}
 
 
 def _needed(config: Config, target: str, image: str) -> str | None:

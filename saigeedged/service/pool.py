@@ -15,7 +15,7 @@ from saigeedged.adapters.docker import Containers, Engine
 from saigeedged.adapters.slurm.cluster import Slurm
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
-from saigeedged.jobs import HOST_ENGINE, QUEUED, RUNNING, Attempt, Job
+from saigeedged.jobs import HOST_ENGINE, Attempt, Job
 from saigeedged.service import clusterslots
 from saigeedged.service.finishing import REPORTS_AT_ONCE, Finisher, Handed
 from saigeedged.service.lifecycle import Jobs, Places
@@ -76,8 +76,7 @@ class Pool:
 
     def _asked(self) -> set[str]:
         """The targets asked for now: the config's default and those of the queued and running jobs."""
-        store = self.jobs.store
-        return {self.config.defaults.target, *store.count_by_target(QUEUED), *store.count_by_target(RUNNING)}
+        return {self.config.defaults.target, *self.jobs.store.waiting_by_target()}
 
     def _ready(self, name: str) -> Callable[[str], bool]:
         return lambda target: self.monitor.ready(name, target)
