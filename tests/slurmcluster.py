@@ -196,6 +196,11 @@ class Cluster:
         """Power loss: the node's container dies with everything in it."""
         subprocess.run(["docker", "kill", node.name], check=True, capture_output=True, timeout=60)
 
+    def describe(self) -> str:
+        """The cluster's jobs and nodes and the controller's last log lines (for a failing test's message)."""
+        return self.controller.sh("squeue --all -o '%i %j %T %r %N %k'; sinfo -N -o '%N %T %E'; "
+                                  "tail -n 40 /var/log/slurm/slurmctld.log", check=False, timeout=30).stdout
+
     def cut(self, node: Node) -> None:
         subprocess.run(["docker", "network", "disconnect", self.network, node.name], check=True, capture_output=True,
                        timeout=60)

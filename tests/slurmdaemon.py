@@ -80,7 +80,10 @@ class ClusterDaemon:
                     return doc
             return None
 
-        return wait_for(find, timeout, f"{name} in {states} {step or ''}\n{self.tail()}")  # type: ignore[no-any-return]
+        try:
+            return wait_for(find, timeout, f"{name} in {states} {step or ''}")  # type: ignore[no-any-return]
+        except AssertionError as exc:  # what the daemon and the cluster say now, not when the wait began
+            raise AssertionError(f"{exc}\n{self.tail()}\n{self.cluster.describe()}") from None
 
     def tail(self) -> str:
         try:
