@@ -88,3 +88,31 @@ def test_squeue_and_sinfo_json_are_read_as_the_cluster_says() -> None:
     assert slurm.poll("det-1")[0].attempt == 3 and slurm.poll("det-1")[0].alive
     (node,) = slurm.nodes()
     assert (node.name, node.up, node.gres, node.features) == ("n2", False, {"cubie": 1, "mobilint": 1}, ("cubie", "img-x"))
+
+
+def test_a_change_of_ours_is_never_followed_by_an_answer_from_before_it() -> None:
+    """squeue's answer is shared for poll_interval_s, but not across a change the daemon made: after a submit, a
+    cancel or lifting a requeued job's hold (StartTime=now) the next poll asks Slurm again. A cached BeginTime after
+    the lift made the node's wait issue `scontrol update` at every look for up to poll_interval_s."""
+    calls: list[str] = []
+    reason = ["BeginTime"]
+
+    def run(argv: Any, stdin: str | None) -> str:
+        import json
+
+        calls.append(argv[0])
+        if argv[0] == "scontrol":  # the hold lifted: Slurm no longer gives BeginTime as the reason
+            reason[0] = "None"
+        if argv[0] != "squeue":
+            return "7\n"
+        return json.dumps({"jobs": [{"job_id": 7, "name": "det-1", "job_state": "PENDING", "restart_cnt": 1,
+                                     "comment": "attempt=1", "state_reason": reason[0]}]})
+
+    slurm = cluster.Slurm(ExecutorSpec("slurm", "saige", Path("/w"), poll_interval_s=60.0), run)
+    assert slurm.poll("det-1")[0].reason == "BeginTime"
+    assert slurm.poll("det-1")[0].reason == "BeginTime" and calls.count("squeue") == 1  # shared within the interval
+    slurm.start_now(7)
+    assert slurm.poll("det-1")[0].reason == "None" and calls.count("squeue") == 2
+    slurm.cancel(7)
+    slurm.poll("det-1")
+    assert calls.count("squeue") == 3

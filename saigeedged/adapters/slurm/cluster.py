@@ -93,6 +93,7 @@ class Slurm:
     def start_now(self, cluster_id: int) -> None:
         """A job requeued off a lost node is held about 2 min (BeginTime): it may start again at once."""
         self.run(["scontrol", "update", f"JobId={cluster_id}", "StartTime=now"], None)
+        self._forget()  # a change of ours, like submit and cancel: the shared answer still says BeginTime
 
     def nodes(self, fresh: bool = False) -> list[ClusterNode]:
         doc = self._json(["sinfo", f"--partition={self.spec.partition}"], fresh)
