@@ -73,23 +73,22 @@ def emulated_job(prep: Prepared, emulation: Path, wrapped: Path, kept: Path | No
 
 
 def simulated_job(prep: Prepared, wrapped: Path, folder: Path, defaults: list[str], note: str,
-                  emulation: tuple[Path, Path | None]) -> dict[str, Any]:
+                  emulation: Plan) -> dict[str, Any]:
     """In the child: the float model wrapped like the board's input against what the simulator wrote; `emulation`:
-    the emulated model's path and where it is kept (emulated_job's), for a simulator output this reader cannot read."""
+    the plan that emulates this compile instead, for a simulator output this reader cannot read."""
     from saigeedged.compile import evaluate
 
     try:
         tensors = [simulate.read_tensors(folder, prep.info.output_shapes, i) for i in range(len(prep.held_out))]
     except (OSError, ValueError) as exc:  # a simulator output this reader does not know: the emulation instead
-        result = emulated_job(prep, emulation[0], wrapped, emulation[1])
+        result: dict[str, Any] = emulation.job(*emulation.args)
         result["notes"].append(f"`pegasus inference` output unreadable ({exc})")
         return result
     _wrap(prep, wrapped)
     return evaluate.run_given(spec(prep, wrapped, "simulator", wrapped, (note,)), tensors, defaults)
 
 
-def _simulated(prep: Prepared, ctx: Context, wrapped: Path, emulation: tuple[Path, Path | None]) \
-        -> tuple[Any, tuple[Any, ...]] | str:
+def _simulated(prep: Prepared, ctx: Context, wrapped: Path, emulation: Plan) -> tuple[Any, tuple[Any, ...]] | str:
     """cubie: the child job comparing the simulator's outputs, or why the simulator was not used."""
     folder, note = simulate.run(prep, ctx)
     if folder is None:
@@ -131,10 +130,9 @@ def plan(prep: Prepared, art: Artifact, ctx: Context, key: str | None = None) ->
     bits = 16 if prep.entry.qtype == "int16" else 8
     reuse = prep.entry.cache and ctx.config.cache.max_bytes > 0  # `cache: false` asks for a compile from scratch
     kept = emulated.path(ctx.config.state_dir, key if reuse else None, prep.entry.calibration_method, bits)
-    emulated_path = prep.work_dir / f"{prep.name}.emulated.onnx"
-    emulation = Plan(emulated_job, (prep, emulated_path, wrapped, kept))
+    emulation = Plan(emulated_job, (prep, prep.work_dir / f"{prep.name}.emulated.onnx", wrapped, kept))
     if prep.entry.target == "cubie":
-        simulated = _simulated(prep, ctx, wrapped, (emulated_path, kept))
+        simulated = _simulated(prep, ctx, wrapped, emulation)
         if isinstance(simulated, str):
             return Plan(emulation.job, emulation.args, simulated)
         return Plan(*simulated)
