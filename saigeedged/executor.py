@@ -18,6 +18,7 @@ HINT = "see `executor:` in config/saigeedged.yml and docs/spec-executor-slurm.md
 ENGINE = "slurm"  # the engine an attempt on the cluster is recorded on (its node is in the job log and the status)
 ALIVE = ("PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
          "COMPLETING", "STAGE_OUT")
+LAUNCH_FAILED = "launch failed requeued held"  # slurmd's requeue of a job it could not start (JOB_LAUNCH_FAILED)
 
 
 @dataclass(frozen=True)
@@ -86,10 +87,22 @@ class ClusterJob:
     base: int
     node: str = ""
     reason: str = ""
+    detail: str = ""  # Slurm's state description, e.g. why it holds the job
 
     @property
     def alive(self) -> bool:
         return self.state in ALIVE
+
+    @property
+    def launch_failed(self) -> bool:
+        """Held by Slurm after its node could not launch it (a prolog that failed, a stale copy of the job still on
+        the node): it never runs again unless released; the node is drained."""
+        return self.state == "PENDING" and self.detail.startswith(LAUNCH_FAILED)
+
+    def describe(self) -> str:
+        """State and why, for a message: `PENDING (launch failed requeued held)`."""
+        why = self.detail or (self.reason if self.reason not in ("", "None") else "")
+        return f"{self.state} ({why})" if why else self.state
 
     @property
     def attempt(self) -> int:

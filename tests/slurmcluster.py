@@ -26,6 +26,8 @@ ROOT = HERE.parent
 CGROUP = Path("/sys/fs/cgroup")
 TIMEOUT_S = 10  # SlurmdTimeout: a node silent this long is down and its jobs are requeued (the spike's setting)
 GRES = ("cubie", "mobilint")
+PROLOG = HERE / "slurmnode" / "prolog"  # the worktree is mounted at its own path on every node
+FAILING = "/run/saige-prolog-fails"  # on a node: its prolog fails, so it cannot launch a job
 
 
 def image() -> str:
@@ -59,7 +61,7 @@ def slurm_conf(cluster: str, controller: str, nodes: Iterable[str], features: It
         "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none", "MinJobAge=600",
         "StateSaveLocation=/var/spool/slurmctld", "SlurmdSpoolDir=/var/spool/slurmd",
         "SlurmctldLogFile=/var/log/slurm/slurmctld.log", "SlurmdLogFile=/var/log/slurm/slurmd.log",
-        "SchedulerParameters=sched_interval=2", "InactiveLimit=0", "KillWait=5",
+        "SchedulerParameters=sched_interval=2", "InactiveLimit=0", "KillWait=5", f"Prolog={PROLOG}",
         f"NodeName={','.join(nodes)} CPUs=2 RealMemory=500 Gres={','.join(g + ':1' for g in GRES)} "
         f"Feature={feats} State=UNKNOWN",
         "PartitionName=saige Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO", ""])
@@ -143,6 +145,15 @@ class Cluster:
         """Keep new jobs off a node (the daemon's host, in the tests that kill or cut a node), or let them in again."""
         state = "DRAIN Reason=test" if on else "RESUME"
         self.controller.sh(f"scontrol update NodeName={node.name} State={state}", check=on)  # RESUME: drained or not
+
+    def reset(self) -> None:
+        """After a test: no job left, and every node Slurm drained (a failed launch, a duplicate job on a node back
+        from a partition) or the test did is in service again, so the next test finds the whole cluster."""
+        self.controller.sh("scancel --user root", check=False)
+        for name, state in self.states().items():
+            self.nodes[name].sh(f"rm -f {FAILING}", check=False)
+            if "drain" in state:
+                self.drain(self.nodes[name], False)
 
     def _create(self, name: str) -> None:
         # --init: daemons started by `docker exec` are re-parented to PID 1, which must reap them (a restarted

@@ -116,3 +116,56 @@ def test_a_change_of_ours_is_never_followed_by_an_answer_from_before_it() -> Non
     slurm.cancel(7)
     slurm.poll("det-1")
     assert calls.count("squeue") == 3
+
+
+def test_a_job_slurm_held_after_a_failed_launch_is_told_from_a_hold_of_an_operator() -> None:
+    """slurmd's requeue of a job it could not launch holds it with the description `launch failed requeued held`: the
+    daemon releases that one (scontrol release, then squeue asked afresh), never a hold an operator placed."""
+    calls: list[list[str]] = []
+    held = {"job_id": 7, "name": "det-1", "job_state": "PENDING", "restart_cnt": 2, "comment": "attempt=1",
+            "state_reason": "JobHeldUser", "state_description": "launch failed requeued held"}
+    mine = {**held, "job_id": 8, "state_description": ""}  # `scontrol hold 8`
+
+    def run(argv: Any, stdin: str | None) -> str:
+        import json
+
+        calls.append(list(argv))
+        return json.dumps({"jobs": [held, mine]}) if argv[0] == "squeue" else ""
+
+    slurm = cluster.Slurm(ExecutorSpec("slurm", "saige", Path("/w"), poll_interval_s=60.0), run)
+    failed, operators = slurm.poll("det-1")
+    assert failed.launch_failed and failed.attempt == 3 and failed.alive
+    assert failed.describe() == "PENDING (launch failed requeued held)"
+    assert not operators.launch_failed and operators.describe() == "PENDING (JobHeldUser)"
+    slurm.release(7)
+    slurm.poll("det-1")
+    assert calls[1] == ["scontrol", "release", "7"] and [c[0] for c in calls].count("squeue") == 2
+
+
+@pytest.mark.parametrize("state, cancelled", [("failed", [7]), ("queued", [])])
+def test_a_failed_job_leaves_no_cluster_job_behind(tmp_path: Path, state: str, cancelled: list[int]) -> None:
+    """An attempt that ends the job failed (its last attempt lost to a requeue, say) cancels the job's cluster job
+    still queued or held: no attempt will take it. Requeued for a next attempt, it is left for that attempt."""
+    from saigeedged.adapters.slurm.node import NodeContainer
+    from saigeedged.jobs import Job
+
+    scancels: list[int] = []
+    held = {"job_id": 7, "name": "det-1", "job_state": "PENDING", "restart_cnt": 1, "comment": "attempt=1",
+            "state_reason": "JobHeldUser", "state_description": "launch failed requeued held"}
+
+    def run(argv: Any, stdin: str | None) -> str:
+        import json
+
+        if argv[0] == "scancel":
+            scancels.append(int(argv[1]))
+        return json.dumps({"jobs": [held]}) if argv[0] == "squeue" else ""
+
+    config = configmod.load(write_config(tmp_path, executor={"kind": "slurm", "partition": "saige",
+                                                             "work_share": str(tmp_path / "work")}))
+    job = Job(job_id="det-1", name="det", target="cubie", task="detection", entry={"onnx": "/x.onnx"}, subdir="",
+              claim_dir="/c/det-1", manifest="det.yml", priority=0, created_at="t", state=state)
+    work = tmp_path / "work" / "det-1" / "attempt1"
+    work.mkdir(parents=True)
+    node = NodeContainer(config, cluster.Slurm(config.executor, run), "cubie", lambda: (job, work), lambda: None)
+    node.end_job(work)
+    assert scancels == cancelled

@@ -234,7 +234,8 @@ class Jobs:
             except BaseException:  # not written (Superseded, StoreFull): the caller's job is as it was, to try again
                 job.state, job.step, job.step_index, job.attempt, job.error = was
                 raise
-            event("job.requeued", job, "warning", reason=reason, error_code=error.code if error else None)
+            event("job.requeued", job, "warning", reason=reason, error_code=error.code if error else None,
+                  message=error.message if error else None)  # why the attempt ended, for whoever reads the journal
             with self._writing:
                 self._write_status(job)  # the status file last, as for every transition
         self._observe(job)

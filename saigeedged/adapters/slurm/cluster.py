@@ -95,6 +95,11 @@ class Slurm:
         self.run(["scontrol", "update", f"JobId={cluster_id}", "StartTime=now"], None)
         self._forget()  # a change of ours, like submit and cancel: the shared answer still says BeginTime
 
+    def release(self, cluster_id: int) -> None:
+        """A job Slurm holds after a failed launch (its node is drained): it may run on another node."""
+        self.run(["scontrol", "release", str(cluster_id)], None)
+        self._forget()
+
     def nodes(self, fresh: bool = False) -> list[ClusterNode]:
         doc = self._json(["sinfo", f"--partition={self.spec.partition}"], fresh)
         seen: dict[str, ClusterNode] = {}
@@ -108,7 +113,7 @@ def _job(doc: dict[str, Any]) -> ClusterJob:
     base = int(comment.removeprefix("attempt=")) if comment.startswith("attempt=") and comment[8:].isdigit() else 0
     return ClusterJob(int(doc.get("job_id", 0)), str(doc.get("name", "")), str(doc.get("job_state", "")),
                       int(doc.get("restart_cnt") or 0), base, str(doc.get("batch_host") or doc.get("nodes") or ""),
-                      str(doc.get("state_reason") or ""))
+                      str(doc.get("state_reason") or ""), str(doc.get("state_description") or ""))
 
 
 def _node(doc: dict[str, Any]) -> ClusterNode:

@@ -29,7 +29,7 @@ from saigeedged.adapters.slurm.cluster import Slurm
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.executor import ClusterJob
-from saigeedged.jobs import Job
+from saigeedged.jobs import FAILED, Job
 
 WAIT_S = (0.02, 0.2)  # between looks for an agent's answer on the share: from the first to the longest, doubling
 Current = Callable[[], tuple[Job | None, Path | None]]
@@ -73,9 +73,12 @@ class NodeContainer(Container):
             self._check_interrupted()
             seen = self._seen(job, mine.cluster_id, fresh=False) or self._seen(job, mine.cluster_id, fresh=True)
             if seen is None or not seen.alive or seen.attempt != job.attempt:
-                raise SaigeError("ENGINE_LOST", f"cluster job {mine.cluster_id} ended before its node was ready "
-                                 f"({seen.state if seen else 'gone'})")
-            if seen.state == "PENDING" and seen.reason == "BeginTime" and self.slurm.spec.fast_requeue:
+                raise SaigeError("ENGINE_LOST", _lost(mine.cluster_id, seen, job.attempt))
+            if seen.launch_failed:  # Slurm drained the node that failed it: another node may run it
+                event("job.launch_failed", job, "warning", cluster_id=seen.cluster_id, attempt=job.attempt,
+                      reason=seen.detail)
+                self.slurm.release(seen.cluster_id)
+            elif seen.state == "PENDING" and seen.reason == "BeginTime" and self.slurm.spec.fast_requeue:
                 self.slurm.start_now(seen.cluster_id)
             time.sleep(poll)
             poll = min(poll * 2, WAIT_S[1])
@@ -194,6 +197,11 @@ class NodeContainer(Container):
             filesmod.write_bytes(ended / DONE, b"")
         if job is not None:
             ready_path(ended.parent, job.attempt).unlink(missing_ok=True)
+        if job is not None and job.state == FAILED:  # no attempt follows: a requeued or held cluster job goes too
+            try:
+                self.slurm.cancel_live(job.job_id)
+            except SaigeError:
+                pass  # Slurm does not answer now: the job's --time ends it
 
     def alive(self) -> bool:
         return True
@@ -206,6 +214,14 @@ class NodeContainer(Container):
 
     def reap(self, workdirs: Sequence[Path]) -> None:
         """Nothing: Slurm cancels a stale job when its node returns, and its agent kills the step."""
+
+
+def _lost(cluster_id: int, seen: ClusterJob | None, attempt: int) -> str:
+    """Why the cluster job of `attempt` no longer serves it, before its node was ready."""
+    if seen is None or not seen.alive:
+        return f"cluster job {cluster_id} ended before its node was ready ({seen.describe() if seen else 'gone'})"
+    return (f"Slurm requeued cluster job {cluster_id} before its node was ready: it now runs attempt {seen.attempt}, "
+            f"not {attempt} ({seen.describe()})")
 
 
 class _Follower(Follower):
