@@ -5,8 +5,10 @@ asked); the stand-in ACUITY image is SAIGEEDGED_STANDIN_ACUITY (default saigeedg
 
     .venv/bin/python bench/burst.py [--drops 30] [--size 640] [--prlimit 6000000000]
 
-The stand-in compiler does no work: each job's container steps take a fraction of a second, so with the report on
-the burst is bounded by the reports (made one at a time by the finishing stage), not by the container.
+The stand-in compiler does no work: each job's container steps take a fraction of a second. Each run prints where a
+job's time went (`paths`): the burst is as long as the jobs' container paths end to end (the next job starts when the
+last one's container part ends); with the report on that path grows by the simulator's step and by the CPU the
+reports beside it take, while the reports themselves (`finishing`) overlap the next jobs.
 
 The stand-in's `pegasus inference` answers only for images it has reference tensors of, else exits 1 and the report
 falls back to the host emulation (a quantization of the float model and both models on the images). `--simulator`
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +91,30 @@ def _put_references(container: str, data: bytes) -> None:
         raise SystemExit("put_archive of the reference tensors failed")
 
 
+def paths(events: list[dict[str, Any]]) -> dict[str, float]:
+    """Where a burst job's time went, mean seconds per job: `container_path` from its start to the end of its container
+    part (`job.finishing`, or its end without a report), which the next job waits for; `export_step` its last
+    container step (export, and the simulator's `pegasus inference` with the report on); `finishing` the report and
+    bundle after it, made beside the next jobs."""
+    def at(e: dict[str, Any]) -> float:
+        return datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+
+    jobs: dict[str, dict[str, float]] = {}
+    for e in events:
+        if str(e.get("job_name", "")).startswith("b"):
+            marks = jobs.setdefault(e["job_id"], {})
+            key = "export" if e["event"] == "job.step" and e.get("step") == "export" else e["event"]
+            marks.setdefault(key, at(e))
+    done = [m for m in jobs.values() if {"job.started", "export", "job.succeeded"} <= m.keys()]
+    if not done:
+        return {}
+    ended = [m.get("job.finishing", m["job.succeeded"]) for m in done]
+    mean = lambda xs: round(sum(xs) / len(xs), 3)  # noqa: E731
+    return {"container_path": mean([e - m["job.started"] for m, e in zip(done, ended, strict=True)]),
+            "export_step": mean([e - m["export"] for m, e in zip(done, ended, strict=True)]),
+            "finishing": mean([m["job.succeeded"] - e for m, e in zip(done, ended, strict=True)])}
+
+
 def burst(root: Path, drops: int, size: int, eval_samples: int, prlimit: str | None, target: str = "cubie",
           simulator: bool = False) -> dict[str, Any]:
     """Seconds from the drops to the last job's end, and the jobs' states."""
@@ -129,7 +156,8 @@ def burst(root: Path, drops: int, size: int, eval_samples: int, prlimit: str | N
             time.sleep(0.5)
         methods = sorted({(doc.get("accuracy") or {}).get("method") for doc in docs} - {None})
         return {"seconds": time.monotonic() - start, "states": sorted({doc["state"] for doc in docs}),
-                "errors": sorted({doc["error"]["code"] for doc in docs if doc["error"]}), "methods": methods}
+                "errors": sorted({doc["error"]["code"] for doc in docs if doc["error"]}), "methods": methods,
+                **paths(d.events())}
     finally:
         d.stop()
         d.close()
