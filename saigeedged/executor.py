@@ -100,9 +100,9 @@ class ClusterJob:
         return self.state == "PENDING" and self.detail.startswith(LAUNCH_FAILED)
 
     def describe(self) -> str:
-        """State and why, for a message: `PENDING (launch failed requeued held)`."""
+        """State and why, for a message: `PENDING: launch failed requeued held`."""
         why = self.detail or (self.reason if self.reason not in ("", "None") else "")
-        return f"{self.state} ({why})" if why else self.state
+        return f"{self.state}: {why}" if why else self.state
 
     @property
     def attempt(self) -> int:

@@ -135,8 +135,8 @@ def test_a_job_slurm_held_after_a_failed_launch_is_told_from_a_hold_of_an_operat
     slurm = cluster.Slurm(ExecutorSpec("slurm", "saige", Path("/w"), poll_interval_s=60.0), run)
     failed, operators = slurm.poll("det-1")
     assert failed.launch_failed and failed.attempt == 3 and failed.alive
-    assert failed.describe() == "PENDING (launch failed requeued held)"
-    assert not operators.launch_failed and operators.describe() == "PENDING (JobHeldUser)"
+    assert failed.describe() == "PENDING: launch failed requeued held"
+    assert not operators.launch_failed and operators.describe() == "PENDING: JobHeldUser"
     slurm.release(7)
     slurm.poll("det-1")
     assert calls[1] == ["scontrol", "release", "7"] and [c[0] for c in calls].count("squeue") == 2

@@ -201,7 +201,7 @@ class NodeContainer(Container):
             try:
                 self.slurm.cancel_live(job.job_id)
             except SaigeError:
-                pass  # Slurm does not answer now: the job's --time ends it
+                pass  # Slurm does not answer now: squeue still lists it under the job's id
 
     def alive(self) -> bool:
         return True
