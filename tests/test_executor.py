@@ -142,30 +142,50 @@ def test_a_job_slurm_held_after_a_failed_launch_is_told_from_a_hold_of_an_operat
     assert calls[1] == ["scontrol", "release", "7"] and [c[0] for c in calls].count("squeue") == 2
 
 
-@pytest.mark.parametrize("state, cancelled", [("failed", [7]), ("queued", [])])
-def test_a_failed_job_leaves_no_cluster_job_behind(tmp_path: Path, state: str, cancelled: list[int]) -> None:
-    """An attempt that ends the job failed (its last attempt lost to a requeue, say) cancels the job's cluster job
-    still queued or held: no attempt will take it. Requeued for a next attempt, it is left for that attempt."""
-    from saigeedged.adapters.slurm.node import NodeContainer
-    from saigeedged.jobs import Job
+def _node(tmp_path: Path, job: Any, cluster_jobs: list[dict[str, Any]], calls: list[list[str]]) -> Any:
+    """A NodeContainer serving `job` on a fake Slurm whose squeue lists `cluster_jobs` (every call kept in `calls`)."""
+    import json
 
-    scancels: list[int] = []
-    held = {"job_id": 7, "name": "det-1", "job_state": "PENDING", "restart_cnt": 1, "comment": "attempt=1",
-            "state_reason": "JobHeldUser", "state_description": "launch failed requeued held"}
+    from saigeedged.adapters.slurm.node import NodeContainer
 
     def run(argv: Any, stdin: str | None) -> str:
-        import json
-
-        if argv[0] == "scancel":
-            scancels.append(int(argv[1]))
-        return json.dumps({"jobs": [held]}) if argv[0] == "squeue" else ""
+        calls.append(list(argv))
+        return json.dumps({"jobs": cluster_jobs}) if argv[0] == "squeue" else ""
 
     config = configmod.load(write_config(tmp_path, executor={"kind": "slurm", "partition": "saige",
                                                              "work_share": str(tmp_path / "work")}))
-    job = Job(job_id="det-1", name="det", target="cubie", task="detection", entry={"onnx": "/x.onnx"}, subdir="",
-              claim_dir="/c/det-1", manifest="det.yml", priority=0, created_at="t", state=state)
-    work = tmp_path / "work" / "det-1" / "attempt1"
+    work = tmp_path / "work" / job.job_id / f"attempt{job.attempt}"
     work.mkdir(parents=True)
-    node = NodeContainer(config, cluster.Slurm(config.executor, run), "cubie", lambda: (job, work), lambda: None)
-    node.end_job(work)
-    assert scancels == cancelled
+    return NodeContainer(config, cluster.Slurm(config.executor, run), "cubie", lambda: (job, work), lambda: None)
+
+
+def _job(state: str = "running", started_at: str = "2026-01-01T00:00:00Z") -> Any:
+    from saigeedged.jobs import Job
+
+    return Job(job_id="det-1", name="det", target="cubie", task="detection", entry={"onnx": "/x.onnx"}, subdir="",
+               claim_dir="/c/det-1", manifest="det.yml", priority=0, created_at="t", state=state, attempt=1,
+               attempts=[{"engine": "slurm", "started_at": started_at, "finished_at": None, "error": None}])
+
+
+@pytest.mark.parametrize("state, cancelled", [("failed", [["scancel", "7"]]), ("queued", [])])
+def test_a_failed_job_leaves_no_cluster_job_behind(tmp_path: Path, state: str, cancelled: list[list[str]]) -> None:
+    """An attempt that ends the job failed (its last attempt lost to a requeue, say) cancels the job's cluster job
+    still queued or held: no attempt will take it. Requeued for a next attempt, it is left for that attempt."""
+    held = {"job_id": 7, "name": "det-1", "job_state": "PENDING", "restart_cnt": 1, "comment": "attempt=1",
+            "state_reason": "JobHeldUser", "state_description": "launch failed requeued held"}
+    calls: list[list[str]] = []
+    node = _node(tmp_path, _job(state), [held], calls)
+    node.end_job(node.current()[1])
+    assert [c for c in calls if c[0] == "scancel"] == cancelled
+
+
+@pytest.mark.timeout(30)  # without the bound the wait never ends
+def test_a_cluster_job_never_placed_ends_with_the_jobs_time(tmp_path: Path) -> None:
+    """A cluster job Slurm keeps pending (every node that serves it drained) does not hold the worker past
+    limits.job_timeout_s since the attempt began: TIMEOUT, saying what Slurm said."""
+    pending = {"job_id": 7, "name": "det-1", "job_state": "PENDING", "restart_cnt": 0, "comment": "attempt=1",
+               "state_reason": "ReqNodeNotAvail"}
+    node = _node(tmp_path, _job(), [pending], [])
+    with pytest.raises(SaigeError) as caught:
+        node.ensure()
+    assert caught.value.code == "TIMEOUT" and "PENDING: ReqNodeNotAvail" in caught.value.message

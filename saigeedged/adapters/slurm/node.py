@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from saigeedged import files as filesmod
+from saigeedged import jobid
 from saigeedged.adapters.docker import Container, Containers, DockerAPI, Spec
 from saigeedged.adapters.docker.detached import Files, Follower, Sink, Stopping
 from saigeedged.adapters.docker.execs import STOPFILE, _raise_if_stopped
@@ -29,7 +30,7 @@ from saigeedged.adapters.slurm.cluster import Slurm
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.executor import ClusterJob
-from saigeedged.jobs import FAILED, Job
+from saigeedged.jobs import FAILED, Job, remaining_s
 
 WAIT_S = (0.02, 0.2)  # between looks for an agent's answer on the share: from the first to the longest, doubling
 Current = Callable[[], tuple[Job | None, Path | None]]
@@ -71,6 +72,7 @@ class NodeContainer(Container):
         poll = WAIT_S[0]
         while not ready.exists():
             self._check_interrupted()
+            self._check_deadline(job, mine)
             seen = self._seen(job, mine.cluster_id, fresh=False) or self._seen(job, mine.cluster_id, fresh=True)
             if seen is None or not seen.alive or seen.attempt != job.attempt:
                 raise SaigeError("ENGINE_LOST", _lost(mine.cluster_id, seen, job.attempt))
@@ -109,6 +111,16 @@ class NodeContainer(Container):
         cluster_id = self.slurm.submit(job.job_id, self.target, self.spec.image, job.attempt, script,
                                        self.config.limits.job_timeout_s)
         return ClusterJob(cluster_id, job.job_id, "PENDING", 0, job.attempt)
+
+    def _check_deadline(self, job: Job, mine: ClusterJob) -> None:
+        """A cluster job Slurm never places (every node that serves it drained, say) ends with the attempt's time,
+        as a step would: the job's whole life counts (limits.job_timeout_s)."""
+        started = job.attempts[-1]["started_at"] if job.attempts else ""
+        if remaining_s(started, jobid.utc_now(), self.config.limits.job_timeout_s) <= 0:
+            seen = self._seen(job, mine.cluster_id, fresh=False)
+            raise SaigeError("TIMEOUT", f"cluster job {mine.cluster_id} waited for a node longer than "
+                             f"limits.job_timeout_s ({seen.describe() if seen else 'gone'})",
+                             hint="`saigeedged check` lists the nodes that serve the target and why the others do not")
 
     def _check_interrupted(self) -> None:
         reason = self.interrupted()
