@@ -70,12 +70,20 @@ class NodeContainer(Container):
         mine = self._cluster_job(job, work)
         ready = ready_path(work.parent, job.attempt)
         poll = WAIT_S[0]
+        # a cluster job Slurm never places (every node serving it drained, say) ends with the attempt's time, as a
+        # step would: the attempt's whole life counts
+        started = job.attempts[-1]["started_at"] if job.attempts else ""
+        deadline = time.monotonic() + remaining_s(started, jobid.utc_now(), self.config.limits.job_timeout_s)
         while not ready.exists():
             self._check_interrupted()
-            self._check_deadline(job, mine)
             seen = self._seen(job, mine.cluster_id, fresh=False) or self._seen(job, mine.cluster_id, fresh=True)
             if seen is None or not seen.alive or seen.attempt != job.attempt:
                 raise SaigeError("ENGINE_LOST", _lost(mine.cluster_id, seen, job.attempt))
+            if time.monotonic() > deadline:
+                raise SaigeError("TIMEOUT", f"cluster job {mine.cluster_id} waited for a node longer than "
+                                 f"limits.job_timeout_s ({seen.describe()})",
+                                 hint="`saigeedged check` lists the nodes that serve the target and why the others "
+                                 "do not")
             if seen.launch_failed:  # Slurm drained the node that failed it: another node may run it
                 event("job.launch_failed", job, "warning", cluster_id=seen.cluster_id, attempt=job.attempt,
                       reason=seen.detail)
@@ -111,16 +119,6 @@ class NodeContainer(Container):
         cluster_id = self.slurm.submit(job.job_id, self.target, self.spec.image, job.attempt, script,
                                        self.config.limits.job_timeout_s)
         return ClusterJob(cluster_id, job.job_id, "PENDING", 0, job.attempt)
-
-    def _check_deadline(self, job: Job, mine: ClusterJob) -> None:
-        """A cluster job Slurm never places (every node that serves it drained, say) ends with the attempt's time,
-        as a step would: the job's whole life counts (limits.job_timeout_s)."""
-        started = job.attempts[-1]["started_at"] if job.attempts else ""
-        if remaining_s(started, jobid.utc_now(), self.config.limits.job_timeout_s) <= 0:
-            seen = self._seen(job, mine.cluster_id, fresh=False)
-            raise SaigeError("TIMEOUT", f"cluster job {mine.cluster_id} waited for a node longer than "
-                             f"limits.job_timeout_s ({seen.describe() if seen else 'gone'})",
-                             hint="`saigeedged check` lists the nodes that serve the target and why the others do not")
 
     def _check_interrupted(self) -> None:
         reason = self.interrupted()
