@@ -20,15 +20,16 @@ import yaml
 POLL_S = 0.05
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll a condition (files on disk change without an event we can subscribe to) until true or timeout."""
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, seen: Callable[[], str] | None = None) -> Any:
+    """Poll a condition (files on disk change without an event we can subscribe to) until true or timeout; `seen`
+    says what there was instead, in the timeout's message."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(POLL_S)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f": {seen()}" if seen else ""))
 
 
 def read_status(outbox: Path, job_id: str) -> dict[str, Any] | None:

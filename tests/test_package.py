@@ -259,24 +259,31 @@ def test_upgrade_from_the_previous_schema_during_a_cubie_step_keeps_attempt_1(ho
     host.sh(f"install -d -o saigeedged -g saigeedged -m 0750 {state} && mkdir -p /etc/systemd/system/saigeedged.service.d"
             f" && printf '[Service]\\nReadWritePaths={state}\\n' > /etc/systemd/system/saigeedged.service.d/state.conf"
             " && systemctl daemon-reload && systemctl restart saigeedged")
-    name = "upgrade_sleep20"  # the stand-in's quantize takes 20 s: longer than the upgrade
+    name = "upgrade_untilreleased"  # the stand-in's quantize runs until the test releases it: past the upgrade
     host.drop(name, target="cubie")
     running = host.job(name, ("running",), steps=("quantize",))
+    compiler = docker_client.containers.get(host.container)
 
     def calls(what: str) -> list[str]:
-        out = container_output(docker_client.containers.get(host.container), ["cat", "/tmp/standin-calls.log"])
+        out = container_output(compiler, ["cat", "/tmp/standin-calls.log"])
         return [line for line in out.splitlines() if running["job_id"] in line and what in line]
+
+    def events() -> list[str]:
+        return [e["SAIGEEDGE_EVENT"] for e in host.box.journal(f"SAIGEEDGE_JOB_ID={running['job_id']}")]
 
     wait_for(lambda: calls(" quantize "), 30, "the stand-in's quantize step")
     host.box.apt_install(host.debs[1])  # the previous release's daemon stops, leaving its step running (SPEC §15)
     assert host.box.show("ActiveState")["ActiveState"] == "active"
+    # the new daemon adopts the attempt while its step still runs (however long the upgrade took), then re-attaches
+    wait_for(lambda: "job.reattached" in events(), 60, "the new daemon re-attached", lambda: str(events()))
+    assert "job.legacy_adopted" in events(), events()
+    compiler.exec_run(["touch", "/tmp/standin-release"])
     done = host.job(name, timeout=180)
     assert (done["state"], done["attempt"], done["job_id"]) == ("succeeded", 1, running["job_id"]), done
     assert len(calls(" quantize ")) == 1, calls("")
     version = host.sh(f"runuser -u saigeedged -- python3.11 -c 'import sqlite3; print(sqlite3.connect(\"{state}/saigeedged.db\")"
                       ".execute(\"PRAGMA user_version\").fetchone()[0])'").stdout.strip()
     assert version == "3" and (state / "saigeedged.db.bak-2").stat().st_size > 0
-    assert host.box.journal("SAIGEEDGE_EVENT=job.legacy_adopted", f"SAIGEEDGE_JOB_ID={running['job_id']}")
-    assert host.box.journal("SAIGEEDGE_EVENT=job.reattached", f"SAIGEEDGE_JOB_ID={running['job_id']}")
+    assert "job.requeued" not in events() and "job.legacy_unresumable" not in events(), events()
     steps = [e["SAIGEEDGE_STEP"] for e in host.box.journal("SAIGEEDGE_EVENT=job.step", f"SAIGEEDGE_JOB_ID={running['job_id']}")]
     assert steps.count("quantize") == 1 and steps[-2:] == ["bundle", "publish"], steps

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import structlog
+import yaml
 from conftest import write_config
 from factory import yolox
 from harness import drop, wait_for
@@ -51,17 +52,17 @@ def previous_release(dest: Path) -> Path:
 def test_upgrade_from_the_previous_release_during_quantize_keeps_attempt_1(cubie_daemon: Any, docker_client: Any,  # noqa: F811
                                                                           tmp_path: Path,
                                                                           det_inputs: dict[str, Any]) -> None:
-    """The previous release's daemon is stopped during a 20 s quantize; the new one migrates the database (with its
-    backup), rebuilds the attempt's record from the job and its work dir, and the job succeeds in attempt 1 with the
-    same job_id and quantize run once."""
+    """The previous release's daemon is stopped during a quantize; the new one migrates the database (with its
+    backup), rebuilds the attempt's record from the job and its work dir while the step still runs, and the job
+    succeeds in attempt 1 with the same job_id and quantize run once."""
     old = previous_release(tmp_path / "previous")
     d = cubie_daemon(env={"PYTHONPATH": str(old), "PYTHONSAFEPATH": "1"})  # no cwd on sys.path: the old package
-    name = "upgrade_sleep20"  # the stand-in's quantize takes 20 s
+    name = "upgrade_untilreleased"  # the stand-in's quantize runs until the test releases it
     drop(d.inbox, name, yolox(tmp_path / f"{name}.onnx", size=(64, 64), seed=zlib.crc32(name.encode())),
          det_inputs["manifest"])
     first = d.wait_job(name, ("running",))
     d.wait_state(first["job_id"], ("running",), step="quantize")
-    wait_for(lambda: "sleep 20" in procs(docker_client, d), 20, "the quantize step running")
+    wait_for(lambda: calls(docker_client, d, "quantize"), 20, "the quantize step running")
     steps = d.state_dir / "work" / first["job_id"] / "attempt1" / ".steps"
     assert sorted(steps.glob("prepared.*")), "the previous release keeps its host steps in the work dir"
     d.signal(signal.SIGTERM)
@@ -70,6 +71,10 @@ def test_upgrade_from_the_previous_release_during_quantize_keeps_attempt_1(cubie
     for key in ("PYTHONPATH", "PYTHONSAFEPATH"):
         d.env.pop(key)
     d.start(ready_timeout=60)
+    wait_for(lambda: d.events("job.reattached"), 60, "the new daemon re-attached", lambda: d.stderr()[-3000:])
+    assert "pegasus.py quantize" in procs(docker_client, d)
+    compiler = docker_client.containers.get(yaml.safe_load(d.config.read_text())["cubie"]["container"])
+    compiler.exec_run(["touch", "/tmp/standin-release"])
     done = d.wait_state(first["job_id"], ("succeeded", "failed", "cancelled"), timeout=90)
     assert (done["state"], done["attempt"], done["job_id"]) == ("succeeded", 1, first["job_id"]), d.stderr()[-3000:]
     assert len(calls(docker_client, d, "quantize")) == 1

@@ -6,6 +6,8 @@
 #   fatal65280  export: Fatal model generation error: 65280 (so does a promoted @output tensor)
 #   bignbg      export writes a 150 MB NBG
 #   sleepN      quantize takes N s (e.g. det_sleep2; the engine pool's benchmark and fault tests)
+#   untilreleased  quantize runs until a test creates /tmp/standin-release in the container (at most 10 min):
+#               a step that outlasts whatever the test does meanwhile (an upgrade), however slow the machine
 # `inference` (the host simulator) cannot compute a model in busybox sh: it answers with the .tensor files a test
 # put under /standin/tensors/<dtype>/<md5 of the input image>/ (computed there from the float model), else fails.
 # A quantizer/qtype mismatch "succeeds" with exit 0 and writes no .quantize (silent failure).
@@ -54,7 +56,8 @@ need "$model"
 NAME=$(basename "$model")
 NAME=${NAME%%.*}
 case "$NAME" in
-  *failimport*) mode=failimport ;; *hang*) mode=hang ;; *slow*) mode=slow ;; *fatal65280*) mode=fatal65280 ;; *) mode=none ;;
+  *failimport*) mode=failimport ;; *hang*) mode=hang ;; *slow*) mode=slow ;; *fatal65280*) mode=fatal65280 ;;
+  *untilreleased*) mode=untilreleased ;; *) mode=none ;;
 esac
 echo "I Namespace(command='$cmd', model='$model')"
 
@@ -125,6 +128,11 @@ YML
   [ "$mode" = slow ] && sleep 3
   sleep_s=$(printf '%s' "$NAME" | sed -n 's/.*sleep\([0-9][0-9]*\).*/\1/p')
   [ -n "$sleep_s" ] && sleep "$sleep_s"
+  waited=0
+  while [ "$mode" = untilreleased ] && [ ! -e /tmp/standin-release ]; do
+    [ "$waited" -lt 1200 ] || fail "quantize was never released (/tmp/standin-release)"
+    sleep 0.5; waited=$((waited + 1))
+  done
   if [ -n "$(get hybrid)" ]; then
     need "$qfile"
     layers=$(sed -n '/^customized_quantize_layers:/,$p' "$qfile" | grep '^  ' | sed 's/^ *//' | tr '\n' ';')
