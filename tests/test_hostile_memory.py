@@ -9,10 +9,13 @@ from typing import Any
 
 import numpy as np
 import onnx
+import pytest
 from factory import classifier, valjson
 from harness import drop
 from hostile import RSS_BOUND, canary, final, peak_rss
 from onnx import numpy_helper
+
+pytestmark = pytest.mark.memory
 
 BALLAST = 450 << 20  # bytes of weights: more than the daemon may grow by
 

@@ -33,9 +33,10 @@ class Tier:
 
 # Order matters: a test with markers of two tiers runs in the first. The unit tests mostly wait (settle times,
 # daemon start-ups: 2.4 min of CPU in 8 min serial), so they get more workers than the 2 cores; the docker tests
-# each own their containers (names made unique per test); the two systemd modules each boot their own box.
+# each own their containers (names made unique per test); the two systemd modules each boot their own box, and the
+# memory tests (minutes of big files, no box) run beside them on the worker the shorter systemd module leaves idle.
 TIERS = (
-    Tier("systemd", "systemd", ("-n", "2", "--dist", "loadfile")),
+    Tier("systemd", "systemd or memory", ("-n", "2", "--dist", "loadfile")),
     Tier("slurm", "slurm"),
     Tier("docker", "docker or journald", ("-n", "3", "--dist", "worksteal")),
     Tier("unit", None, ("-n", "4", "--dist", "worksteal")),
