@@ -275,7 +275,7 @@ def test_upgrade_from_the_previous_schema_during_a_cubie_step_keeps_attempt_1(ho
     host.box.apt_install(host.debs[1])  # the previous release's daemon stops, leaving its step running (SPEC §15)
     assert host.box.show("ActiveState")["ActiveState"] == "active"
     # the new daemon adopts the attempt while its step still runs (however long the upgrade took), then re-attaches
-    wait_for(lambda: "job.reattached" in events(), 60, "the new daemon re-attached", lambda: str(events()))
+    wait_for(lambda: "job.reattached" in events(), 120, "the new daemon re-attached", lambda: str(events()))
     assert "job.legacy_adopted" in events(), events()
     compiler.exec_run(["touch", "/tmp/standin-release"])
     done = host.job(name, timeout=180)

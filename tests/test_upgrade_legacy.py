@@ -71,7 +71,7 @@ def test_upgrade_from_the_previous_release_during_quantize_keeps_attempt_1(cubie
     for key in ("PYTHONPATH", "PYTHONSAFEPATH"):
         d.env.pop(key)
     d.start(ready_timeout=60)
-    wait_for(lambda: d.events("job.reattached"), 60, "the new daemon re-attached", lambda: d.stderr()[-3000:])
+    wait_for(lambda: d.events("job.reattached"), 120, "the new daemon re-attached", lambda: d.stderr()[-3000:])
     assert "pegasus.py quantize" in procs(docker_client, d)
     compiler = docker_client.containers.get(yaml.safe_load(d.config.read_text())["cubie"]["container"])
     compiler.exec_run(["touch", "/tmp/standin-release"])
