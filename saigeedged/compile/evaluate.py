@@ -146,7 +146,8 @@ def worst_layers(spec: Spec, outputs: list[str], compiled: onnx.ModelProto) -> l
     held-out images: the float tensor against its DequantizeLinear in the compiled model, one image's activations
     at a time, each pair dropped once tallied."""
     float_model = onnx.load(str(spec.float_model))
-    pairs = {k: v for k, v in dequantized(compiled).items() if k in float_tensors(float_model) and k not in outputs}
+    activations = float_tensors(float_model)  # once: in the comprehension's test it walked the graph per tensor
+    pairs = {k: v for k, v in dequantized(compiled).items() if k in activations and k not in outputs}
     if not pairs:
         return []
     ref_sess = session(exposed(float_model, list(pairs)))
