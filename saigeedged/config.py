@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from saigeedged import manifest
+from saigeedged import manifest, safeyaml
 from saigeedged.engines import EngineSpec
 from saigeedged.engines import parse as parse_engines
 from saigeedged.errors import SaigeError
@@ -339,7 +339,10 @@ def _read(path: Path) -> Any:
     except UnicodeDecodeError:
         raise SaigeError("MANIFEST_INVALID", f"config {path}: not UTF-8 text", hint="see config/saigeedged.yml") from None
     try:
+        safeyaml.check(text)  # the manifest's limits: a 5,000-digit number or 3,000 nested lists is one line, not a crash
         return yaml.safe_load(text) or {}
+    except safeyaml.YamlRefused as exc:
+        raise SaigeError("MANIFEST_INVALID", f"config {path}: {exc}", hint="see config/saigeedged.yml") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

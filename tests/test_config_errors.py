@@ -61,6 +61,11 @@ CASES: list[tuple[str, Callable[[Path], Path], str, str]] = [
     ("a list", written(b"- inbox\n"), "MANIFEST_INVALID", "must be a mapping"),
     ("nul in a path", written(b'allowed_roots: ["/data\\0x"]\n'), "MANIFEST_INVALID", "contains a NUL character"),
     ("unknown key", written(b"inbx: /x\n"), "MANIFEST_INVALID", "unknown key `inbx`"),
+    # the manifest's YAML limits: int() of 5,000 digits and a 3,000-deep parse were tracebacks with exit 1
+    ("huge number", written(b"accuracy: {min_cosine: " + b"1" * 5000 + b"}\n"), "MANIFEST_INVALID",
+     "a number of 5000 characters at line 1"),
+    ("deep nesting", written(b"accuracy: {min_cosine: " + b"[" * 3000 + b"]" * 3000 + b"}\n"), "MANIFEST_INVALID",
+     "nested deeper than 32 levels"),
     *[(label, written(text), "MANIFEST_INVALID", message) for label, (text, message) in RANGES.items()],
 ]
 
