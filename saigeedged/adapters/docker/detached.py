@@ -9,6 +9,7 @@ re-attaches, or reads the code of a step that ended.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ WRAP = ('s=$0; p=$1; shift; echo $$ > "$p"; '
         'rm -f "$p"; echo $c > "$s.rc.tmp" && mv -f "$s.rc.tmp" "$s.rc"')
 Sink = Callable[[bytes], None]
 Stopping = Callable[[], bool]
+Reach = Callable[[str], contextlib.AbstractContextManager[None]]  # times an engine call, maps it unreachable
 
 
 class Book(Protocol):
@@ -116,8 +118,9 @@ def code_of(text: str) -> int | None:
 class Follower:
     """Follows one detached step until it ends, reading its files on the host; `api` tells whether its exec runs."""
 
-    def __init__(self, api: DockerAPI | None, files: Files, sink: Sink, replay: Sink | None) -> None:
-        self.api, self.files = api, files
+    def __init__(self, api: DockerAPI | None, files: Files, sink: Sink, replay: Sink | None,
+                 reach: Reach = lambda doing: contextlib.nullcontext()) -> None:
+        self.api, self.files, self.reach = api, files, reach
         self.sink, self.replay = sink, replay
         self.offset = 0  # bytes of the step's log read so far
         self.seen = files.seen()
@@ -158,7 +161,8 @@ class Follower:
         """Has the wrapper's exec ended without leaving an exit code (its container died or was recreated)?"""
         assert self.api is not None, "a follower without an engine says itself whether its step is gone"
         try:
-            info = self.api.api.exec_inspect(self.files.exec_id())
+            with self.reach(f"asking whether step {self.files.n} runs"):  # the one engine call of a step's follow
+                info = self.api.api.exec_inspect(self.files.exec_id())
         except APIError as exc:
             if exc.status_code == 404:
                 return True

@@ -99,9 +99,9 @@ class Container(Lifecycle):
             _raise_if_stopped(workdir, argv)  # a cancel that came between steps is not erased by this one
             with self._reach(f"starting {label}"):
                 self._launch(ctr, files, argv, timeout_s, env)
-        follower = detached.Follower(self.docker, files, sink, replay)
-        with self._reach(f"following {label}"):
-            code = follower.follow(stopping)
+        # timed as an engine call is only the follow's exec_inspect: the step itself may run for hours, and counted as
+        # one call it made the engine slow past engine_timeout_s, then the daemon unhealthy (systemd's watchdog kill)
+        code = detached.Follower(self.docker, files, sink, replay, self._reach).follow(stopping)
         _raise_if_stopped(workdir, argv)
         if self._lost(ctr, code):
             raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} died during {label}")
