@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from saigeedged import manifest, safeyaml
+from saigeedged import guards, manifest, safeyaml
 from saigeedged.engines import EngineSpec
 from saigeedged.engines import parse as parse_engines
 from saigeedged.errors import SaigeError
@@ -238,7 +238,7 @@ def _merge(user: Any, defaults: dict[str, Any], prefix: str) -> dict[str, Any]:
         raise SaigeError("MANIFEST_INVALID", f"config: {where} must be a mapping", hint="see config/saigeedged.yml")
     merged = dict(defaults)
     for key, value in user.items():
-        name = f"{prefix}{key}"
+        name = f"{prefix}{guards.printable(str(key)[:80])}"  # a key is echoed: one line, no terminal control
         if key not in defaults:
             near = difflib.get_close_matches(str(key), list(defaults), n=1)
             tip = f" (did you mean `{prefix}{near[0]}`?)" if near else ""
@@ -256,7 +256,8 @@ def _check_type(name: str, value: Any, default: Any) -> Any:
     expected: tuple[type, ...] = (int, float) if isinstance(default, float) else (type(default),)
     ok = isinstance(value, expected) and not (isinstance(value, bool) and not isinstance(default, bool))
     if not ok:
-        raise SaigeError("MANIFEST_INVALID", f"config: `{name}` must be {expected[0].__name__}, got {value!r}",
+        kind = "a number" if isinstance(default, float) else expected[0].__name__  # a float key takes an int too
+        raise SaigeError("MANIFEST_INVALID", f"config: `{name}` must be {kind}, got {safeyaml.shown(value)}",
                          hint="see config/saigeedged.yml")
     if name in CHOICES and value not in CHOICES[name]:
         raise SaigeError("MANIFEST_INVALID", f"config: `{name}` must be one of {', '.join(CHOICES[name])}, got {value!r}",

@@ -61,6 +61,10 @@ CASES: list[tuple[str, Callable[[Path], Path], str, str]] = [
     ("a list", written(b"- inbox\n"), "MANIFEST_INVALID", "must be a mapping"),
     ("nul in a path", written(b'allowed_roots: ["/data\\0x"]\n'), "MANIFEST_INVALID", "contains a NUL character"),
     ("unknown key", written(b"inbx: /x\n"), "MANIFEST_INVALID", "unknown key `inbx`"),
+    ("float key given a string", written(b"limits: {engine_timeout_s: '9'}\n"), "MANIFEST_INVALID",
+     "`limits.engine_timeout_s` must be a number, got '9'"),  # it said "must be int"
+    ("control characters in a key", written(b'"a\\nb\\e[2J": 1\n'), "MANIFEST_INVALID",
+     "unknown key `a\\nb\\x1b[2J`"),  # printed raw, the line broke in two
     # the manifest's YAML limits: int() of 5,000 digits and a 3,000-deep parse were tracebacks with exit 1
     ("huge number", written(b"accuracy: {min_cosine: " + b"1" * 5000 + b"}\n"), "MANIFEST_INVALID",
      "a number of 5000 characters at line 1"),
@@ -80,7 +84,8 @@ def test_config_problem_is_one_line_and_exit_2(tmp_path: Path, capsys: Any, labe
         err = capsys.readouterr().err
         first, hint = err.splitlines()
         assert first.startswith(f"saigeedged: {code}: ") and text in first, err
-        assert str(path) in first or label in ("a list", "unknown key", "nul in a path", *RANGES), err
+        assert str(path) in first or label in ("a list", "unknown key", "nul in a path", "float key given a string",
+                                                 "control characters in a key", *RANGES), err
         assert hint.startswith("  hint: "), err
 
 
