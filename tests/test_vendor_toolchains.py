@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import build_variant
+from conftest import STANDIN_ACUITY, build_variant
 from factory import classifier, manifest, random_labels, valjson, yolox
 from harness import container_output
 
@@ -222,3 +222,24 @@ def test_validate_and_the_daemon_warn_about_fp16_on_a733(tmp_path: Path, daemon:
     assert len(warned) == 1 and warned[0]["job_id"] == job["job_id"] and warned[0]["step"] == "validate"
     assert "use qtype int16 / dynamic_fixed_point-i16 hybrid" in warned[0]["message"]
     assert "warning: A733 runs FP16 ~29x slower" in (d.outbox / "logs" / f"{job['job_id']}.log").read_text()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(60)  # before the fix: for ever
+def test_a_probe_that_never_ends_gives_up_at_the_clients_deadline(docker_client: Any) -> None:
+    """`check`'s throwaway probe container is waited for with the client's deadline and removed whatever happens:
+    docker-py's containers.run waited without one, so a probe (or a dockerd) that never answered held `check` for
+    ever."""
+    import docker
+    import requests
+
+    from saigeedged.cli.engineprobe import run_probe
+
+    image = docker_client.images.get(STANDIN_ACUITY)
+    client = docker.from_env(timeout=2)  # the engine docker_client reaches, with a short deadline
+    script = f"sleep 100000 # {uuid.uuid4().hex}"  # this test's own probe, among other tests' containers
+    assert run_probe(client, image.id, "echo found") == "found"
+    with pytest.raises(requests.exceptions.ConnectionError):
+        run_probe(client, image.id, script)
+    left = [c for c in docker_client.containers.list(all=True) if c.attrs["Config"]["Cmd"] == ["sh", "-c", script]]
+    assert not left, "the probe's container was left"

@@ -71,8 +71,16 @@ def unreachable_reason(exc: BaseException, timeout_s: float) -> str:
 
 
 def run_probe(api: Any, image: str, script: str) -> str:
-    """Run a fixed snippet in a throwaway container of `image` (never the long-lived one); its output."""
-    out = api.containers.run(image, ["sh", "-c", script], remove=True, stdout=True, stderr=True)
+    """Run a fixed snippet in a throwaway container of `image` (never the long-lived one); its output. Every call has
+    the client's deadline: `containers.run` waits with none (docker-py passes wait(timeout=None) and follows the logs
+    on a socket without one), so a hung dockerd or a probe that never ends held `check` for ever."""
+    ctr = api.containers.create(image, ["sh", "-c", script])
+    try:
+        ctr.start()
+        ctr.wait(timeout=api.api.timeout)
+        out = ctr.logs(stdout=True, stderr=True)
+    finally:
+        ctr.remove(force=True)
     return bytes(out).decode(errors="replace").strip()
 
 

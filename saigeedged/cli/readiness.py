@@ -9,11 +9,11 @@ from typing import TextIO
 
 from saigeedged.adapters import journal
 from saigeedged.adapters.docker import MANAGED_LABEL, DockerAPI, Spec, connect
-from saigeedged.adapters.docker.api import ImageNotFound, NotFound
+from saigeedged.adapters.docker.api import ENGINE_ERRORS, ImageNotFound, NotFound
 from saigeedged.adapters.slurm.cluster import Slurm, images
 from saigeedged.adapters.store import Store
 from saigeedged.cli import partition
-from saigeedged.cli.engineprobe import MOBILINT_PROBE, probe_all, run_probe
+from saigeedged.cli.engineprobe import MOBILINT_PROBE, probe_all, run_probe, unreachable_reason
 from saigeedged.cli.enginestatus import pool_configured
 from saigeedged.compile import vivsdk
 from saigeedged.compile.backends import cubie, mobilint
@@ -134,6 +134,13 @@ def _docker(report: Report, config: Config) -> None:
     except SaigeError as exc:
         report(FAIL, "docker", f"{exc.message} ({exc.hint})")
         return
+    try:
+        _answered(report, api, config)
+    except ENGINE_ERRORS as exc:  # it answered the connect, then not a call: one FAIL line, never a traceback
+        report(FAIL, "docker", unreachable_reason(exc, api.api.timeout))
+
+
+def _answered(report: Report, api: DockerAPI, config: Config) -> None:
     info = api.info()
     default = info.get("DefaultRuntime", "?")
     runtime = config.cubie.runtime
