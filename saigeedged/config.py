@@ -260,7 +260,8 @@ def _check_type(name: str, value: Any, default: Any) -> Any:
         raise SaigeError("MANIFEST_INVALID", f"config: `{name}` must be {kind}, got {safeyaml.shown(value)}",
                          hint="see config/saigeedged.yml")
     if name in CHOICES and value not in CHOICES[name]:
-        raise SaigeError("MANIFEST_INVALID", f"config: `{name}` must be one of {', '.join(CHOICES[name])}, got {value!r}",
+        raise SaigeError("MANIFEST_INVALID", f"config: `{name}` must be one of {', '.join(CHOICES[name])}, "
+                         f"got {safeyaml.shown(value)}",
                          hint="see config/saigeedged.yml")
     return value
 

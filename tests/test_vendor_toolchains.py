@@ -239,6 +239,8 @@ def test_a_probe_that_never_ends_gives_up_at_the_clients_deadline(docker_client:
     client = docker.from_env(timeout=2)  # the engine docker_client reaches, with a short deadline
     script = f"sleep 100000 # {uuid.uuid4().hex}"  # this test's own probe, among other tests' containers
     assert run_probe(client, image.id, "echo found") == "found"
+    with pytest.raises(docker.errors.ContainerError):  # a failing probe raises, as containers.run made it
+        run_probe(client, image.id, "echo not an answer; exit 3")
     with pytest.raises(requests.exceptions.ConnectionError):
         run_probe(client, image.id, script)
     left = [c for c in docker_client.containers.list(all=True) if c.attrs["Config"]["Cmd"] == ["sh", "-c", script]]

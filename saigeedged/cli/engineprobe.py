@@ -14,7 +14,7 @@ from typing import Any
 import requests
 
 from saigeedged.adapters.docker import connect, pick_runtime
-from saigeedged.adapters.docker.api import ImageNotFound
+from saigeedged.adapters.docker.api import ContainerError, ImageNotFound
 from saigeedged.compile import vivsdk
 from saigeedged.compile.backends import cubie, mobilint
 from saigeedged.config import Config
@@ -74,11 +74,14 @@ def run_probe(api: Any, image: str, script: str) -> str:
     """Run a fixed snippet in a throwaway container of `image` (never the long-lived one); its output. Every call has
     the client's deadline: `containers.run` waits with none (docker-py passes wait(timeout=None) and follows the logs
     on a socket without one), so a hung dockerd or a probe that never ends held `check` for ever."""
-    ctr = api.containers.create(image, ["sh", "-c", script])
+    command = ["sh", "-c", script]
+    ctr = api.containers.create(image, command)
     try:
         ctr.start()
-        ctr.wait(timeout=api.api.timeout)
+        status = ctr.wait(timeout=api.api.timeout)["StatusCode"]
         out = ctr.logs(stdout=True, stderr=True)
+        if status != 0:  # as containers.run: a probe that fails raises, its output is never taken for an answer
+            raise ContainerError(ctr, status, command, image, ctr.logs(stdout=False, stderr=True))
     finally:
         ctr.remove(force=True)
     return bytes(out).decode(errors="replace").strip()

@@ -14,12 +14,13 @@ from typing import Any, Protocol, cast
 
 import docker
 import requests
-from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.errors import APIError, ContainerError, DockerException, ImageNotFound, NotFound
 
 from saigeedged.engines import EngineSpec
 from saigeedged.errors import SaigeError
 
-__all__ = ["APIError", "DockerException", "ImageNotFound", "NotFound", "ENGINE_ERRORS", "UNREACHABLE", "connect"]
+__all__ = ["APIError", "ContainerError", "DockerException", "ImageNotFound", "NotFound", "ENGINE_ERRORS", "UNREACHABLE",
+           "connect"]
 
 # docker-py wraps neither a refused/cut socket (ConnectionError) nor an engine too busy or hung to answer in time
 # (ReadTimeout): both are the engine being unreachable, not the job's fault. One list for the daemon and `check`.
