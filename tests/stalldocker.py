@@ -2,7 +2,8 @@
 reach a running container, then sends the headers of an `exec start` and nothing after (a hung engine, issue 26).
 
 Only the calls the daemon makes before the stall are answered (ping, version, container inspect, exec create and
-inspect); `stalled` is set once a client waits on a stalled stream, `release()` closes those streams.
+inspect); `stalled` is set once a client waits on a stalled stream, `release()` closes those streams. `refuse_exec`
+makes `exec create` answer an error instead, as dockerd does for a container that stopped meanwhile.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class StallingDocker(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
         self.stalled = threading.Event()
         self.released = threading.Event()
         self.exec_starts = 0
+        self.refuse_exec: tuple[int, str] | None = None  # (status, message) an `exec create` is answered with instead
         super().__init__(str(path), _Handler)
         self.path = path
         threading.Thread(target=self.serve_forever, name="stalldocker", daemon=True).start()
@@ -94,7 +96,10 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         self._body()
         path = self.path.split("?")[0]
-        if "/containers/" in path and path.endswith("/exec"):
+        if "/containers/" in path and path.endswith("/exec") and self.server.refuse_exec is not None:
+            status, message = self.server.refuse_exec
+            self._json({"message": message}, status)
+        elif "/containers/" in path and path.endswith("/exec"):
             self._json({"Id": "e" * 64}, 201)
         elif "/exec/" in path and path.endswith("/start"):
             self.server.exec_starts += 1

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engineproxy import EngineProxy
 from harness import container_output, wait_for
 
 from saigeedged import config as configmod
@@ -111,3 +112,66 @@ def test_a_step_whose_container_was_recreated_is_lost(docker_config: Path, docke
     docker_client.containers.get(ctr.spec.name).remove(force=True)
     thread.join(60)
     assert not thread.is_alive() and [e.code for e in errors] == ["CONTAINER_LOST"] and errors[0].retryable
+
+
+def test_a_step_killed_while_the_engine_is_gone_is_not_taken_for_a_lost_container(
+        docker_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step ends by a signal (137) just as the engine goes away: whether its container died cannot be asked, so the
+    attempt waits for its engine (DOCKER_UNAVAILABLE), not CONTAINER_LOST (a retry in a new container, an attempt
+    spent, the container removed); once the engine answers, the step's own exit code is the answer."""
+    proxy = EngineProxy(tmp_path / "engine.sock")
+    proxy.up()
+    monkeypatch.setenv("DOCKER_HOST", proxy.docker_host)
+    config = configmod.load(docker_config)
+    work = config.work_root / "job-signal"
+    work.mkdir(parents=True)
+    gate = work / "go"
+    step = ["sh", "-c", f"echo started; while [ ! -e {gate} ]; do sleep 0.1; done; kill -KILL $$"]
+    containers = Containers(config)
+    ctr = containers.get("cubie")
+    errors: list[SaigeError] = []
+
+    def run() -> None:
+        try:
+            ctr.run_step(step, work, 60, lambda chunk: None)
+        except SaigeError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: b"started" in _read(work / ".steps" / "1.log"), 30, "the step started")
+    gate.touch()
+    wait_for(lambda: (work / ".steps" / "1.rc").exists(), 30, "the step killed")
+    proxy.down()
+    thread.join(60)
+    containers.release()
+    assert not thread.is_alive() and [e.code for e in errors] == ["DOCKER_UNAVAILABLE"], errors
+
+    proxy.up()  # the engine is back: the next daemon re-attaches and reads the step's own code
+    again = Containers(config)
+    assert again.get("cubie").run_step(step, work, 60, lambda chunk: None) == 137
+    again.release()
+
+
+def test_recreate_on_an_engine_that_is_gone_returns_and_says_so(docker_config: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The container died under a job and the engine went with it: the requeue's recreate does not raise (the next
+    ensure() starts or makes the container), it leaves a warning naming the container."""
+    proxy = EngineProxy(tmp_path / "engine.sock")
+    proxy.up()
+    monkeypatch.setenv("DOCKER_HOST", proxy.docker_host)
+    events: list[tuple[str, dict[str, Any]]] = []
+    containers = Containers(configmod.load(docker_config), on_event=lambda name, fields: events.append((name, fields)))
+    name = containers.get("cubie").spec.name
+    containers.release()
+    proxy.down()
+    containers.container("cubie").recreate()
+    assert [(e, f["container"], f["error_code"]) for e, f in events if e == "container.recreate_failed"] == \
+        [("container.recreate_failed", name, "DOCKER_UNAVAILABLE")]
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""

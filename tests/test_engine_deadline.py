@@ -115,3 +115,24 @@ def test_a_call_under_way_past_the_timeout_makes_the_engine_slow_and_then_stuck(
     wait_for(lambda: ended, GIVE_UP_S, "the stalled call to end at its own deadline")
     monitor.tick("stall")
     assert monitor.stuck() == [] and not monitor.health["stall"].slow
+
+
+@pytest.mark.parametrize(("status", "words", "code"), [
+    (409, "Container c0ffee is not running", "CONTAINER_LOST"),
+    (500, "OCI runtime exec failed: unable to start container process", "CONTAINER_FAILED"),
+])
+def test_an_exec_the_engine_refuses_ends_the_step_with_its_code_and_words(
+        stalling: tuple[StallingDocker, configmod.Config], status: int, words: str, code: str) -> None:
+    """The engine answers a step's `exec create` with an error (the container stopped since it was found running; the
+    runtime failing): the step ends with a stable code and the engine's own words, not a traceback (INTERNAL); a
+    container that stopped meanwhile is CONTAINER_LOST (retried in a fresh one)."""
+    fake, config = stalling
+    fake.refuse_exec = (status, words)
+    container = Engine(config.engines[0], config).container("cubie")
+    work = config.work_root / "job-1" / "attempt1"
+    work.mkdir(parents=True)
+    with pytest.raises(SaigeError) as raised:
+        container.run_step(["pegasus", "quantize"], work, 60, lambda chunk: None)
+    assert (raised.value.code, raised.value.retryable) == (code, code == "CONTAINER_LOST")
+    assert words in raised.value.message and "starting pegasus quantize" in raised.value.message
+    assert container.calls == 0  # the refused call is not left counted as under way

@@ -181,6 +181,23 @@ def test_daemon_killed_mid_step_reattaches_and_runs_the_step_once(cluster_daemon
     assert len([c for c in calls(node, d, "quantize") if "reattach_sleep12" in c]) == 1
 
 
+def test_daemon_stopped_mid_step_leaves_the_step_running_and_reattaches(cluster_daemon: Any,
+                                                                          slurm_cluster: Cluster) -> None:  # noqa: F811
+    """`systemctl stop` (SIGTERM) during a quantize on a node: the cluster job and its step run on, the next daemon
+    re-attaches in attempt 1 and the quantize ran once (docs/spec-executor-slurm.md, SPEC §15)."""
+    d = cluster_daemon()
+    first, node = quantizing(d, slurm_cluster, "stopped_sleep12", "sleep 12")
+    d.stop()
+    assert [e["job_id"] for e in d.events("job.detached")] == [first["job_id"]], d.tail()
+    assert "sleep 12" in procs(node, d)  # the step outlives the daemon
+    d.start()
+    done = d.job("stopped_sleep12")
+    assert (done["state"], done["attempt"]) == ("succeeded", 1), d.tail()
+    assert [e["job_id"] for e in d.events("job.reattached")] == [first["job_id"]]
+    assert not d.events("job.requeued")
+    assert len([c for c in calls(node, d, "quantize") if "stopped_sleep12" in c]) == 1
+
+
 def test_slurmctld_restart_mid_step_the_job_completes(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
     """The controller restarts while a quantize runs on a node: the job completes in its first attempt."""
     d = cluster_daemon()

@@ -4,7 +4,10 @@ for host jobs on this host (docs/spec-executor-slurm.md)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+
+import structlog
 
 from saigeedged.adapters.slurm.cluster import Slurm, images
 from saigeedged.adapters.slurm.node import SlurmContainers
@@ -15,6 +18,8 @@ from saigeedged.executor import ENGINE, capacity
 from saigeedged.jobs import HOST_ENGINE
 from saigeedged.service.slot import Slot
 from saigeedged.service.worker import Worker
+
+log = structlog.get_logger()
 
 
 class Room:
@@ -46,3 +51,19 @@ def bind(worker: Worker) -> None:
     containers = worker.containers
     if isinstance(containers, SlurmContainers):
         containers.current = lambda: (worker.current, worker.work)
+
+
+def cancel_behind(slurm: Slurm, job_ids: list[str]) -> threading.Thread:
+    """Cancel the live cluster jobs of these saigeedged jobs (given up on: the agent's TERM kills each step) on a thread
+    of their own: a squeue and a scancel may each take CALL_TIMEOUT_S on a controller that does not answer, and the
+    callers are the main loop (a cancel) and the start-up before READY=1, whose watchdog must not wait on Slurm."""
+    def cancel() -> None:
+        for job_id in job_ids:
+            try:
+                slurm.cancel_live(job_id)
+            except SaigeError as exc:  # the controller does not answer: Slurm's --time still ends the cluster job
+                log.warning("slurm.cancel_failed", job_id=job_id, error_code=exc.code, message=exc.message)
+
+    thread = threading.Thread(target=cancel, name="saigeedged-scancel", daemon=True)
+    thread.start()
+    return thread

@@ -76,7 +76,7 @@ class Daemon:
 
     @staticmethod
     def _container_event(name: str, fields: dict[str, object]) -> None:
-        level = "warning" if name == "container.restarted" else "info"
+        level = "warning" if name in ("container.restarted", "container.recreate_failed") else "info"
         getattr(log, level)(name, **fields)
 
     # -- start-up ------------------------------------------------------------------------------

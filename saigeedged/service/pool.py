@@ -9,12 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from saigeedged.adapters.docker import Containers, Engine
 from saigeedged.adapters.slurm.cluster import Slurm
 from saigeedged.config import Config
-from saigeedged.errors import SaigeError
 from saigeedged.jobs import HOST_ENGINE, Attempt, Job
 from saigeedged.service import clusterslots
 from saigeedged.service.finishing import REPORTS_AT_ONCE, Finisher, Handed
@@ -26,7 +23,6 @@ from saigeedged.service.statusline import SlotView, status_line
 from saigeedged.service.worker import Worker
 
 OnEvent = Callable[[str, dict[str, Any]], None]
-log = structlog.get_logger()
 
 
 class Pool:
@@ -121,11 +117,7 @@ class Pool:
         if self.slurm is None:
             self.monitor.abandoned(attempts)
             return
-        for attempt in attempts:
-            try:
-                self.slurm.cancel_live(attempt.job_id)
-            except SaigeError as exc:  # the controller does not answer: Slurm's --time still ends the cluster job
-                log.warning("slurm.cancel_failed", job_id=attempt.job_id, error_code=exc.code, message=exc.message)
+        clusterslots.cancel_behind(self.slurm, [attempt.job_id for attempt in attempts])
 
     def reaping(self) -> set[str]:
         """The jobs whose abandoned attempts' steps are still to be killed (their work dirs stay until then)."""

@@ -22,10 +22,11 @@ from saigeedged.errors import SaigeError
 __all__ = ["APIError", "ContainerError", "DockerException", "ImageNotFound", "NotFound", "ENGINE_ERRORS", "UNREACHABLE",
            "connect"]
 
-# docker-py wraps neither a refused/cut socket (ConnectionError) nor an engine too busy or hung to answer in time
-# (ReadTimeout): both are the engine being unreachable, not the job's fault. One list for the daemon and `check`.
-UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, EOFError, ConnectionError,
-               TimeoutError, socket.gaierror)
+# docker-py wraps neither a refused/cut socket (ConnectionError, or ChunkedEncodingError when the cut comes mid-answer)
+# nor an engine too busy or hung to answer in time (ReadTimeout): all are the engine being unreachable, not the job's
+# fault. One list for the daemon and `check`.
+UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError,
+               requests.exceptions.Timeout, EOFError, ConnectionError, TimeoutError, socket.gaierror)
 ENGINE_ERRORS = (DockerException, *UNREACHABLE)
 ENGINE_TIMEOUT_S = 120.0
 

@@ -160,13 +160,13 @@ class Follower:
     def _gone(self) -> bool:
         """Has the wrapper's exec ended without leaving an exit code (its container died or was recreated)?"""
         assert self.api is not None, "a follower without an engine says itself whether its step is gone"
-        try:
-            with self.reach(f"asking whether step {self.files.n} runs"):  # the one engine call of a step's follow
+        with self.reach(f"asking whether step {self.files.n} runs"):  # the one engine call of a step's follow
+            try:
                 info = self.api.api.exec_inspect(self.files.exec_id())
-        except APIError as exc:
-            if exc.status_code == 404:
-                return True
-            raise
+            except APIError as exc:
+                if exc.status_code == 404:
+                    return True
+                raise
         return not info.get("Running", False)
 
     def follow(self, stopping: Stopping) -> int:

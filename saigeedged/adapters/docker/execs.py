@@ -143,15 +143,15 @@ class Container(Lifecycle):
             return False
         try:
             self.docker.api.wait(ctr.id, timeout=LOST_GRACE_S)  # returns as soon as the container stops
-        except Exception:  # still running after the grace period: the step alone was killed (e.g. timeout)
-            return not self.alive()
+        except ENGINE_ERRORS:  # still running after the grace period (the step alone was killed, e.g. timeout), or
+            # gone, or the engine did not answer: asked once more, as an engine call (unanswered: DOCKER_UNAVAILABLE,
+            # the attempt waits for its engine; a dead engine is not a dead container)
+            with self._reach(f"asking whether {self.spec.name} still runs"):
+                try:
+                    return self.docker.containers.get(self.spec.name).status != "running"
+                except NotFound:
+                    return True
         return True
-
-    def alive(self) -> bool:
-        try:
-            return self.docker.containers.get(self.spec.name).status == "running"
-        except ENGINE_ERRORS:
-            return False
 
     def interrupt(self, workdir: Path, reason: str) -> None:
         """Kill the running step of the job in `workdir` (cancel or daemon stop); its run_step raises CANCELLED,

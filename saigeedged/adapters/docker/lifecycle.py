@@ -21,6 +21,7 @@ from saigeedged.adapters.docker.api import (
 from saigeedged.adapters.docker.spec import MANAGED_LABEL, OWNER_LABEL, Spec, pick_runtime
 from saigeedged.errors import SaigeError
 
+REFUSED_HINT = "the Docker engine's own error: `journalctl -u docker` says more; `saigeedged retry JOB_ID` once it is fixed"
 START_HINT = "the engine cannot start it: `docker start NAME` shows why (networks, runtime, mounts); " \
              "`systemctl restart docker` if the engine's own state is broken"
 OnEvent = Callable[[str, dict[str, Any]], None]
@@ -49,12 +50,15 @@ class Lifecycle:
 
     @contextlib.contextmanager
     def _reach(self, doing: str) -> Iterator[None]:
-        """An engine call: timed while under way; the engine unreachable is DOCKER_UNAVAILABLE (reaching_engine)."""
+        """An engine call: timed while under way; the engine unreachable is DOCKER_UNAVAILABLE (reaching_engine), and
+        an error it answered that the call did not handle is a SaigeError too (refused), never a bare APIError."""
         started = time.monotonic()
         self._calls.append(started)
         try:
             with reaching_engine(doing):
                 yield
+        except APIError as exc:
+            raise refused(self.spec.name, doing, exc) from None
         finally:
             self._calls.remove(started)
 
@@ -145,14 +149,20 @@ class Lifecycle:
         return ctr
 
     def recreate(self) -> None:
-        """Remove our container (it died mid-job) so the next ensure() makes a fresh one."""
-        try:
-            ctr = self.docker.containers.get(self.spec.name)
-            if ctr.labels.get(MANAGED_LABEL) == "1" and ctr.labels.get(OWNER_LABEL) in (None, "", self.spec.owner):
-                ctr.remove(force=True)  # another daemon's is left alone: the next ensure() says whose it is
-        except NotFound:
-            pass
+        """Remove our container (it died mid-job) so the next ensure() makes a fresh one. Never raises: an engine that
+        does not answer now (or refuses) leaves it to the next ensure(), which starts it or says why it cannot."""
         self._probed.clear()
+        try:
+            with self._reach(f"removing {self.spec.name}, which died mid-job"):
+                try:
+                    ctr = self.docker.containers.get(self.spec.name)
+                except NotFound:
+                    return
+                if ctr.labels.get(MANAGED_LABEL) == "1" and ctr.labels.get(OWNER_LABEL) in (None, "", self.spec.owner):
+                    ctr.remove(force=True)  # another daemon's is left alone: the next ensure() says whose it is
+        except SaigeError as exc:
+            self.on_event("container.recreate_failed", {"container": self.spec.name, "error_code": exc.code,
+                                                        "message": exc.message})
 
     def follow_image(self) -> None:
         """Recreate our container when its image tag names another image now (a new toolchain was loaded): a job
@@ -168,3 +178,14 @@ class Lifecycle:
             ctr.remove(force=True)
             self._probed.clear()
             self.ensure()
+
+
+def refused(container: str, doing: str, exc: APIError) -> SaigeError:
+    """An error the engine answered to a call about our container: a conflict because the container is not running
+    (it stopped or died between two calls) is CONTAINER_LOST (the job runs again in a fresh one), any other CONTAINER_FAILED,
+    in the engine's words."""
+    words = str(exc.explanation or exc)
+    if exc.status_code == 409 and any(s in words for s in ("not running", "is paused", "is restarting")):
+        return SaigeError("CONTAINER_LOST", f"container {container} stopped while {doing}: {words}")
+    return SaigeError("CONTAINER_FAILED", f"the Docker engine refused {doing} ({exc.status_code}): {words}",
+                      hint=REFUSED_HINT)

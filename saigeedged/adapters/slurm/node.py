@@ -152,10 +152,16 @@ class NodeContainer(Container):
     def run_step(self, argv: Sequence[str], workdir: Path, timeout_s: int, sink: Sink,
                  env: dict[str, str] | None = None, replay: Sink | None = None,
                  stopping: Stopping = lambda: False) -> int:
-        """One step on the node, started by its agent and followed by its files on the share (SPEC §15)."""
-        files = Files(workdir, self._next_step(workdir))
+        """One step on the node, started by its agent and followed by its files on the share (SPEC §15).
+
+        The attempt's record says the step was asked for (and where) before the request is written, as the local
+        engine records an exec before it starts: a daemon stopped now leaves the step running and the next one
+        re-attaches to it. The request is written again when it is missing (a daemon stopped between the two)."""
+        files = Files(workdir, self._next_step(workdir), self.book)
         if not files.started():
             _raise_if_stopped(workdir, argv)
+            files.book.launched(workdir, files.n, f"slurm job {self.cluster_id} on {self.node}")
+        if not files.path("req").exists():
             files.base.parent.mkdir(parents=True, exist_ok=True)
             filesmod.write_bytes(files.path("req"), json.dumps({"argv": list(argv), "timeout_s": timeout_s,
                                                                 "env": env}).encode())
@@ -213,9 +219,6 @@ class NodeContainer(Container):
             except SaigeError:
                 pass  # Slurm does not answer now: squeue still lists it under the job's id
 
-    def alive(self) -> bool:
-        return True
-
     def recreate(self) -> None:
         """Nothing: the node's own container is made afresh by the next attempt's agent when it died."""
 
@@ -263,5 +266,6 @@ class SlurmContainers(Containers):
 
     def get(self, target: str) -> Container:
         self.active = self.container(target)
+        self.active.book = self.book  # the worker's: its steps are recorded in the attempt's record, as on the engine
         self.active.ensure()
         return self.active
