@@ -5,6 +5,8 @@ over ssh or tcp+TLS is retired, and such an engine is refused at load with a poi
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,14 +16,15 @@ CONTAINER_TARGETS = ("cubie", "mobilint")
 TARGETS = (*CONTAINER_TARGETS, "host")  # every target a manifest may name (SPEC §3)
 SCHEMES = ("unix",)
 RETIRED = ("ssh", "tcp")  # remote engines: scale-out runs on Slurm now
-LOCAL = "local"  # the default engine's name: docker.from_env()'s engine (DOCKER_HOST or /var/run/docker.sock)
+LOCAL = "local"  # the default engine's name: DOCKER_HOST's unix socket, else dockerd's own (local_url)
+SOCKET = "unix:///var/run/docker.sock"
 HINT = "see `engines:` in config/saigeedged.yml"
 SLURM_HINT = "more compile hosts are the nodes of a Slurm partition: docs/spec-executor-slurm.md, README 'Add a compile host'"
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """One engine: `url` None is the local engine as docker.from_env() finds it."""
+    """One engine: `url` None is the local engine (local_url)."""
 
     name: str
     url: str | None
@@ -29,6 +32,18 @@ class EngineSpec:
 
 
 DEFAULT = EngineSpec(LOCAL, None, CONTAINER_TARGETS)
+
+
+def local_url(environ: Mapping[str, str] = os.environ) -> str:
+    """The local engine's socket: DOCKER_HOST's when it names one, else dockerd's. Never a remote engine nor the Docker
+    CLI's current context, which docker-py's from_env() would follow: the default engine could silently be another
+    host's (root there over ssh or TCP, the pool issue 27 retired). DOCKER_UNAVAILABLE naming DOCKER_HOST otherwise."""
+    host = environ.get("DOCKER_HOST") or SOCKET
+    if not host.startswith("unix://"):
+        raise SaigeError("DOCKER_UNAVAILABLE", f"DOCKER_HOST={host!r} names a remote engine: saigeedged compiles on "
+                         "this host's own engine (a unix:// socket) only", hint="unset DOCKER_HOST in the service's "
+                         "environment (systemctl show saigeedged -p Environment); " + SLURM_HINT)
+    return host
 
 
 def parse(items: list[Any]) -> list[EngineSpec]:

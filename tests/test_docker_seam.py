@@ -12,7 +12,7 @@ from conftest import STANDIN_MOBILINT, write_config
 
 from saigeedged import config as configmod
 from saigeedged.adapters.docker import Engine, connect
-from saigeedged.engines import LOCAL, EngineSpec
+from saigeedged.engines import DEFAULT, LOCAL, EngineSpec
 from saigeedged.errors import SaigeError
 
 PEGASUS = "/root/acuity-toolkit-whl-6.30.22/bin/pegasus.py"
@@ -84,3 +84,31 @@ def test_an_entry_point_probe_that_finds_nothing_is_not_kept(tmp_path: Path) -> 
     finally:
         engine.close()
         connect(engine.spec, 30).containers.get(name).remove(force=True)
+
+
+def test_a_remote_docker_host_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DOCKER_HOST in the service's environment naming another host's engine is not followed (issue 27 retired remote
+    engines): DOCKER_UNAVAILABLE naming the variable, from connect, so from `check` and from each job."""
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:2375")
+    with pytest.raises(SaigeError) as err:
+        connect(DEFAULT, 5)
+    assert err.value.code == "DOCKER_UNAVAILABLE" and "DOCKER_HOST='tcp://127.0.0.1:2375'" in err.value.message
+    assert "unset DOCKER_HOST" in err.value.hint
+
+
+@pytest.mark.docker
+def test_the_local_engine_is_never_a_docker_cli_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Docker CLI context current for the service's user (`docker context use`) naming a remote engine is not
+    followed, as docker-py's from_env() would: the local engine is this host's socket."""
+    import hashlib
+    import json
+
+    meta = tmp_path / "docker" / "contexts" / "meta" / hashlib.sha256(b"elsewhere").hexdigest()
+    meta.mkdir(parents=True)
+    (meta / "meta.json").write_text(json.dumps({"Name": "elsewhere", "Metadata": {},
+                                                "Endpoints": {"docker": {"Host": "tcp://127.0.0.1:9"}}}))
+    (tmp_path / "docker" / "config.json").write_text(json.dumps({"currentContext": "elsewhere"}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    client = connect(DEFAULT, 5)  # port 9 (discard) is closed here: the context's engine would refuse
+    assert client.ping() and client.info()["ID"]

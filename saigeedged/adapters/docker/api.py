@@ -16,7 +16,7 @@ import docker
 import requests
 from docker.errors import APIError, ContainerError, DockerException, ImageNotFound, NotFound
 
-from saigeedged.engines import EngineSpec
+from saigeedged.engines import EngineSpec, local_url
 from saigeedged.errors import SaigeError
 
 __all__ = ["APIError", "ContainerError", "DockerException", "ImageNotFound", "NotFound", "ENGINE_ERRORS", "UNREACHABLE",
@@ -103,9 +103,7 @@ def connect(spec: EngineSpec, timeout_s: float = ENGINE_TIMEOUT_S) -> DockerAPI:
 
 
 def _client(spec: EngineSpec, timeout_s: float) -> DockerAPI:
-    if spec.url is None:
-        return cast(DockerAPI, docker.from_env(timeout=timeout_s))
-    return cast(DockerAPI, docker.DockerClient(base_url=spec.url, timeout=timeout_s))
+    return cast(DockerAPI, docker.DockerClient(base_url=spec.url or local_url(), timeout=timeout_s))
 
 
 @contextlib.contextmanager
