@@ -13,7 +13,7 @@ from engineproxy import EngineProxy
 from harness import container_output, wait_for
 
 from saigeedged import config as configmod
-from saigeedged.adapters.docker import Containers
+from saigeedged.adapters.docker import Containers, execs
 from saigeedged.errors import SaigeError
 
 pytestmark = pytest.mark.docker
@@ -122,6 +122,7 @@ def test_a_step_killed_while_the_engine_is_gone_is_not_taken_for_a_lost_containe
     proxy = EngineProxy(tmp_path / "engine.sock")
     proxy.up()
     monkeypatch.setenv("DOCKER_HOST", proxy.docker_host)
+    monkeypatch.setattr(execs, "LOST_GRACE_S", 120)  # the look at the container is under way when the engine goes
     config = configmod.load(docker_config)
     work = config.work_root / "job-signal"
     work.mkdir(parents=True)
@@ -147,8 +148,8 @@ def test_a_step_killed_while_the_engine_is_gone_is_not_taken_for_a_lost_containe
     containers.release()
     assert not thread.is_alive() and [e.code for e in errors] == ["DOCKER_UNAVAILABLE"], errors
 
-    proxy.up()  # the engine is back: the next daemon re-attaches and reads the step's own code
-    again = Containers(config)
+    monkeypatch.undo()  # the engine is back (its own socket, the grace as it was): the next daemon re-attaches and
+    again = Containers(config)  # reads the step's own code
     assert again.get("cubie").run_step(step, work, 60, lambda chunk: None) == 137
     again.release()
 

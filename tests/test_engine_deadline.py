@@ -119,6 +119,7 @@ def test_a_call_under_way_past_the_timeout_makes_the_engine_slow_and_then_stuck(
 
 @pytest.mark.parametrize(("status", "words", "code"), [
     (409, "Container c0ffee is not running", "CONTAINER_LOST"),
+    (404, "No such container: c0ffee", "CONTAINER_LOST"),
     (500, "OCI runtime exec failed: unable to start container process", "CONTAINER_FAILED"),
 ])
 def test_an_exec_the_engine_refuses_ends_the_step_with_its_code_and_words(
@@ -136,3 +137,33 @@ def test_an_exec_the_engine_refuses_ends_the_step_with_its_code_and_words(
     assert (raised.value.code, raised.value.retryable) == (code, code == "CONTAINER_LOST")
     assert words in raised.value.message and "starting pegasus quantize" in raised.value.message
     assert container.calls == 0  # the refused call is not left counted as under way
+
+
+@pytest.mark.parametrize(("status", "words", "kept"), [
+    (500, "OCI runtime exec failed", True),
+    (409, "Container c0ffee is not running", False),
+])
+def test_a_reap_the_engine_refuses_is_kept_unless_the_container_is_not_running(
+        stalling: tuple[StallingDocker, configmod.Config], tmp_path: Path, status: int, words: str,
+        kept: bool) -> None:
+    """The bring-up reap's exec refused: by the runtime (a 5xx), the step may still run, so the reap stays pending and
+    the engine takes no work until it is done; because the container is not running, its steps are dead with it, so
+    the reap is done and the engine comes up."""
+    fake, config = stalling
+    fake.refuse_exec = (status, words)
+    engine = Engine(config.engines[0], config)
+    store = Store(tmp_path / "state" / "saigeedged.db")
+    monitor = EngineMonitor([engine], store, lambda name, reason: None, lambda: None, lambda: 0.0, TIMEOUT_S)
+    work = config.work_root / "job-1" / "attempt1"
+    store.add(Job(job_id="job-1", name="job", target="cubie", task="mlc", entry={"onnx": "/x.onnx"}, subdir="",
+                  claim_dir="/c/job-1", manifest="x.yml", created_at="t"))
+    taken = store.take("job-1", "stall", "2026-12-01T00:00:00Z", str(work))
+    assert taken is not None
+    monitor.abandoned([Attempt.of(taken)])
+    if kept:
+        with pytest.raises(SaigeError) as raised:
+            monitor.tick("stall")
+        assert raised.value.code == "CONTAINER_FAILED" and words in raised.value.message
+    else:
+        monitor.tick("stall")
+    assert (monitor.pending() == [work]) is kept and monitor.health["stall"].up is not kept

@@ -189,3 +189,65 @@ def test_a_cluster_job_never_placed_ends_with_the_jobs_time(tmp_path: Path) -> N
     with pytest.raises(SaigeError) as caught:
         node.ensure()
     assert caught.value.code == "TIMEOUT" and "PENDING: ReqNodeNotAvail" in caught.value.message
+
+
+@pytest.mark.timeout(30)  # a cancel on the caller's thread waits on the blocked squeue for ever
+def test_giving_up_on_cluster_jobs_never_waits_on_slurm(tmp_path: Path) -> None:
+    """The start-up (before READY=1) and the main loop give attempts up on a controller that does not answer: the
+    squeue and scancel run on a thread of their own; once Slurm answers, the cluster job of the attempt given up on is
+    cancelled, not the next attempt's that a worker submitted meanwhile."""
+    import json
+    import threading
+
+    from saigeedged.jobs import Attempt
+    from saigeedged.service.clusterslots import cancel_behind
+
+    answering = threading.Event()
+    calls: list[list[str]] = []
+
+    def run(argv: Any, stdin: str | None) -> str:
+        answering.wait()
+        calls.append(list(argv))
+        given_up = {"job_id": 7, "name": "det-1", "job_state": "RUNNING", "restart_cnt": 0, "comment": "attempt=1"}
+        submitted = {"job_id": 8, "name": "det-1", "job_state": "PENDING", "restart_cnt": 0, "comment": "attempt=2"}
+        return json.dumps({"jobs": [given_up, submitted]}) if argv[0] == "squeue" else ""
+
+    config = configmod.load(write_config(tmp_path, executor={"kind": "slurm", "partition": "saige",
+                                                             "work_share": str(tmp_path / "work")}))
+    behind = cancel_behind(cluster.Slurm(config.executor, run), [Attempt("det-1", 1, "slurm", 1)])
+    assert behind.is_alive() and calls == []  # returned while Slurm has not answered
+    answering.set()
+    behind.join(20)
+    assert [c[:2] for c in calls] == [["squeue", "--all"], ["scancel", "7"]]
+
+
+@pytest.mark.parametrize("superseded", [False, True])
+def test_a_step_on_a_node_is_recorded_before_it_is_asked_for(tmp_path: Path, superseded: bool) -> None:
+    """The attempt's record (the worker's book) says step 1 was asked for, on which cluster job and node, before its
+    request reaches the share: a daemon stopped after it leaves the step running (re-attached, not requeued). An
+    attempt the store has moved past raises there, and no request is written."""
+    from saigeedged.adapters.docker.detached import FileBook
+    from saigeedged.jobs import Superseded
+
+    recorded: list[tuple[int, str, bool]] = []
+
+    class Book(FileBook):
+        def launched(self, work: Path, n: int, exec_id: str) -> None:
+            if superseded:
+                raise Superseded("attempt 1 is not the store's any more")
+            recorded.append((n, exec_id, (work / ".steps" / f"{n}.req").exists()))
+            super().launched(work, n, exec_id)
+
+    node = _node(tmp_path, _job(), [], [])
+    node.book, node.cluster_id, node.node = Book(), 7, "n2"
+    work = node.current()[1]
+    (work / ".steps").mkdir()
+    (work / ".steps" / "1.rc").write_text("0")  # the step already ended: the follow returns at once
+    if superseded:
+        with pytest.raises(Superseded):
+            node.run_step(["pegasus", "quantize"], work, 60, lambda chunk: None)
+        assert not (work / ".steps" / "1.req").exists()
+        return
+    assert node.run_step(["pegasus", "quantize"], work, 60, lambda chunk: None) == 0
+    assert recorded == [(1, "slurm job 7 on n2", False)]  # recorded while no request was on the share
+    assert (work / ".steps" / "1.req").exists()

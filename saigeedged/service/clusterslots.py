@@ -15,7 +15,7 @@ from saigeedged.config import Config
 from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.errors import SaigeError
 from saigeedged.executor import ENGINE, capacity
-from saigeedged.jobs import HOST_ENGINE
+from saigeedged.jobs import HOST_ENGINE, Attempt
 from saigeedged.service.slot import Slot
 from saigeedged.service.worker import Worker
 
@@ -53,16 +53,17 @@ def bind(worker: Worker) -> None:
         containers.current = lambda: (worker.current, worker.work)
 
 
-def cancel_behind(slurm: Slurm, job_ids: list[str]) -> threading.Thread:
-    """Cancel the live cluster jobs of these saigeedged jobs (given up on: the agent's TERM kills each step) on a thread
-    of their own: a squeue and a scancel may each take CALL_TIMEOUT_S on a controller that does not answer, and the
-    callers are the main loop (a cancel) and the start-up before READY=1, whose watchdog must not wait on Slurm."""
+def cancel_behind(slurm: Slurm, attempts: list[Attempt]) -> threading.Thread:
+    """Cancel the live cluster jobs of these attempts (given up on: the agent's TERM kills each step) on a thread of
+    their own: a squeue and a scancel may each take CALL_TIMEOUT_S on a controller that does not answer, and the
+    callers are the main loop (a cancel) and the start-up before READY=1, whose watchdog must not wait on Slurm. Only
+    cluster jobs serving those attempts or earlier ones go: the next attempt's may be submitted before squeue answers."""
     def cancel() -> None:
-        for job_id in job_ids:
+        for attempt in attempts:
             try:
-                slurm.cancel_live(job_id)
+                slurm.cancel_live(attempt.job_id, upto=attempt.attempt)
             except SaigeError as exc:  # the controller does not answer: Slurm's --time still ends the cluster job
-                log.warning("slurm.cancel_failed", job_id=job_id, error_code=exc.code, message=exc.message)
+                log.warning("slurm.cancel_failed", job_id=attempt.job_id, error_code=exc.code, message=exc.message)
 
     thread = threading.Thread(target=cancel, name="saigeedged-scancel", daemon=True)
     thread.start()

@@ -207,8 +207,8 @@ class EngineMonitor:
                 # every work dir into each) would kill strangers and remove the pidfile the right one needs
                 engine.container(target).reap([Path(r.work) for r in mine])
             except SaigeError as exc:
-                if exc.code == "DOCKER_UNAVAILABLE":
-                    raise  # the records stay: tried again when it answers
+                if exc.code in ("DOCKER_UNAVAILABLE", "CONTAINER_FAILED"):
+                    raise  # the records stay: tried again when it answers, or at the next look if it refused (a 5xx)
                 log.warning("container.reap_failed", engine=name, error_code=exc.code, message=exc.message)
         for record in reap:
             if record.work:

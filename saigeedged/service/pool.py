@@ -117,7 +117,7 @@ class Pool:
         if self.slurm is None:
             self.monitor.abandoned(attempts)
             return
-        clusterslots.cancel_behind(self.slurm, [attempt.job_id for attempt in attempts])
+        clusterslots.cancel_behind(self.slurm, attempts)
 
     def reaping(self) -> set[str]:
         """The jobs whose abandoned attempts' steps are still to be killed (their work dirs stay until then)."""

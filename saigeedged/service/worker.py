@@ -263,10 +263,11 @@ class Worker(threading.Thread):
         # given up: an attempt that cannot go on, or one that ends by a cancel or timeout whose kill may not have
         # reached its step (a cancel that came while a re-attached attempt replayed its ended steps ends the job before
         # the running one is attached): the monitor kills what still runs there. On a Slurm partition the cancel's
-        # scancel ends the cluster job, and the node's agent the step.
-        killed_late = done.action == END and exc.code in ("CANCELLED", "TIMEOUT") and started \
-            and self.config.executor.kind == "local"
-        if exc.fields.get("unresumable") or killed_late:
+        # scancel ends the cluster job, and the attempt's end (its folder's done marker, then the folder removed) makes
+        # the node's agent kill the step: no reap is recorded there, no engine monitor would do it.
+        local = self.config.executor.kind == "local"
+        killed_late = done.action == END and exc.code in ("CANCELLED", "TIMEOUT") and started
+        if local and (exc.fields.get("unresumable") or killed_late):
             self.kept = True
             self.facts.give_up(job)
         if done.action == DETACH:

@@ -143,9 +143,10 @@ class Container(Lifecycle):
             return False
         try:
             self.docker.api.wait(ctr.id, timeout=LOST_GRACE_S)  # returns as soon as the container stops
-        except ENGINE_ERRORS:  # still running after the grace period (the step alone was killed, e.g. timeout), or
-            # gone, or the engine did not answer: asked once more, as an engine call (unanswered: DOCKER_UNAVAILABLE,
-            # the attempt waits for its engine; a dead engine is not a dead container)
+        except Exception:  # still running after the grace period (the step alone was killed, e.g. timeout), or
+            # gone, or the engine did not answer (whatever requests made of a cut answer): asked once more, as an engine
+            # call (unanswered: DOCKER_UNAVAILABLE, the attempt waits for its engine; a dead engine is not a dead
+            # container)
             with self._reach(f"asking whether {self.spec.name} still runs"):
                 try:
                     return self.docker.containers.get(self.spec.name).status != "running"

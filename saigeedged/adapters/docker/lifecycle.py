@@ -181,11 +181,12 @@ class Lifecycle:
 
 
 def refused(container: str, doing: str, exc: APIError) -> SaigeError:
-    """An error the engine answered to a call about our container: a conflict because the container is not running
-    (it stopped or died between two calls) is CONTAINER_LOST (the job runs again in a fresh one), any other CONTAINER_FAILED,
-    in the engine's words."""
+    """An error the engine answered to a call about our container: the container (or the step's exec) gone, or a
+    conflict because it is not running (it stopped, died or was removed between two calls), is CONTAINER_LOST (the
+    job runs again in a fresh one); any other is CONTAINER_FAILED, in the engine's words."""
     words = str(exc.explanation or exc)
-    if exc.status_code == 409 and any(s in words for s in ("not running", "is paused", "is restarting")):
+    lost = ("not running", "is paused", "is restarting")
+    if exc.status_code == 404 or (exc.status_code == 409 and any(s in words for s in lost)):
         return SaigeError("CONTAINER_LOST", f"container {container} stopped while {doing}: {words}")
     return SaigeError("CONTAINER_FAILED", f"the Docker engine refused {doing} ({exc.status_code}): {words}",
                       hint=REFUSED_HINT)

@@ -79,10 +79,10 @@ class Slurm:
         self.run(["scancel", str(cluster_id)], None)
         self._forget()
 
-    def cancel_live(self, name: str) -> None:
-        """Cancel every cluster job of saigeedged job `name` still alive (asked afresh): each agent's TERM kills its
-        step on its node."""
-        for live in (j for j in self.poll(name, fresh=True) if j.alive):
+    def cancel_live(self, name: str, upto: int | None = None) -> None:
+        """Cancel every cluster job of saigeedged job `name` still alive (asked afresh), or only those serving an
+        attempt up to `upto` (a later attempt's may be submitted meanwhile): each agent's TERM kills its step."""
+        for live in (j for j in self.poll(name, fresh=True) if j.alive and (upto is None or j.attempt <= upto)):
             self.cancel(live.cluster_id)
 
     def _forget(self) -> None:
