@@ -52,6 +52,20 @@ def _ends(call: Callable[[], Any]) -> tuple[bool, BaseException | None]:
     return not thread.is_alive(), raised[0] if raised else None
 
 
+def _reap_pending(config: configmod.Config, tmp_path: Path) -> tuple[EngineMonitor, Path]:
+    """A monitor of the fake engine with the reap of one given-up attempt pending (its work dir)."""
+    engine = Engine(config.engines[0], config)
+    store = Store(tmp_path / "state" / "saigeedged.db")
+    monitor = EngineMonitor([engine], store, lambda name, reason: None, lambda: None, lambda: 0.0, TIMEOUT_S)
+    work = config.work_root / "job-1" / "attempt1"
+    store.add(Job(job_id="job-1", name="job", target="cubie", task="mlc", entry={"onnx": "/x.onnx"}, subdir="",
+                  claim_dir="/c/job-1", manifest="x.yml", created_at="t"))
+    taken = store.take("job-1", "stall", "2026-12-01T00:00:00Z", str(work))
+    assert taken is not None
+    monitor.abandoned([Attempt.of(taken)])
+    return monitor, work
+
+
 def test_reap_on_a_stalled_stream_ends_with_docker_unavailable(stalling: tuple[StallingDocker, configmod.Config]) -> None:
     """A reap whose exec stream stalls after its headers ends within the engine timeout as DOCKER_UNAVAILABLE."""
     fake, config = stalling
@@ -78,15 +92,7 @@ def test_monitor_tick_with_a_reap_pending_is_not_frozen(stalling: tuple[Stalling
                                                          tmp_path: Path) -> None:
     """The engine monitor's bring-up reap on a hung engine gives up within the timeout and keeps the reap pending."""
     fake, config = stalling
-    engine = Engine(config.engines[0], config)
-    store = Store(tmp_path / "state" / "saigeedged.db")
-    monitor = EngineMonitor([engine], store, lambda name, reason: None, lambda: None, lambda: 0.0, TIMEOUT_S)
-    work = config.work_root / "job-1" / "attempt1"
-    store.add(Job(job_id="job-1", name="job", target="cubie", task="mlc", entry={"onnx": "/x.onnx"}, subdir="",
-                  claim_dir="/c/job-1", manifest="x.yml", created_at="t"))
-    taken = store.take("job-1", "stall", "2026-12-01T00:00:00Z", str(work))
-    assert taken is not None
-    monitor.abandoned([Attempt.of(taken)])
+    monitor, work = _reap_pending(config, tmp_path)
     ended, raised = _ends(lambda: monitor.tick("stall"))
     assert ended, "the monitor's thread is frozen in the reap"
     assert isinstance(raised, SaigeError) and raised.code == "DOCKER_UNAVAILABLE"
@@ -151,15 +157,7 @@ def test_a_reap_the_engine_refuses_is_kept_unless_the_container_is_not_running(
     the reap is done and the engine comes up."""
     fake, config = stalling
     fake.refuse_exec = (status, words)
-    engine = Engine(config.engines[0], config)
-    store = Store(tmp_path / "state" / "saigeedged.db")
-    monitor = EngineMonitor([engine], store, lambda name, reason: None, lambda: None, lambda: 0.0, TIMEOUT_S)
-    work = config.work_root / "job-1" / "attempt1"
-    store.add(Job(job_id="job-1", name="job", target="cubie", task="mlc", entry={"onnx": "/x.onnx"}, subdir="",
-                  claim_dir="/c/job-1", manifest="x.yml", created_at="t"))
-    taken = store.take("job-1", "stall", "2026-12-01T00:00:00Z", str(work))
-    assert taken is not None
-    monitor.abandoned([Attempt.of(taken)])
+    monitor, work = _reap_pending(config, tmp_path)
     if kept:
         with pytest.raises(SaigeError) as raised:
             monitor.tick("stall")
