@@ -176,3 +176,24 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except FileNotFoundError:
         return b""
+
+
+@pytest.mark.parametrize("planted", ["stop", "cancel"])
+def test_a_stop_file_a_step_planted_neither_cancels_nor_detaches_the_job(docker_config: Path, planted: str) -> None:
+    """The stop file is for the steps' wrapper only: one a step wrote into another job's folder keeps that job's next
+    step from running (it fails, exit 143) but does not end the job CANCELLED, nor detach it as a daemon stop would
+    (for ever: at every start); a cancel is the worker's own word."""
+    config = configmod.load(docker_config)
+    work = config.work_root / "job-planted"
+    work.mkdir(parents=True)
+    (work / execs.STOPFILE).write_text(planted)
+    containers = Containers(config)
+    ctr = containers.get("cubie")
+    assert ctr.run_step(["sh", "-c", "echo ran > ran.txt"], work, 60, lambda chunk: None) == 143
+    assert not (work / "ran.txt").exists()
+    containers.interrupted = lambda: "cancel"  # the worker was told to cancel: its next step raises before it starts
+    containers.release()
+    with pytest.raises(SaigeError) as raised:
+        containers.get("cubie").run_step(["sh", "-c", "echo ran > ran.txt"], work, 60, lambda chunk: None)
+    containers.release()
+    assert raised.value.code == "CANCELLED" and raised.value.fields.get("reason") == "cancel"

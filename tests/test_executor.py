@@ -251,3 +251,29 @@ def test_a_step_on_a_node_is_recorded_before_it_is_asked_for(tmp_path: Path, sup
     assert node.run_step(["pegasus", "quantize"], work, 60, lambda chunk: None) == 0
     assert recorded == [(1, "slurm job 7 on n2", False)]  # recorded while no request was on the share
     assert (work / ".steps" / "1.req").exists()
+
+
+@pytest.mark.parametrize("state, restarts, cancel, code", [
+    ("PENDING", 1, None, "ENGINE_LOST"),  # `scontrol requeue`, preemption: the cluster job serves attempt 2 now
+    ("CANCELLED", 0, None, "ENGINE_LOST"),  # an operator's scancel, the time limit
+    ("RUNNING", 0, None, None),  # the step's own signal (its timeout's kill, the OOM killer): its code stands
+    ("CANCELLED", 0, "cancel", "CANCELLED"),  # `saigeedged cancel`'s scancel
+])
+def test_a_step_killed_by_its_agent_is_lost_to_slurm_unless_the_daemon_cancelled(
+        tmp_path: Path, state: str, restarts: int, cancel: str | None, code: str | None) -> None:
+    """A node step ends 143 because its agent got Slurm's TERM (and wrote the stop file, as it does on any TERM):
+    the attempt is lost to Slurm (ENGINE_LOST, retried), not cancelled by a file on the share; CANCELLED only when the
+    daemon itself cancelled; the step's own failure when Slurm still runs the attempt."""
+    cluster_job = {"job_id": 7, "name": "det-1", "job_state": state, "restart_cnt": restarts, "comment": "attempt=1"}
+    node = _node(tmp_path, _job(), [cluster_job], [])
+    node.interrupted = lambda: cancel
+    work = node.current()[1]
+    (work / ".steps").mkdir()
+    (work / ".steps" / "1.rc").write_text("143")
+    (work / ".step.stop").write_text("cancel")  # what the agent's kill writes on any TERM
+    if code is None:
+        assert node.run_step(["pegasus", "quantize"], work, 60, lambda chunk: None) == 143
+        return
+    with pytest.raises(SaigeError) as raised:
+        node.run_step(["pegasus", "quantize"], work, 60, lambda chunk: None)
+    assert raised.value.code == code

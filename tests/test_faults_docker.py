@@ -71,16 +71,22 @@ def test_cancel_on_a_hung_engine_does_not_block_the_main_loop(cubie_daemon: Any,
 
 
 def test_a_stop_that_lands_between_steps_is_not_erased_by_the_next_one(docker_config: Path, tmp_path: Path) -> None:
-    """A cancel that arrives while no step runs (between two steps) stops the job's next step before it starts."""
+    """A cancel that arrives while no step runs (between two steps) stops the job's next step before it starts: the
+    worker's reason raises before the launch, and a step launched in the race (the reason not seen yet) never runs,
+    the stop file keeping the wrapper from starting it."""
     config = configmod.load(docker_config)
     container = Containers(config).container("cubie")
     workdir = config.work_root / "between"
     workdir.mkdir(parents=True)
     container.ensure()
     container.interrupt(workdir, "cancel")
+    step = ["sh", "-c", "touch ran; sleep 30"]
+    assert container.run_step(step, workdir, 60, lambda chunk: None) == 143  # launched in the race: never ran
+    container.interrupted = lambda: "cancel"  # what the worker's interrupt("cancel") set before the kill
     with pytest.raises(SaigeError) as stopped:
-        container.run_step(["sleep", "30"], workdir, 60, lambda chunk: None)
+        container.run_step(step, workdir, 60, lambda chunk: None)
     assert stopped.value.code == "CANCELLED" and stopped.value.fields["reason"] == "cancel"
+    assert not (workdir / "ran").exists()
 
 
 def test_a_job_the_daemon_keeps_dying_under_ends_failed_at_max_attempts(cubie_daemon: Any,  # noqa: F811

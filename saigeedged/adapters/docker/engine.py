@@ -137,7 +137,7 @@ class Containers:
         self.lock = self.locks.setdefault(name, HostLock(self.config.state_dir, name))
         self.lock.acquire(self.on_wait, self.interrupted)
         self.active = self.container(target)
-        self.active.book = self.book
+        self.active.book, self.active.interrupted = self.book, self.interrupted
         self.active.ensure()
         self.active.follow_image()
         return self.active

@@ -36,6 +36,9 @@ class Container(Lifecycle):
         self.probe_failure = ""  # what the last entry-point probe that found nothing said, for the error message
         self._steps: dict[str, int] = {}  # work dir -> steps its attempt started so far (their numbers in .steps/)
         self.book: detached.Book = detached.FileBook()  # set per job by Containers.get: the daemon's is the store
+        # why the job using it must end ("cancel"; a daemon stop is run_step's `stopping`), set per job by
+        # Containers.get: the worker's own word, never the stop file, which any step in the container could write
+        self.interrupted: Callable[[], str | None] = lambda: None
 
     def _exec(self, ctr: ContainerRef, argv: Sequence[str], workdir: str, env: dict[str, str] | None,
               sink: Sink) -> int | None:
@@ -96,16 +99,25 @@ class Container(Lifecycle):
         files = detached.Files(workdir, self._next_step(workdir), self.book)
         label = shlex.join(argv[:3])
         if not files.started():
-            _raise_if_stopped(workdir, argv)  # a cancel that came between steps is not erased by this one
+            self.raise_if_cancelled(argv)  # a cancel that came between steps is not erased by this one
             with self._reach(f"starting {label}"):
                 self._launch(ctr, files, argv, timeout_s, env)
         # timed as an engine call is only the follow's exec_inspect: the step itself may run for hours, and counted as
         # one call it made the engine slow past engine_timeout_s, then the daemon unhealthy (systemd's watchdog kill)
         code = detached.Follower(self.docker, files, sink, replay, self._reach).follow(stopping)
-        _raise_if_stopped(workdir, argv)
-        if self._lost(ctr, code):
+        lost = self._lost(ctr, code)  # (its grace also lets a cancel of a re-attached job reach the worker first)
+        self.raise_if_cancelled(argv)
+        if lost:
             raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} died during {label}")
         return code
+
+    def raise_if_cancelled(self, argv: Sequence[str]) -> None:
+        """CANCELLED when the worker was told to end the job (its reason: a cancel). The stop file is only for the
+        steps' wrapper (a step started in a cancel's race never runs): one planted by a step neither cancels a job nor
+        detaches it for ever (a planted `stop` did, at every start); the step it keeps from running fails."""
+        reason = self.interrupted()
+        if reason is not None and reason != "stop":
+            raise SaigeError("CANCELLED", f"step {shlex.join(argv[:3])} was stopped ({reason})", reason=reason)
 
     def _next_step(self, workdir: Path) -> int:
         key = str(workdir)
@@ -155,8 +167,8 @@ class Container(Lifecycle):
         return True
 
     def interrupt(self, workdir: Path, reason: str) -> None:
-        """Kill the running step of the job in `workdir` (cancel or daemon stop); its run_step raises CANCELLED,
-        and so does every later step of that job (the stop file stays until the work folder is removed)."""
+        """Kill the running step of the job in `workdir` (a cancel) and keep its later steps from running (the stop
+        file stays until the work folder is removed); run_step raises CANCELLED by the worker's own reason."""
         try:
             (workdir / STOPFILE).write_text(reason)
         except OSError:  # no work folder yet: the worker's own flag stops the job before its first step
@@ -180,10 +192,3 @@ class Container(Lifecycle):
             if ctr.status == "running":
                 self._exec(ctr, ["sh", "-c", _REAP, *[str(w / PIDFILE) for w in workdirs]], "/", None, lambda _: None)
 
-
-def _raise_if_stopped(workdir: Path, argv: Sequence[str]) -> None:
-    try:
-        reason = (workdir / STOPFILE).read_text().strip() or "stop"
-    except FileNotFoundError:
-        return
-    raise SaigeError("CANCELLED", f"step {shlex.join(argv[:3])} was stopped ({reason})", reason=reason)

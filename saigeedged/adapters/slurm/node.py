@@ -23,7 +23,7 @@ from saigeedged import files as filesmod
 from saigeedged import jobid
 from saigeedged.adapters.docker import Container, Containers, DockerAPI, Spec
 from saigeedged.adapters.docker.detached import Files, Follower, Sink, Stopping
-from saigeedged.adapters.docker.execs import STOPFILE, _raise_if_stopped
+from saigeedged.adapters.docker.execs import STOPFILE
 from saigeedged.adapters.events import event
 from saigeedged.adapters.slurm.agent import DONE, NODE_DIR, ready_path
 from saigeedged.adapters.slurm.cluster import Slurm
@@ -159,15 +159,33 @@ class NodeContainer(Container):
         re-attaches to it. The request is written again when it is missing (a daemon stopped between the two)."""
         files = Files(workdir, self._next_step(workdir), self.book)
         if not files.started():
-            _raise_if_stopped(workdir, argv)
+            self.raise_if_cancelled(argv)
             files.book.launched(workdir, files.n, f"slurm job {self.cluster_id} on {self.node}")
         if not files.path("req").exists():
             files.base.parent.mkdir(parents=True, exist_ok=True)
             filesmod.write_bytes(files.path("req"), json.dumps({"argv": list(argv), "timeout_s": timeout_s,
                                                                 "env": env}).encode())
         code = _Follower(self._gone, files, sink, replay).follow(stopping)
-        _raise_if_stopped(workdir, argv)
+        self.raise_if_cancelled(argv)
+        if code >= 128:
+            self._ended_by_slurm(code)
         return code
+
+    def _ended_by_slurm(self, code: int) -> None:
+        """A step that ended by a signal: the agent kills its attempt's step when Slurm ends or requeues the cluster job
+        (preemption, `scontrol requeue`, an operator's scancel, the time limit). Then the attempt is lost (ENGINE_LOST,
+        retried), not the step's failure. Slurm not answering: the step's own code stands."""
+        job, _ = self._attempt()
+        try:
+            jobs = self.slurm.poll(job.job_id, fresh=True)
+        except SaigeError:
+            return
+        if any(j.attempt == job.attempt and j.state == "RUNNING" for j in jobs):
+            return
+        seen = ", ".join(f"{j.cluster_id} {j.describe()}" for j in jobs) or "no cluster job"
+        raise SaigeError("ENGINE_LOST", f"a step of attempt {job.attempt} on node {self.node or '?'} ended by a signal "
+                         f"(exit {code}) as Slurm ended its cluster job ({seen}): requeued, preempted, cancelled or "
+                         "out of time", step=job.step)
 
     def _gone(self, follower: Follower) -> bool:
         """Does Slurm no longer run this attempt (requeued off a lost node, failed)? Unknown (Slurm not answering, a
