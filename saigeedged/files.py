@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -112,3 +113,20 @@ def take(tmp: Path, dest: Path) -> bool:
         return True
     os.unlink(tmp)
     return True
+
+
+def written_inside(path: Path, root: Path) -> str | None:
+    """Why `path`, a file a compiler step wrote under `root` (its attempt's folder), must not be read as its output
+    (None: a regular file there). A step can plant a symbolic link in its folder to any path of the daemon's host:
+    followed, the daemon would bundle, cache and publish that file (the database with the manifests' passwords)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    if stat.S_ISLNK(mode):
+        return f"a symbolic link to {os.readlink(path)}"
+    if not stat.S_ISREG(mode):
+        return "not a regular file"
+    if not path.resolve().is_relative_to(root.resolve()):
+        return f"outside the attempt's folder ({path.resolve()})"
+    return None

@@ -226,6 +226,24 @@ def test_mobilint_and_cubie_share_the_queue(cubie_daemon: Any, tmp_path: Path, d
     assert tags["progress"] == {"step": "quantize", "stage": "calibration", "done": 4, "total": 4}  # qbcompiler's JSON events
 
 
+def test_a_compiler_output_that_links_to_a_host_file_is_never_published(cubie_daemon: Any, tmp_path: Path,
+                                                                         det_inputs: dict[str, Any]) -> None:
+    """A step leaves its .mxq as a symbolic link to the daemon's database (a path only the host sees): the job fails
+    EXPORT_FAILED naming the link, and neither the outbox nor the cache gets the database; the next job runs."""
+    d = cubie_daemon()
+    cls = classifier(tmp_path / "cls.onnx", 3, (224, 224))
+    m = {**det_inputs["manifest"], "task": "mlc", "target": "mobilint", "device": "regulus-rb",
+         "accuracy": {"max_map_drop": 1.0}}
+    drop(d.inbox, "stolen_qblink", cls, m)
+    drop(d.inbox, "det", det_inputs["onnx"], det_inputs["manifest"])
+    bad, det = d.wait_job("stolen_qblink"), d.wait_job("det")
+    assert bad["state"] == "failed" and bad["error"]["code"] == "EXPORT_FAILED", bad
+    assert "stolen_qblink.mxq is a symbolic link to ../../../saigeedged.db" in bad["error"]["message"]
+    assert det["state"] == "succeeded"
+    assert not list(d.outbox.rglob("stolen_qblink*.saigeedge"))
+    assert not [p for p in (d.state_dir / "cache").rglob("*.mxq")]
+
+
 def test_waiting_for_the_container_lock_ends_on_sigterm(cubie_daemon: Any, det_inputs: dict[str, Any]) -> None:
     """While a one-shot compile holds the container lock the job waits; SIGTERM still stops the daemon and requeues it."""
     from saigeedged.adapters.hostlock import HostLock

@@ -88,3 +88,23 @@ def test_two_threads_publishing_one_name_each_get_their_own_bytes(tmp_path: Path
         assert len({str(r["path"]) for r in results.values()}) == 2
         assert sorted(p.name for p in (outbox.root / f"r{round_}").iterdir()) == sorted(
             Path(str(r["path"])).name for r in results.values())  # no temp file left behind
+
+
+def test_a_compiler_output_is_read_only_as_a_regular_file_of_its_folder(tmp_path: Path) -> None:
+    """What a step leaves where its output belongs is taken only as a regular file inside the attempt's folder: not a
+    symbolic link (to any host path), a folder, nor a path that resolves outside it."""
+    from saigeedged.files import written_inside
+
+    work = tmp_path / "work" / "job" / "attempt1"
+    (work / "sub").mkdir(parents=True)
+    (work / "m.mxq").write_bytes(b"MXQ1")
+    (tmp_path / "secret.db").write_bytes(b"passwords")
+    (work / "link.mxq").symlink_to("../../../secret.db")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "x.mxq").write_bytes(b"x")
+    (work / "away").symlink_to(tmp_path / "elsewhere")
+    assert written_inside(work / "m.mxq", work) is None
+    assert written_inside(work / "link.mxq", work) == "a symbolic link to ../../../secret.db"
+    assert written_inside(work / "sub", work) == "not a regular file"
+    assert written_inside(work / "none.mxq", work) == "missing"
+    assert (written_inside(work / "away" / "x.mxq", work) or "").startswith("outside the attempt's folder")

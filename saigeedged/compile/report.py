@@ -37,6 +37,7 @@ def _wrap(prep: Prepared, wrapped: Path) -> None:
     from saigeedged.compile.backends import host
 
     mean, scale = mean_scale(prep.entry.profile)
+    wrapped.unlink(missing_ok=True)  # after the container's steps: a link a step left there is not written through
     host.wrap_job(prep.model, wrapped, prep.info.input_name, prep.input_size, mean, scale, prep.entry.channels == "bgr")
 
 
@@ -65,6 +66,7 @@ def emulated_job(prep: Prepared, emulation: Path, wrapped: Path, kept: Path | No
         notes += ("the emulated model of this compile made before (no new quantization)",)
     else:
         calib = host.Calib(tuple(str(s.image) for s in prep.chosen), prep.input_size, entry.profile.letterbox)
+        emulation.unlink(missing_ok=True)  # likewise
         host.quantize(wrapped, emulation, prep.info.input_name, calib.stream(), entry.calibration_method, bits)
         emulated.keep(emulation, kept)
     if entry.hybrid_topn:

@@ -15,7 +15,7 @@ from saigeedged.compile.backends import Artifact, Context
 from saigeedged.compile.inputs import Prepared
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
-from saigeedged.files import sha256_file
+from saigeedged.files import sha256_file, written_inside
 
 # Host-side libraries that shape what the compiler is given: onnx cuts the model (surgery) and wraps it (host),
 # Pillow and numpy decode and preprocess the calibration images (host, mobilint)
@@ -166,7 +166,7 @@ def compile(prep: Prepared, ctx: Context, job_id: str, skip: Callable[[list[str]
     if not (entry.cache and store.enabled):
         ctx.log.line(f"cache: not used ({'cache: false in the manifest' if store.enabled else 'cache.max_bytes is 0'}), "
                      f"key {key}")
-        return Made(backend.compile(prep, ctx), key, False, None, tools, rows)
+        return Made(_compiled(backend, prep, ctx), key, False, None, tools, rows)
     with store.locked(key, ctx.interrupted):  # not while compiling: a stuck attempt must not hold back its successor
         meta = store.get(key, prep.work_dir / "cached")
     cached = _restore(meta, prep) if meta is not None else None
@@ -175,7 +175,7 @@ def compile(prep: Prepared, ctx: Context, job_id: str, skip: Callable[[list[str]
         ctx.log.line(f"cache: hit {key}, compiled by job {meta['source_job_id']}: compiler steps skipped")
         return Made(cached, key, True, meta["source_job_id"], tools, rows)
     ctx.log.line(f"cache: miss {key}")
-    art = backend.compile(prep, ctx)
+    art = _compiled(backend, prep, ctx)
     files, meta = _meta(art, prep, job_id)
     if not ctx.current():  # a superseded attempt never stores what a later drop would publish as a hit
         raise SaigeError("ENGINE_LOST", "this attempt was requeued when its engine stopped answering", superseded=True)
@@ -186,3 +186,16 @@ def compile(prep: Prepared, ctx: Context, job_id: str, skip: Callable[[list[str]
         note = f"not kept ({exc})"
     ctx.log.line(f"cache: {note} {key}")
     return Made(art, key, False, None, tools, rows)
+
+
+def _compiled(backend: Any, prep: Prepared, ctx: Context) -> Artifact:
+    """The compiler's artifact, each member a regular file it wrote in the attempt's folder: never a link a step
+    planted there to a host file, which the cache and the bundle would then publish."""
+    art: Artifact = backend.compile(prep, ctx)
+    for name, path in art.members.items():
+        why = written_inside(path, prep.work_dir)
+        if why is not None:
+            raise SaigeError("EXPORT_FAILED", f"the compiler's output {name} is {why}: it is neither bundled nor cached",
+                             hint="a compiler step left something else where its output belongs: check the image's "
+                             "tools, then `saigeedged retry JOB_ID`")
+    return art

@@ -14,6 +14,7 @@ from saigeedged.compile import images
 from saigeedged.compile.backends import Artifact, Context
 from saigeedged.compile.backends.steps import Lines, StepRunner
 from saigeedged.errors import SaigeError
+from saigeedged.files import write_bytes
 
 if TYPE_CHECKING:
     from saigeedged.adapters.docker import Container
@@ -182,7 +183,8 @@ def provenance(ctx: Context, ctr: Container, work: Path, name: str) -> dict[str,
     if found is None:
         raise SaigeError("STEP_FAILED", f"`qbcompiler info --mblt {name}.mblt` printed no JSON object")
     path = work / info_member(name)
-    path.write_text(json.dumps(found, indent=2, sort_keys=True) + "\n")
+    write_bytes(path, (json.dumps(found, indent=2, sort_keys=True) + "\n").encode())  # a link a step left
+    # there is replaced, never written through
     return {saved.name: saved, path.name: path}
 
 

@@ -6,7 +6,9 @@
 # resolved config where `--config-save-path` says before compiling, reads MBLT_HL_PARSER_NUM_WORK (a positive
 # integer; recorded in that config) and prints a .mblt's provenance as JSON for `info --mblt F`.
 # Failure modes, chosen by a word in the model name: qbfail (an `error` event, exit 1), qbnooutput (exit 0,
-# no output file), qbhang (never returns), slow (3 s per step).
+# no output file), qbhang (never returns), slow (3 s per step); qblink is no tool's but a hostile step's: its .mxq is
+# a symbolic link to the daemon's database (../../../saigeedged.db from <state_dir>/work/<job>/attempt<N>/), a path
+# the container cannot see but the daemon would follow.
 set -u
 # every call is recorded (cwd, then argv) so a test can count what really ran in this container
 printf '%s %s %s\n' "$(pwd)" "qbcompiler" "$*" >> /tmp/standin-calls.log 2>/dev/null || true
@@ -96,6 +98,7 @@ else
   [ "$n" -gt 0 ] || error ARGUMENT_ERROR "No calibration dataset is provided" 2
   case "$src" in *qbnooutput*) exit 0 ;; esac
   { printf 'MXQ1%s' "$device"; cat "$src"; } > "$out"
+  case "$src" in *qblink*) ln -sf ../../../saigeedged.db "$out" ;; esac
 fi
 say result "\"output\": \"$out\"" "I wrote $out"
 exit 0
