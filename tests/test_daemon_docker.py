@@ -208,13 +208,18 @@ def test_cancel_running_and_queued(cubie_daemon: Any, docker_client: Any, tmp_pa
     assert [e["job_name"] for e in d.events("job.started")] == ["hang"]
 
 
+def regulus_classifier(tmp_path: Path, det_inputs: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """A classifier and its manifest for a regulus-rb (mobilint) job."""
+    cls = classifier(tmp_path / "cls.onnx", 3, (224, 224))
+    # the noise images' INT8 scores tie, so this classifier's mAP drop is noise (tests/test_daemon.py NOISE_MAP)
+    return cls, {**det_inputs["manifest"], "task": "mlc", "target": "mobilint", "device": "regulus-rb",
+                 "accuracy": {"max_map_drop": 1.0}}
+
+
 def test_mobilint_and_cubie_share_the_queue(cubie_daemon: Any, tmp_path: Path, det_inputs: dict[str, Any]) -> None:
     """A regulus-rb classifier and a cubie detector dropped together both succeed; a chip name is refused."""
     d = cubie_daemon()
-    cls = classifier(tmp_path / "cls.onnx", 3, (224, 224))
-    # the noise images' INT8 scores tie, so this classifier's mAP drop is noise (tests/test_daemon.py NOISE_MAP)
-    m = {**det_inputs["manifest"], "task": "mlc", "target": "mobilint", "device": "regulus-rb",
-         "accuracy": {"max_map_drop": 1.0}}
+    cls, m = regulus_classifier(tmp_path, det_inputs)
     drop(d.inbox, "tags", cls, m)
     drop(d.inbox, "det", det_inputs["onnx"], det_inputs["manifest"])
     drop(d.inbox, "chip", cls, {**m, "device": "REGULUS"})
@@ -231,9 +236,7 @@ def test_a_compiler_output_that_links_to_a_host_file_is_never_published(cubie_da
     """A step leaves its .mxq as a symbolic link to the daemon's database (a path only the host sees): the job fails
     EXPORT_FAILED naming the link, and neither the outbox nor the cache gets the database; the next job runs."""
     d = cubie_daemon()
-    cls = classifier(tmp_path / "cls.onnx", 3, (224, 224))
-    m = {**det_inputs["manifest"], "task": "mlc", "target": "mobilint", "device": "regulus-rb",
-         "accuracy": {"max_map_drop": 1.0}}
+    cls, m = regulus_classifier(tmp_path, det_inputs)
     drop(d.inbox, "stolen_qblink", cls, m)
     drop(d.inbox, "det", det_inputs["onnx"], det_inputs["manifest"])
     bad, det = d.wait_job("stolen_qblink"), d.wait_job("det")
