@@ -108,3 +108,24 @@ def test_a_compiler_output_is_read_only_as_a_regular_file_of_its_folder(tmp_path
     assert written_inside(work / "sub", work) == "not a regular file"
     assert written_inside(work / "none.mxq", work) == "missing"
     assert (written_inside(work / "away" / "x.mxq", work) or "").startswith("outside the attempt's folder")
+
+
+def test_a_step_file_the_daemon_edits_is_never_a_link_it_follows(tmp_path: Path) -> None:
+    """cubie's inputmeta patch (and the hybrid .quantize edit) read and write the file a step wrote: a symbolic link
+    a step left there to a host file is neither read nor written through (STEP_FAILED), a real file is replaced by
+    rename with the change."""
+    from saigeedged.compile.backends.steps import rewrite
+    from saigeedged.errors import SaigeError
+
+    work = tmp_path / "attempt1"
+    work.mkdir()
+    host = tmp_path / "saigeedged.db"
+    host.write_text("passwords")
+    (work / "m_inputmeta.yml").symlink_to("../saigeedged.db")
+    with pytest.raises(SaigeError) as refused:
+        rewrite(work / "m_inputmeta.yml", work, lambda text: "overwritten")
+    assert refused.value.code == "STEP_FAILED" and "symbolic link to ../saigeedged.db" in refused.value.message
+    assert host.read_text() == "passwords"
+    (work / "m.quantize").write_text("a: 1\n")
+    rewrite(work / "m.quantize", work, lambda text: text + "b: 2\n")
+    assert (work / "m.quantize").read_text() == "a: 1\nb: 2\n"

@@ -12,7 +12,7 @@ import yaml
 
 from saigeedged.compile import vivsdk
 from saigeedged.compile.backends import Artifact, Context
-from saigeedged.compile.backends.steps import StepRunner
+from saigeedged.compile.backends.steps import StepRunner, rewrite
 from saigeedged.errors import FATAL_HINTS, SaigeError
 from saigeedged.profiles import PLATFORMS, TARGET_CANDIDATES, mean_scale
 
@@ -269,7 +269,8 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     meta = work / f"{name}_inputmeta.yml"
     mean, scale = mean_scale(entry.profile)
     assert prep.dataset is not None
-    meta.write_text(patch_inputmeta(meta.read_text(), prep.dataset.resolve(), mean, scale, entry.channels))
+    dataset = prep.dataset.resolve()
+    rewrite(meta, work, lambda text: patch_inputmeta(text, dataset, mean, scale, entry.channels))
     ctx.step("quantize")
     quantize_file = _quantize(run, prep, len(prep.chosen))
     hybrid: list[str] = []
@@ -277,7 +278,7 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
         ctx.step("hybrid")
         hybrid = rank_entropy((work / "entropy.txt").read_text(), entry.hybrid_topn)
         ctx.log.line(f"hybrid: promoting {len(hybrid)} tensor(s) to {entry.hybrid_dtype}: {', '.join(hybrid)}")
-        quantize_file.write_text(add_hybrid_layers(quantize_file.read_text(), hybrid, entry.hybrid_dtype))
+        rewrite(quantize_file, work, lambda text: add_hybrid_layers(text, hybrid, entry.hybrid_dtype))
         _quantize(run, prep, len(prep.chosen), hybrid=True)
     ctx.step("export")
     target = choose_target(entry, ctr, ctx.config.cubie.viv_sdk)  # probed before the cache key: no probe here

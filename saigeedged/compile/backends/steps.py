@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from saigeedged import files
 from saigeedged.errors import SaigeError
 
 if TYPE_CHECKING:
@@ -70,3 +71,14 @@ class Lines:
         if self._buf:
             self._on_line(self._buf.decode(errors="replace"))
             self._buf = b""
+
+
+def rewrite(path: Path, work: Path, change: Callable[[str], str]) -> Path:
+    """Edit a file a compiler step wrote in the attempt's folder `work` (cubie's inputmeta, its .quantize): read only
+    as a regular file there, written back by rename, so a symbolic link a step left in its place is neither read (a
+    host file) nor written through."""
+    why = files.written_inside(path, work)
+    if why is not None:
+        raise SaigeError("STEP_FAILED", f"{path.name}, which a compiler step writes, is {why}: not read")
+    files.write_bytes(path, change(path.read_text()).encode())
+    return path
