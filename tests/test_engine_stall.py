@@ -18,7 +18,7 @@ from test_daemon_docker import calls, cubie_daemon, in_quantize, procs  # noqa: 
 
 from saigeedged.cli import main as cli
 
-pytestmark = [pytest.mark.docker, pytest.mark.stall]
+pytestmark = pytest.mark.docker
 TIMEOUT_S = 4.0  # limits.engine_timeout_s of the tests that do not need it longer
 
 

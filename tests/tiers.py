@@ -35,11 +35,9 @@ class Tier:
 # daemon start-ups: 2.4 min of CPU in 8 min serial), so they get more workers than the 2 cores; the docker tests
 # each own their containers (names made unique per test); the two systemd modules each boot their own box, and the
 # memory tests (minutes of big files, no box) run beside them on the worker the shorter systemd module leaves idle.
-# The journald and engine-stall tests (2.4 min serial, mostly waiting on the journal and on engine timeouts) run in
-# the Slurm lane, which waits on Slurm's failure detection: unit then docker is the longest lane.
 TIERS = (
     Tier("systemd", "systemd or memory", ("-n", "2", "--dist", "loadfile")),
-    Tier("slurm", "slurm or journald or stall"),
+    Tier("slurm", "slurm"),
     Tier("docker", "docker or journald", ("-n", "3", "--dist", "worksteal")),
     Tier("unit", None, ("-n", "4", "--dist", "worksteal")),
 )
