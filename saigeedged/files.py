@@ -130,3 +130,25 @@ def written_inside(path: Path, root: Path) -> str | None:
     if not path.resolve().is_relative_to(root.resolve()):
         return f"outside the attempt's folder ({path.resolve()})"
     return None
+
+
+class NotOutput(OSError):
+    """A file a compiler step should have written is not one to read (open_output)."""
+
+
+def open_output(path: Path, root: Path) -> BinaryIO:
+    """`path` opened for reading as written_inside accepts it, the check and the read on one open file: a link a step
+    swaps in after the check (the next job's step shares the work root while this one is bundled) is refused by
+    O_NOFOLLOW, anything but a regular file by fstat. NotOutput saying why otherwise."""
+    why = written_inside(path, root)
+    if why is None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            why = f"not a file to read ({exc.strerror})"
+        else:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return os.fdopen(fd, "rb")
+            os.close(fd)
+            why = "not a regular file"
+    raise NotOutput(f"{path.name} is {why}")

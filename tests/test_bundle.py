@@ -52,3 +52,19 @@ def test_encrypted_model_readable_checkpoint(tmp_path: Path) -> None:
         with pytest.raises(RuntimeError):
             zf.read("best.nb")
     assert b"s3cret" not in dest.read_bytes()
+
+
+def test_a_member_that_is_a_link_is_not_bundled(tmp_path: Path) -> None:
+    """A member a step left as a symbolic link to a host file (the database, say) fails the bundle EXPORT_FAILED
+    naming it, and no bundle is left."""
+    from saigeedged.errors import SaigeError
+
+    work = tmp_path / "attempt1"
+    work.mkdir()
+    (tmp_path / "saigeedged.db").write_text("passwords")
+    (work / "m.nb").symlink_to("../saigeedged.db")
+    dest = work / "det.cubie.saigeedge"
+    with pytest.raises(SaigeError) as refused:
+        bundle.write(dest, {"model": "m.nb", "encrypted": False}, {"m.nb": work / "m.nb"}, None, root=work)
+    assert refused.value.code == "EXPORT_FAILED" and "m.nb is a symbolic link to ../saigeedged.db" in refused.value.message
+    assert sorted(p.name for p in work.iterdir()) == ["m.nb"]

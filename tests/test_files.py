@@ -125,7 +125,27 @@ def test_a_step_file_the_daemon_edits_is_never_a_link_it_follows(tmp_path: Path)
     with pytest.raises(SaigeError) as refused:
         rewrite(work / "m_inputmeta.yml", work, lambda text: "overwritten")
     assert refused.value.code == "STEP_FAILED" and "symbolic link to ../saigeedged.db" in refused.value.message
+    assert "m_inputmeta.yml is a symbolic link" in refused.value.message
     assert host.read_text() == "passwords"
     (work / "m.quantize").write_text("a: 1\n")
     rewrite(work / "m.quantize", work, lambda text: text + "b: 2\n")
     assert (work / "m.quantize").read_text() == "a: 1\nb: 2\n"
+
+
+def test_an_output_swapped_for_a_link_after_its_check_is_not_read(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bundle and the cache read an output through the file they checked: a link a step swaps in after
+    written_inside looked (the next job's step shares the work root while this one is bundled) is refused at the
+    open (O_NOFOLLOW), never followed to the host file."""
+    work = tmp_path / "attempt1"
+    work.mkdir()
+    (tmp_path / "saigeedged.db").write_text("passwords")
+    (work / "m.mxq").symlink_to("../saigeedged.db")
+    monkeypatch.setattr(files, "written_inside", lambda path, root: None)  # the check ran before the swap
+    with pytest.raises(files.NotOutput) as refused:
+        files.open_output(work / "m.mxq", work)
+    assert "m.mxq is not a file to read" in str(refused.value)
+    monkeypatch.undo()
+    (work / "real.mxq").write_bytes(b"MXQ1")
+    with files.open_output(work / "real.mxq", work) as fh:
+        assert fh.read() == b"MXQ1"

@@ -132,3 +132,22 @@ def test_a_stop_asked_just_before_a_take_stops_the_job_before_its_first_step(tmp
     assert [a["error"] for a in after.attempts] == ["CANCELLED"]
     assert "before step validate (stop)" in places.local_log(job.job_id).read_text()
     assert Path(after.entry["onnx"]).is_file()
+
+
+def test_a_cancel_is_the_workers_word_and_the_stores_never_undone_by_a_stop(tmp_path: Path) -> None:
+    """What the containers' steps end by (the worker's `interrupted`): a cancel the store holds counts at once (a job
+    re-attached after a restart, before the main loop passes it on), and a stop after a cancel does not turn it into
+    a detach (`saigeedged cancel X && systemctl restart saigeedged` ends X cancelled)."""
+    config = configmod.load(write_config(tmp_path, allowed_roots=[str(tmp_path / "data")]))
+    jobs, places = setup(config)
+    job = queued_job(tmp_path, config, jobs, "cancelled")
+    w = worker(config, jobs, places, "local")
+    taken = jobs.take(job.job_id, "local", str(tmp_path / "work"))
+    assert taken is not None
+    w.current = taken
+    assert w.containers.interrupted() is None
+    assert jobs.store.request_cancel(job.job_id)
+    assert w.containers.interrupted() == "cancel"  # the store's, the main loop not there yet
+    w.interrupt("cancel")
+    w.interrupt("stop")
+    assert w.containers.interrupted() == "cancel"

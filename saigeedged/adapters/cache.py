@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
-from saigeedged.files import fsync_path, sha256_file
+from saigeedged.files import fsync_path, open_output, sha256_file
 
 META = "meta.json"
 TMP_PREFIX = ".tmp-"
@@ -105,8 +105,9 @@ class Cache:
             os.utime(entry.path / META)  # its last use, for LRU
         return entry.meta
 
-    def put(self, key: str, files: Mapping[str, Path], meta: dict[str, Any]) -> bool:
-        """Store `files` (name -> path) under `key` atomically; False when it cannot be kept (too big, disabled)."""
+    def put(self, key: str, files: Mapping[str, Path], meta: dict[str, Any], root: Path | None = None) -> bool:
+        """Store `files` (name -> path, each a regular file under `root`, the attempt's folder, by default its own
+        folder: files.open_output) under `key` atomically; False when it cannot be kept (too big, disabled)."""
         size = sum(p.stat().st_size for p in files.values())
         if not self.enabled or size > self.max_bytes:
             return False
@@ -119,7 +120,8 @@ class Cache:
         try:
             facts = {}
             for name, src in files.items():
-                shutil.copyfile(src, tmp / name)
+                with open_output(src, root or src.parent) as fin, (tmp / name).open("wb") as fout:
+                    shutil.copyfileobj(fin, fout, 1 << 20)
                 fsync_path(tmp / name)
                 facts[name] = {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
             (tmp / META).write_text(json.dumps({**meta, "key": key, "files": facts}, indent=1))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import os
+import shutil
+import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,6 +15,7 @@ import pyzipper
 import yaml
 
 from saigeedged import __version__, files
+from saigeedged.errors import SaigeError
 from saigeedged.profiles import mean_scale
 
 if TYPE_CHECKING:
@@ -70,15 +74,33 @@ def checkpoint(prep: Prepared, art: Artifact, job_id: str, created_at: str,
 
 
 def write(dest: Path, data: dict[str, Any], members: Mapping[str, Path], password: str | None,
-          texts: Mapping[str, str] | None = None) -> None:
-    """Write the zip by files.atomic_write (temp name, fsync, rename); `texts` stay unencrypted."""
+          texts: Mapping[str, str] | None = None, root: Path | None = None) -> None:
+    """Write the zip by files.atomic_write (temp name, fsync, rename); `texts` stay unencrypted; each member read only
+    as a regular file under `root` (the attempt's folder; by default its own folder), else EXPORT_FAILED."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(data, sort_keys=False)
-    files.atomic_write(dest, lambda out: _zip(out, text, members, password, texts))
+    files.atomic_write(dest, lambda out: _zip(out, text, members, password, texts, root))
+
+
+def _member(zf: pyzipper.AESZipFile, arcname: str, path: Path, root: Path | None) -> None:
+    """One member, read from the file it was checked as (files.open_output), with its size, time and mode."""
+    try:
+        src = files.open_output(path, root or path.parent)
+    except files.NotOutput as exc:
+        raise SaigeError("EXPORT_FAILED", f"the compiler's output {exc}: it is not bundled",
+                         hint="a compiler step left something else where its output belongs: check the image's tools, "
+                         "then `saigeedged retry JOB_ID`") from None
+    with src:
+        st = os.fstat(src.fileno())
+        info = zf.zipinfo_cls(arcname, date_time=time.localtime(st.st_mtime)[:6])
+        info.compress_type, info.external_attr, info.file_size = zipfile.ZIP_DEFLATED, (st.st_mode & 0xFFFF) << 16, \
+            st.st_size
+        with zf.open(info, "w") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
 
 
 def _zip(out: BinaryIO, text: str, members: Mapping[str, Path], password: str | None,
-         texts: Mapping[str, str] | None) -> None:
+         texts: Mapping[str, str] | None, root: Path | None) -> None:
     with pyzipper.AESZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("checkpoint.yaml", text)  # stays readable: `unzip -p b.saigeedge checkpoint.yaml`
         for arcname, content in (texts or {}).items():
@@ -87,4 +109,4 @@ def _zip(out: BinaryIO, text: str, members: Mapping[str, Path], password: str | 
             zf.setpassword(password.encode())
             zf.setencryption(pyzipper.WZ_AES, nbits=256)
         for arcname, path in members.items():
-            zf.write(path, arcname)
+            _member(zf, arcname, path, root)

@@ -192,7 +192,7 @@ def _finish(job: Job, step: _Steps, compiled: Compiled, publish: Callable[[Path]
     dest = job.work_dir / f"{job.job_id}.saigeedge"
     texts = made.texts() | ({ACCURACY_MEMBER: json.dumps(measured, indent=1)} if measured else {})
     bundle.write(dest, bundle.checkpoint(prep, art, job.job_id, created_at, made.checkpoint(prep)), art.members,
-                 entry.password, texts)
+                 entry.password, texts, job.work_dir)
     if measured and not measured["gate"]["passed"]:
         raise _refused(job, dest, measured)
     step("publish")

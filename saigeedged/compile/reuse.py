@@ -181,7 +181,7 @@ def compile(prep: Prepared, ctx: Context, job_id: str, skip: Callable[[list[str]
         raise SaigeError("ENGINE_LOST", "this attempt was requeued when its engine stopped answering", superseded=True)
     try:
         with store.locked(key, ctx.interrupted):
-            note = "kept" if store.put(key, files, meta) else "not kept (larger than cache.max_bytes)"
+            note = "kept" if store.put(key, files, meta, prep.work_dir) else "not kept (larger than cache.max_bytes)"
     except OSError as exc:  # a full state_dir costs the next identical drop a compile, not this job its bundle
         note = f"not kept ({exc})"
     ctx.log.line(f"cache: {note} {key}")

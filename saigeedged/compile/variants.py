@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from saigeedged import accuracytable
+from saigeedged import accuracytable, files
 from saigeedged.compile import reuse
 from saigeedged.compile.backends import Context
 from saigeedged.compile.inputs import Prepared
@@ -28,8 +28,8 @@ def _linked(src: Path, dest: Path) -> None:
     """The job's top-level input files (the models, external data, dataset.txt) in the variant's folder: the
     compilers find them by relative name in their working directory."""
     dest.mkdir(parents=True, exist_ok=True)
-    for item in src.iterdir():
-        if item.is_file() and not (dest / item.name).exists():
+    for item in src.iterdir():  # regular files only: a link a step of an earlier variant left is not followed
+        if files.written_inside(item, src) is None and not (dest / item.name).exists():
             try:
                 os.link(item, dest / item.name)
             except OSError:

@@ -44,7 +44,7 @@ class Worker(threading.Thread):
                          if self.slot.pooled else "saigeedged-worker", daemon=True)
         self.config, self.jobs, self.containers, self.places = config, jobs, containers, places
         self.on_change = on_change  # the daemon's STATUS= line follows the running job
-        containers.interrupted = lambda: self._reason
+        containers.interrupted = self._cancelled  # what the containers' steps end by: never a file a step wrote
         self.wake = wake or threading.Event()  # shared by the workers of a pool: a claim wakes them all
         self.stop_event = threading.Event()
         self.current: Job | None = None
@@ -108,13 +108,22 @@ class Worker(threading.Thread):
         its own so that the main loop (and its watchdog pings) never waits on it.
         """
         with self._lock:
-            if self._reason == reason:
-                return  # already asked (the main loop sees a cancel request until the job ends)
+            if self._reason == reason or self._reason == "cancel":
+                return  # already asked (the main loop sees a cancel request until the job ends); a stop never
+                # turns a cancel into a detach: the job ends cancelled
             job, self._reason = self.current, reason
         container, work = self.containers.active, self.work
         if reason != "stop" and job is not None and container is not None and work is not None:
             threading.Thread(target=container.interrupt, args=(work, reason),
                              name="saigeedged-interrupt", daemon=True).start()
+
+    def _cancelled(self) -> str | None:
+        """Why the running job's container steps end: the worker's reason, or a cancel the store holds that the main
+        loop has not passed on yet (a job re-attached after a restart, cancelled while no daemon ran)."""
+        reason, job = self._reason, self.current
+        if reason != "cancel" and job is not None and self.jobs.store.cancel_requested(job.job_id):
+            return "cancel"
+        return reason
 
     def stop(self) -> None:
         """Stop taking jobs; the attempts of this worker are left on purpose, whether it returns in time or is still

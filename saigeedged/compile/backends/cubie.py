@@ -12,7 +12,7 @@ import yaml
 
 from saigeedged.compile import vivsdk
 from saigeedged.compile.backends import Artifact, Context
-from saigeedged.compile.backends.steps import StepRunner, rewrite
+from saigeedged.compile.backends.steps import StepRunner, read_output, rewrite
 from saigeedged.errors import FATAL_HINTS, SaigeError
 from saigeedged.profiles import PLATFORMS, TARGET_CANDIDATES, mean_scale
 
@@ -276,7 +276,7 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     hybrid: list[str] = []
     if entry.hybrid_topn:
         ctx.step("hybrid")
-        hybrid = rank_entropy((work / "entropy.txt").read_text(), entry.hybrid_topn)
+        hybrid = rank_entropy(read_output(work / "entropy.txt", work), entry.hybrid_topn)
         ctx.log.line(f"hybrid: promoting {len(hybrid)} tensor(s) to {entry.hybrid_dtype}: {', '.join(hybrid)}")
         rewrite(quantize_file, work, lambda text: add_hybrid_layers(text, hybrid, entry.hybrid_dtype))
         _quantize(run, prep, len(prep.chosen), hybrid=True)

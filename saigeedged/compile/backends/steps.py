@@ -73,12 +73,19 @@ class Lines:
             self._buf = b""
 
 
+def read_output(path: Path, work: Path) -> str:
+    """The text of a file a compiler step wrote in the attempt's folder `work`, read only as a regular file there
+    (files.open_output): never a host file a step's symbolic link points to."""
+    try:
+        with files.open_output(path, work) as fh:
+            return fh.read().decode(errors="replace")
+    except files.NotOutput as exc:
+        raise SaigeError("STEP_FAILED", f"{exc}, where a compiler step writes its own file: not read") from None
+
+
 def rewrite(path: Path, work: Path, change: Callable[[str], str]) -> Path:
-    """Edit a file a compiler step wrote in the attempt's folder `work` (cubie's inputmeta, its .quantize): read only
-    as a regular file there, written back by rename, so a symbolic link a step left in its place is neither read (a
-    host file) nor written through."""
-    why = files.written_inside(path, work)
-    if why is not None:
-        raise SaigeError("STEP_FAILED", f"{path.name}, which a compiler step writes, is {why}: not read")
-    files.write_bytes(path, change(path.read_text()).encode())
+    """Edit a file a compiler step wrote in the attempt's folder `work` (cubie's inputmeta, its .quantize): read as
+    read_output reads, written back by rename, so a symbolic link a step left in its place is neither read (a host
+    file) nor written through."""
+    files.write_bytes(path, change(read_output(path, work)).encode())
     return path
