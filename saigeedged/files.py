@@ -87,10 +87,12 @@ def write_bytes(dest: Path, data: bytes, *, exclusive: bool = False, tmp: Path |
     return atomic_write(dest, lambda out: out.write(data), exclusive=exclusive, tmp=tmp)
 
 
-def copy_file(src: Path, dest: Path, *, exclusive: bool = False, tmp: Path | None = None) -> bool:
-    """A copy of `src` to `dest` atomically (see atomic_write)."""
+def copy_file(src: Path, dest: Path, *, exclusive: bool = False, tmp: Path | None = None,
+              nofollow: bool = False) -> bool:
+    """A copy of `src` to `dest` atomically (see atomic_write); `nofollow`: `src` only as a regular file of its own
+    folder (open_output: a bundle in a work folder the next job's step could swap for a link), else NotOutput."""
     def fill(out: BinaryIO) -> None:
-        with src.open("rb") as fh:
+        with open_output(src, src.parent) if nofollow else src.open("rb") as fh:
             shutil.copyfileobj(fh, out, 1 << 20)
     return atomic_write(dest, fill, exclusive=exclusive, tmp=tmp)
 

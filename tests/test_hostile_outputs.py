@@ -133,3 +133,26 @@ def test_take_never_replaces(tmp_path: Path) -> None:
     tmp.write_text("second")
     assert not files.take(tmp, tmp_path / "taken") and (tmp_path / "taken").read_text() == "first" and tmp.exists()
     assert files.take(tmp, tmp_path / "free") and (tmp_path / "free").read_text() == "second" and not tmp.exists()
+
+
+def test_a_bundle_swapped_for_a_link_before_its_publish_is_never_copied(tmp_path: Path) -> None:
+    """The bundle waits in the job's work folder, which the next job's container step shares: swapped for a symbolic
+    link to a host file (the database) before it is published, the publish fails PUBLISH_FAILED and the outbox gets
+    nothing; a regular bundle is published."""
+    import pytest
+
+    from saigeedged.adapters.outbox import Outbox
+    from saigeedged.errors import SaigeError
+
+    work, outbox = tmp_path / "work" / "job" / "attempt1", Outbox(tmp_path / "outbox")
+    work.mkdir(parents=True)
+    (tmp_path / "saigeedged.db").write_text("passwords")
+    (work / "det.saigeedge").symlink_to("../../../saigeedged.db")
+    with pytest.raises(SaigeError) as refused:
+        outbox.publish_bundle(work / "det.saigeedge", Path("det.host.saigeedge"), "job")
+    assert refused.value.code == "PUBLISH_FAILED" and "symbolic link" in refused.value.message
+    assert not list((tmp_path / "outbox").rglob("*.saigeedge"))
+    (work / "det.saigeedge").unlink()
+    (work / "det.saigeedge").write_bytes(b"PK")
+    assert outbox.publish_bundle(work / "det.saigeedge", Path("det.host.saigeedge"), "job")["bytes"] == 2
+    assert (tmp_path / "outbox" / "det.host.saigeedge").read_bytes() == b"PK"

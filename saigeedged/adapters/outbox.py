@@ -24,7 +24,7 @@ def _place(src: Path | None, data: bytes | None, dest: Path, exclusive: bool = F
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)  # inside the try: a sub-folder that cannot be made is retryable
         if src is not None:
-            return files.copy_file(src, dest, exclusive=exclusive)
+            return files.copy_file(src, dest, exclusive=exclusive, nofollow=True)  # never a link a step swapped in
         return files.write_bytes(dest, data or b"", exclusive=exclusive)
     except OSError as exc:
         raise SaigeError("PUBLISH_FAILED", f"cannot write {dest}: {exc.strerror or exc}") from None

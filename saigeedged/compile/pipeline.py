@@ -20,6 +20,7 @@ from saigeedged.compile import backends, bundle, inputs, prepare, report, reuse,
 from saigeedged.compile.backends import Context, cubie
 from saigeedged.compile.inputs import PathPolicy, Prepared
 from saigeedged.errors import SaigeError
+from saigeedged.files import written_inside
 from saigeedged.jobs import Superseded
 from saigeedged.manifest import Entry
 
@@ -230,12 +231,14 @@ def _refused(job: Job, dest: Path, measured: dict[str, Any]) -> SaigeError:
     service moves under <inbox>/.saigeedged/failed/<job_id>/; it is never published."""
     kept = "not kept (no claimed folder)"
     if job.policy.roots:
-        target = job.policy.roots[0] / dest.name
-        try:
-            os.link(dest, target)
-        except OSError:
-            shutil.copyfile(dest, target)
-        kept = f"kept as {dest.name} with the job's inputs under failed/"
+        kept = "not kept (no longer a file of the work folder)"
+        if written_inside(dest, dest.parent) is None:  # never a link a step swapped in (the inbox share is read)
+            target = job.policy.roots[0] / dest.name
+            try:
+                os.link(dest, target, follow_symlinks=False)
+            except OSError:
+                shutil.copyfile(dest, target, follow_symlinks=False)
+            kept = f"kept as {dest.name} with the job's inputs under failed/"
     failures = "; ".join(measured["gate"]["failures"])
     return SaigeError("ACCURACY_GATE", f"below the accuracy gate ({measured['method']}, {measured['images']} "
                       f"held-out images): {failures}; the bundle was {kept}", accuracy=measured)
