@@ -6,7 +6,6 @@ over ssh or tcp+TLS is retired, and such an engine is refused at load with a poi
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,11 +33,11 @@ class EngineSpec:
 DEFAULT = EngineSpec(LOCAL, None, CONTAINER_TARGETS)
 
 
-def local_url(environ: Mapping[str, str] = os.environ) -> str:
+def local_url() -> str:
     """The local engine's socket: DOCKER_HOST's when it names one, else dockerd's. Never a remote engine nor the Docker
     CLI's current context, which docker-py's from_env() would follow: the default engine could silently be another
     host's (root there over ssh or TCP, the pool issue 27 retired). DOCKER_UNAVAILABLE naming DOCKER_HOST otherwise."""
-    host = environ.get("DOCKER_HOST") or SOCKET
+    host = os.environ.get("DOCKER_HOST") or SOCKET
     if not host.startswith("unix://"):
         raise SaigeError("DOCKER_UNAVAILABLE", f"DOCKER_HOST={host!r} names a remote engine: saigeedged compiles on "
                          "this host's own engine (a unix:// socket) only", hint="unset DOCKER_HOST in the service's "

@@ -92,7 +92,7 @@ def copy_file(src: Path, dest: Path, *, exclusive: bool = False, tmp: Path | Non
     """A copy of `src` to `dest` atomically (see atomic_write); `nofollow`: `src` only as a regular file of its own
     folder (open_output: a bundle in a work folder the next job's step could swap for a link), else NotOutput."""
     def fill(out: BinaryIO) -> None:
-        with open_output(src, src.parent) if nofollow else src.open("rb") as fh:
+        with open_output(src) if nofollow else src.open("rb") as fh:
             shutil.copyfileobj(fh, out, 1 << 20)
     return atomic_write(dest, fill, exclusive=exclusive, tmp=tmp)
 
@@ -138,11 +138,12 @@ class NotOutput(OSError):
     """A file a compiler step should have written is not one to read (open_output)."""
 
 
-def open_output(path: Path, root: Path) -> BinaryIO:
-    """`path` opened for reading as written_inside accepts it, the check and the read on one open file: a link a step
-    swaps in after the check (the next job's step shares the work root while this one is bundled) is refused by
-    O_NOFOLLOW, anything but a regular file by fstat. NotOutput saying why otherwise."""
-    why = written_inside(path, root)
+def open_output(path: Path, root: Path | None = None) -> BinaryIO:
+    """`path` opened for reading as written_inside accepts it under `root` (by default its own folder), the check and
+    the read on one open file: a link a step swaps in after the check (the next job's step shares the work root while
+    this one is bundled) is refused by O_NOFOLLOW, anything but a regular file by fstat. NotOutput saying why
+    otherwise."""
+    why = written_inside(path, root or path.parent)
     if why is None:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)

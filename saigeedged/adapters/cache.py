@@ -120,7 +120,7 @@ class Cache:
         try:
             facts = {}
             for name, src in files.items():
-                with open_output(src, root or src.parent) as fin, (tmp / name).open("wb") as fout:
+                with open_output(src, root) as fin, (tmp / name).open("wb") as fout:
                     shutil.copyfileobj(fin, fout, 1 << 20)
                 fsync_path(tmp / name)
                 facts[name] = {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}

@@ -82,14 +82,18 @@ def write(dest: Path, data: dict[str, Any], members: Mapping[str, Path], passwor
     files.atomic_write(dest, lambda out: _zip(out, text, members, password, texts, root))
 
 
+def not_taken(why: str) -> SaigeError:
+    """EXPORT_FAILED: a compiler output is not bundled (nor cached), `why` in files.written_inside's words."""
+    return SaigeError("EXPORT_FAILED", f"the compiler's output {why}", hint="a compiler step left something else "
+                      "where its output belongs: check the image's tools, then `saigeedged retry JOB_ID`")
+
+
 def _member(zf: pyzipper.AESZipFile, arcname: str, path: Path, root: Path | None) -> None:
     """One member, read from the file it was checked as (files.open_output), with its size, time and mode."""
     try:
-        src = files.open_output(path, root or path.parent)
+        src = files.open_output(path, root)
     except files.NotOutput as exc:
-        raise SaigeError("EXPORT_FAILED", f"the compiler's output {exc}: it is not bundled",
-                         hint="a compiler step left something else where its output belongs: check the image's tools, "
-                         "then `saigeedged retry JOB_ID`") from None
+        raise not_taken(f"{exc}: it is not bundled") from None
     with src:
         st = os.fstat(src.fileno())
         info = zf.zipinfo_cls(arcname, date_time=time.localtime(st.st_mtime)[:6])

@@ -10,7 +10,7 @@ from typing import Any
 
 from saigeedged import __version__, cachekey, external, jobid
 from saigeedged.adapters import cache
-from saigeedged.compile import backends
+from saigeedged.compile import backends, bundle
 from saigeedged.compile.backends import Artifact, Context
 from saigeedged.compile.inputs import Prepared
 from saigeedged.config import Config
@@ -195,7 +195,5 @@ def _compiled(backend: Any, prep: Prepared, ctx: Context) -> Artifact:
     for name, path in art.members.items():
         why = written_inside(path, prep.work_dir)
         if why is not None:
-            raise SaigeError("EXPORT_FAILED", f"the compiler's output {name} is {why}: it is neither bundled nor cached",
-                             hint="a compiler step left something else where its output belongs: check the image's "
-                             "tools, then `saigeedged retry JOB_ID`")
+            raise bundle.not_taken(f"{name} is {why}: it is neither bundled nor cached")
     return art
