@@ -9,6 +9,7 @@ import json
 import signal
 import sqlite3
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from saigeedged.service.recovery import Recovery
 
 REPO = Path(__file__).parent.parent
 PREVIOUS = "2f35d79"  # the release before attempt records: its attempts kept their facts in their work dirs
+LEGACY_DEPS = Path(sys.prefix) / "legacy"  # what it imports that the current release does not (paramiko): scripts/venv
 
 
 def previous_release(dest: Path) -> Path:
@@ -56,7 +58,8 @@ def test_upgrade_from_the_previous_release_during_quantize_keeps_attempt_1(cubie
     backup), rebuilds the attempt's record from the job and its work dir while the step still runs, and the job
     succeeds in attempt 1 with the same job_id and quantize run once."""
     old = previous_release(tmp_path / "previous")
-    d = cubie_daemon(env={"PYTHONPATH": str(old), "PYTHONSAFEPATH": "1"})  # no cwd on sys.path: the old package
+    assert (LEGACY_DEPS / "paramiko").is_dir(), f"{LEGACY_DEPS}: scripts/venv installs paramiko there"
+    d = cubie_daemon(env={"PYTHONPATH": f"{old}:{LEGACY_DEPS}", "PYTHONSAFEPATH": "1"})  # no cwd on sys.path: the old package
     name = "upgrade_untilreleased"  # the stand-in's quantize runs until the test releases it
     drop(d.inbox, name, yolox(tmp_path / f"{name}.onnx", size=(64, 64), seed=zlib.crc32(name.encode())),
          det_inputs["manifest"])
