@@ -208,6 +208,27 @@ def test_cancel_running_and_queued(cubie_daemon: Any, docker_client: Any, tmp_pa
     assert [e["job_name"] for e in d.events("job.started")] == ["hang"]
 
 
+def test_a_cancel_signals_only_the_pids_of_its_own_step(cubie_daemon: Any, docker_client: Any, tmp_path: Path,
+                                                        det_inputs: dict[str, Any]) -> None:
+    """The pidfile lies in the folder the step writes: a step that adds other pids to it (a process of the container
+    outside the job, and the container's init, which made the kill `kill -- -1`: every process) has its own step
+    killed by a cancel and nothing else."""
+    d = cubie_daemon()
+    drop(d.inbox, "plantpid", named_model(tmp_path, "plantpid"), det_inputs["manifest"])
+    job = d.wait_job("plantpid", ("running",))
+    d.wait_state(job["job_id"], ("running",), step="quantize")
+    ctr = docker_client.containers.get(yaml.safe_load(d.config.read_text())["cubie"]["container"])
+    ctr.exec_run(["sleep", "4242"], detach=True)  # another job's step, as far as the kill can tell
+    wait_for(lambda: "sleep 100001" in procs(docker_client, d), 30, "the step planted the pids and hangs")
+    assert cli.main(["cancel", job["job_id"], "-c", str(d.config)]) == 0
+    assert d.wait_state(job["job_id"], ("cancelled",))["error"]["code"] == "CANCELLED"
+    running = procs(docker_client, d)
+    assert "sleep 100001" not in running  # its own step was killed
+    assert "sleep 4242" in running, running  # the planted pid was not
+    ctr.reload()
+    assert ctr.status == "running"
+
+
 def regulus_classifier(tmp_path: Path, det_inputs: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     """A classifier and its manifest for a regulus-rb (mobilint) job."""
     cls = classifier(tmp_path / "cls.onnx", 3, (224, 224))

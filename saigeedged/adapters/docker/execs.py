@@ -19,12 +19,16 @@ PIDFILE = ".step.pid"
 STOPFILE = ".step.stop"  # beside the pidfile: a cancel for this job's steps, holding its reason
 # by path: a busybox sh would run its own applet for a bare `timeout` (coreutils lives here on Ubuntu)
 TIMEOUT_BIN = "/usr/bin/timeout"
+# A pid from a pidfile ($p, the file's folder $d) is signalled only when it is one of that attempt's: digits, and a
+# process working in the attempt's folder (the wrapper and `timeout` run there). The pidfile lies in the folder the step
+# writes: a pid it put there (another job's step, the container's init; `1` made `kill -- -1`, every process) is skipped.
+_OURS = 'case $p in ""|*[!0-9]*) continue ;; esac; [ "/proc/$p/cwd" -ef "$d" ] || continue; '
 # the stop file is touched inside the container too, by the path the container sees
-_KILL = 'touch "${0%.pid}.stop" 2>/dev/null; for p in $(cat "$0" 2>/dev/null); do ' \
+_KILL = 'touch "${0%.pid}.stop" 2>/dev/null; d=${0%/*}; for p in $(cat "$0" 2>/dev/null); do ' + _OURS + \
         'kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; done; rm -f "$0"'
 # $0 and every further argument: pidfiles of attempts to end
-_REAP = 'for f in "$0" "$@"; do if [ -f "$f" ]; then for p in $(cat "$f"); ' \
-        'do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done; fi; rm -rf "${f%/*}"; done; true'
+_REAP = 'for f in "$0" "$@"; do if [ -f "$f" ]; then d=${f%/*}; for p in $(cat "$f"); do ' + _OURS + \
+        'kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done; fi; rm -rf "${f%/*}"; done; true'
 Sink = Callable[[bytes], None]
 
 

@@ -57,7 +57,7 @@ NAME=$(basename "$model")
 NAME=${NAME%%.*}
 case "$NAME" in
   *failimport*) mode=failimport ;; *hang*) mode=hang ;; *slow*) mode=slow ;; *fatal65280*) mode=fatal65280 ;;
-  *untilreleased*) mode=untilreleased ;; *) mode=none ;;
+  *untilreleased*) mode=untilreleased ;; *plantpid*) mode=plantpid ;; *) mode=none ;;
 esac
 echo "I Namespace(command='$cmd', model='$model')"
 
@@ -125,6 +125,16 @@ YML
   want=$(( $(get batch_size) * $(get iterations) ))
   [ "$want" -le "$count" ] || fail "the dataset lists $count samples, batch-size x iterations needs $want"
   [ "$mode" = hang ] && exec sleep 100000
+  if [ "$mode" = plantpid ]; then  # a hostile step: adds to its pidfile the pid of a process outside the job (the test
+    # starts `sleep 4242` in the container) and the container's init, then hangs
+    waited=0
+    while q=$(ps -o pid,args | awk '$2 == "sleep" && $3 == "4242" {print $1}'); [ -z "$q" ]; do
+      [ "$waited" -lt 600 ] || fail "no sleep 4242 to plant"
+      sleep 0.1; waited=$((waited + 1))
+    done
+    printf '%s\n1\n' "$q" >> .step.pid
+    exec sleep 100001
+  fi
   [ "$mode" = slow ] && sleep 3
   sleep_s=$(printf '%s' "$NAME" | sed -n 's/.*sleep\([0-9][0-9]*\).*/\1/p')
   [ -n "$sleep_s" ] && sleep "$sleep_s"
