@@ -228,7 +228,9 @@ def test_a_frozen_engine_holds_the_job_which_reattaches_when_it_answers(cubie_da
     proxy.resume()
     done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=90)
     assert (done["state"], done["attempt"], done["error"]) == ("succeeded", 1, None), done
-    assert [(a["engine"], a["error"]) for a in done["attempts"]] == [("local", None)]  # one attempt, held open
+    # one attempt, held open (a second one was seen once in CI, not reproduced: the journal events say which path)
+    assert [(a["engine"], a["error"]) for a in done["attempts"]] == [("local", None)], \
+        [{k: e.get(k) for k in ("timestamp", "event", "error_code", "message")} for e in d.events() if "job_id" in e]
     assert [e["job_id"] for e in d.events("job.reattached")] == [job["job_id"]]
     assert len(calls(docker_client, d, "quantize")) == 1
     assert [e["engine"] for e in d.events("engine.up")] == ["local"]
