@@ -151,3 +151,24 @@ def test_a_redrop_with_other_external_weights_misses_in_the_daemon(daemon: Any, 
             models.append(zf.read(yaml.safe_load(zf.read("checkpoint.yaml"))["model"]))
     assert [doc["cache"]["hit"] for doc in docs] == [False, False] and docs[0]["cache"]["key"] != docs[1]["cache"]["key"]
     assert models[0] != models[1]
+
+
+def test_a_write_into_a_taken_emulated_model_leaves_the_kept_one_alone(tmp_path: Path) -> None:
+    """A report's emulated model is kept per compile (compile/emulated.py) and taken into the job's work folder, which
+    the next job's steps share: a step writing into the taken file (not replacing it) must not change what every
+    later report of that compile takes (it did when the file was a hard link of the kept one)."""
+    from saigeedged.compile import emulated
+
+    kept = emulated.path(tmp_path / "state", "k" * 64, "minmax", 8)
+    assert kept is not None
+    made = tmp_path / "made.onnx"
+    made.write_bytes(b"the emulated model")
+    emulated.keep(made, kept)
+    work = tmp_path / "work"
+    work.mkdir()
+    taken = work / "det.emulated.onnx"
+    assert emulated.take(kept, taken) and taken.read_bytes() == b"the emulated model"
+    with taken.open("r+b") as fh:  # a step writing into the file in place
+        fh.write(b"POISONED")
+    assert kept.read_bytes() == b"the emulated model"
+    assert emulated.take(kept, work / "again.onnx") and (work / "again.onnx").read_bytes() == b"the emulated model"

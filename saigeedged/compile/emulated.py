@@ -28,18 +28,17 @@ def path(state_dir: Path, key: str | None, method: str, bits: int) -> Path | Non
 
 
 def take(kept: Path | None, dest: Path) -> bool:
-    """The kept model copied to dest (a hard link where it can be); False when none is kept."""
+    """The kept model copied to dest; False when none is kept. A copy, never a hard link: dest lies in the job's work
+    folder, which the next job's steps share (the container's work root), and a write through a link would change the
+    kept model every later report of this compile takes."""
     if kept is None or not kept.is_file():
         return False
     with contextlib.suppress(FileNotFoundError):
         dest.unlink()
     try:
-        os.link(kept, dest)
-    except OSError:
-        try:
-            shutil.copyfile(kept, dest)
-        except FileNotFoundError:  # evicted meanwhile
-            return False
+        shutil.copyfile(kept, dest)
+    except FileNotFoundError:  # evicted meanwhile
+        return False
     return True
 
 
