@@ -36,6 +36,7 @@ def test_an_engine_that_does_not_answer_holds_jobs_and_keeps_the_worker(cubie_da
     proxy.hang()
     down = wait_for(lambda: d.events("engine.down"), 30, "the engine marked down")
     assert down[0]["engine"] == "local" and down[0]["error_code"] == "DOCKER_UNAVAILABLE"
+    assert "does not answer (" in down[0]["message"] and "timed out" in down[0]["message"], down[0]  # and why
     # dropped once it is down (dropped before, a loaded machine may claim and start it while the pings still wait)
     drop(d.inbox, "busy", det_inputs["onnx"], det_inputs["manifest"])
     job = d.wait_job("busy", ("queued",))

@@ -156,8 +156,9 @@ class EngineMonitor:
             recent = health.last_ok is not None and self.clock() - health.last_ok < self.timeout_s
             if health.up and recent:
                 return  # not down yet: hysteresis
-            self._mark_down(name, "does not answer")
-            self.lose(name, f"{engine.spec.url or 'the local engine'} does not answer")
+            why = f"does not answer ({engine.why})" if engine.why else "does not answer"
+            self._mark_down(name, why)
+            self.lose(name, f"{engine.spec.url or 'the local engine'} {why}")
             return
         health.last_ok, health.failing = self.clock(), self._slow(name)
         if health.failing:

@@ -115,9 +115,11 @@ def reaching_engine(doing: str) -> Iterator[None]:
         raise SaigeError("DOCKER_UNAVAILABLE", f"lost the Docker engine while {doing}: {exc}") from None
 
 
-def answers(client: DockerAPI) -> bool:
-    """Does the engine answer a ping now? Never raises."""
+def unanswered(client: DockerAPI) -> str | None:
+    """Why the engine does not answer a ping now (None: it answers). Never raises."""
     try:
-        return bool(client.ping())
-    except (SaigeError, *ENGINE_ERRORS):
-        return False
+        return None if client.ping() else "the ping was refused"
+    except SaigeError as exc:
+        return exc.message
+    except ENGINE_ERRORS as exc:
+        return f"{type(exc).__name__}: {exc}"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from saigeedged.adapters.docker.api import ENGINE_ERRORS, DockerAPI, NotFound, answers, connect
+from saigeedged.adapters.docker.api import ENGINE_ERRORS, DockerAPI, NotFound, connect, unanswered
 from saigeedged.adapters.docker.detached import Book, FileBook
 from saigeedged.adapters.docker.execs import Container
 from saigeedged.adapters.docker.spec import Spec
@@ -32,6 +32,7 @@ class Engine:
         self._probe_lock = threading.Lock()  # not the jobs' lock: a connect hung for engine_timeout_s must not delay pings
         self._by_target: dict[str, Container] = {}
         self._stale = False  # a ping failed since the jobs' client was made: it is made anew before its next use
+        self.why: str | None = None  # why the last ping was not answered (None: it was)
 
     def api(self) -> DockerAPI:
         """The client for jobs (limits.engine_timeout_s); DOCKER_UNAVAILABLE when the engine cannot be reached.
@@ -63,10 +64,11 @@ class Engine:
                 if self._probe is None:
                     self._probe = connect(self.spec, min(PING_TIMEOUT_S, self.config.limits.engine_timeout_s))
                 probe = self._probe
-        except SaigeError:
-            self._stale = True
+        except SaigeError as exc:
+            self._stale, self.why = True, exc.message
             return False
-        if answers(probe):
+        self.why = unanswered(probe)
+        if self.why is None:
             return True
         with self._probe_lock:
             if self._probe is probe:
