@@ -199,8 +199,9 @@ class NodeContainer(Container):
             return False
         if follower._look() is not None:
             return False  # it ended just now: the next look returns its code
-        if self.interrupted() is not None:
-            raise SaigeError("CANCELLED", f"the job was cancelled ({self.interrupted()})", reason=self.interrupted())
+        reason = self.interrupted()  # once: the worker's answer may ask the store
+        if reason is not None:
+            raise SaigeError("CANCELLED", f"the job was cancelled ({reason})", reason=reason)
         seen = ", ".join(f"{j.cluster_id} {j.state} restarts {j.restarts}" for j in jobs) or "no cluster job"
         raise SaigeError("ENGINE_LOST", f"node {self.node or '?'} no longer runs attempt {job.attempt} ({seen}): "
                          "Slurm requeued it off a lost node, or it ended", step=job.step)
