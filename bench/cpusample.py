@@ -18,6 +18,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 HZ = os.sysconf("SC_CLK_TCK")
 KINDS = ("dockerd", "containerd-shim", "containerd", "runc", "docker", "mmdebstrap", "dpkg", "apt", "pip", "gzip",
@@ -55,7 +56,7 @@ def busy() -> tuple[int, int]:
     return values[3] + values[4], sum(values)
 
 
-def sample(stop: threading.Event) -> dict[str, object]:
+def sample(stop: threading.Event) -> dict[str, Any]:
     seen: dict[int, tuple[int, int, str]] = {}
     used: Counter[str] = Counter()
     timeline, start, last = [], time.monotonic(), busy()
@@ -82,7 +83,7 @@ def main() -> int:
     if len(sys.argv) < 4 or sys.argv[2] != "--":
         print(__doc__)
         return 2
-    stop, result = threading.Event(), {}
+    stop, result = threading.Event(), dict[str, Any]()
     thread = threading.Thread(target=lambda: result.update(sample(stop)))
     thread.start()
     started = time.monotonic()
@@ -91,9 +92,9 @@ def main() -> int:
     thread.join()
     result["seconds"], result["exit"] = round(time.monotonic() - started), code
     Path(sys.argv[1]).write_text(json.dumps(result, indent=1))
-    shares = [s for _, s in result["busy_share"]]  # type: ignore[attr-defined]
+    shares = [s for _, s in result["busy_share"]]
     print(f"{result['seconds']} s, busy {sum(shares) / max(1, len(shares)):.0%}; CPU seconds by kind:")
-    for name, seconds in list(result["cpu_seconds"].items())[:15]:  # type: ignore[attr-defined]
+    for name, seconds in list(result["cpu_seconds"].items())[:15]:
         print(f"  {seconds:8.1f}  {name}")
     return code
 
