@@ -335,8 +335,8 @@ def test_what_a_full_outbox_refused_is_written_once_it_has_room(daemon: Any, det
             d.start()
         doc = d.wait_state(job_id, ("failed",), timeout=30)
         assert doc["error"]["code"] == "PUBLISH_FAILED"
-        wait_for(lambda: (d.outbox / "logs" / f"{job_id}.log").is_file(), 30, "the log moved")
-        assert not (d.state_dir / "logs" / f"{job_id}.log").exists()
+        local = d.state_dir / "logs" / f"{job_id}.log"  # a move is the outbox's copy, then the local one removed
+        wait_for(lambda: (d.outbox / "logs" / f"{job_id}.log").is_file() and not local.exists(), 30, "the log moved")
         assert "### PUBLISH_FAILED" in (d.outbox / "logs" / f"{job_id}.log").read_text()
         rejected = d.wait_state(invalid["job_id"], ("failed",), timeout=30)
         assert rejected["error"]["code"] == "MANIFEST_INVALID" and "num_classes" in rejected["error"]["message"]
