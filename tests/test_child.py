@@ -23,6 +23,10 @@ def fail() -> None:
     raise ValueError("boom in the child")
 
 
+def blas_threads() -> str | None:
+    return os.environ.get("OPENBLAS_NUM_THREADS")
+
+
 def gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -36,6 +40,13 @@ def test_result_and_exception_come_back() -> None:
     assert child.run(sum, ([1, 2, 3],), "sum", 30, lambda: None) == 6
     with pytest.raises(ValueError, match="boom in the child"):
         child.run(fail, (), "fail", 30, lambda: None)
+
+
+def test_the_children_run_openblas_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fork server sets OPENBLAS_NUM_THREADS=1 before it loads numpy (a thread pool spinning beside onnxruntime's
+    is CPU taken from the container step), unless the service's environment sets it."""
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    assert child.run(blas_threads, (), "blas", 30, lambda: None) == "1"
 
 
 def test_cancel_kills_the_child(tmp_path: object) -> None:

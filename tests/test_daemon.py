@@ -245,6 +245,23 @@ def test_sigterm_when_idle_exits_zero(daemon: Any) -> None:
     assert d.events("daemon.stopping")
 
 
+def test_the_daemon_never_loads_the_model_libraries_itself(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """A host job's wrap, quantize and report run in children: the daemon's own process maps no numpy, onnx or
+    onnxruntime library, before or after the job (each would cost every daemon start CPU and memory)."""
+    d = daemon()
+    libraries = ("_multiarray_umath", "onnx_cpp2py_export", "onnxruntime_pybind11_state")
+
+    def loaded() -> list[str]:
+        maps = Path(f"/proc/{d.proc.pid}/maps").read_text()
+        return [lib for lib in libraries if lib in maps]
+
+    assert loaded() == []
+    drop(d.inbox, "lean", det_inputs["onnx"], det_inputs["manifest"])
+    done = d.wait_job("lean")
+    assert done["state"] == "succeeded" and done["quantization_report"]["outputs"]
+    assert loaded() == []
+
+
 def test_notify_ready_status_watchdog(daemon: Any, det_inputs: dict[str, Any]) -> None:
     """READY=1 with STATUS, WATCHDOG=1 pings at half WATCHDOG_USEC, STATUS names the job while it compiles."""
     d = daemon(env={"WATCHDOG_USEC": "400000"})

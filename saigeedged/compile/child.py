@@ -19,9 +19,11 @@ POLL_S = 0.2  # how often the parent looks at stop/cancel requests while the chi
 EXIT_WAIT_S = 5.0  # a child that closed its pipe without an answer is exiting: its exit code comes within this
 # imported once by the fork server, not by each child: a child loads its function by reference, and a module
 # the server lacks was imported (compiled, with no .pyc) by every child of every step (issue 21: most of what a
-# cache-hit job cost, 0.5 -> 0.2 s a job)
-PRELOAD = ["saigeedged.compile.backends.host", "onnxruntime.quantization", "saigeedged.compile.prepare",
-           "saigeedged.compile.report", "saigeedged.compile.evaluate", "saigeedged.compile.ahead"]
+# cache-hit job cost, 0.5 -> 0.2 s a job). onethread first, before numpy loads; ranges and images by name: the host
+# backend imports them (and numpy, onnx) only in its child-side functions
+PRELOAD = ["saigeedged.compile.onethread", "saigeedged.compile.backends.host", "onnxruntime.quantization",
+           "saigeedged.compile.prepare", "saigeedged.compile.report", "saigeedged.compile.evaluate",
+           "saigeedged.compile.ahead", "saigeedged.compile.ranges", "saigeedged.compile.images"]
 # how a child dies of its memory bound outside Python: C++ bad_alloc aborts, a NULL from malloc faults, the OOM
 # killer kills (a SIGTERM of a stopping unit is not one of them)
 OUT_OF_MEMORY = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGKILL})

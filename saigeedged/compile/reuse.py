@@ -52,10 +52,10 @@ class Made:
 def toolchain(target: str, ctx: Context) -> dict[str, Any]:
     """The compiler's identity: the image the target's container runs (reference and ID) and the versions of the
     vendor tools in it (ACUITY and VivanteIDE, or qb Compiler), or onnxruntime's version."""
-    from saigeedged.compile.backends import cubie, mobilint
-
     if target == "host":
         return {"onnxruntime": importlib.metadata.version("onnxruntime")}
+    from saigeedged.compile.backends import cubie, mobilint
+
     assert ctx.container is not None
     ctr = ctx.container(target)
     found = cubie.versions(ctr, ctx.config) if target == "cubie" else {"qbcompiler": mobilint.version(ctr)}

@@ -11,14 +11,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import yaml
-from numpy.typing import NDArray
 
 from saigeedged.compile import calibration
 from saigeedged.compile.backends import cubie
 
 if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
     from saigeedged.compile.backends import Context
     from saigeedged.compile.inputs import Prepared
 
@@ -47,6 +48,8 @@ def missing(prep: Prepared) -> str | None:
 
 def read_tensors(folder: Path, shapes: Sequence[Sequence[int]], iteration: int) -> list[NDArray[np.float32]]:
     """One iteration's output .tensor files matched to the ONNX outputs by element count (name order among equals)."""
+    import numpy as np  # here, not at the top: the daemon imports this module but reads tensors only in a child
+
     matched = {p: TENSOR_RE.match(p.name) for p in folder.iterdir()}
     sizes = {p: math.prod(int(d) for d in m.group("shape").split("_")) for p, m in matched.items()
              if m is not None and int(m.group("iteration")) == iteration}

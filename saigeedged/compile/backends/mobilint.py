@@ -8,9 +8,6 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from saigeedged.compile import images
 from saigeedged.compile.backends import Artifact, Context
 from saigeedged.compile.backends.steps import Lines, StepRunner
 from saigeedged.errors import SaigeError
@@ -99,6 +96,10 @@ def version(ctr: Container) -> str | None:
 def write_calibration(prep: Prepared) -> Path:
     """Each chosen image as an HWC float32 .npy at input_size, preprocessed per the task profile (channels reversed
     for a model trained on BGR, SPEC §14); calib.txt lists them."""
+    import numpy as np  # here: the daemon, which imports this module, loads numpy only for a mobilint job
+
+    from saigeedged.compile import images
+
     profile = prep.entry.profile
     folder = prep.work_dir / "calib_npy"
     folder.mkdir(exist_ok=True)
