@@ -156,3 +156,33 @@ def test_a_bundle_swapped_for_a_link_before_its_publish_is_never_copied(tmp_path
     (work / "det.saigeedge").write_bytes(b"PK")
     assert outbox.publish_bundle(work / "det.saigeedge", Path("det.host.saigeedge"), "job")["bytes"] == 2
     assert (tmp_path / "outbox" / "det.host.saigeedge").read_bytes() == b"PK"
+
+
+def test_a_gate_refused_bundle_is_kept_as_a_copy_of_a_regular_file_only(tmp_path: Path) -> None:
+    """A bundle below the accuracy gate is kept beside the claimed inputs (failed/ once moved): a copy, so a later
+    write into the work folder's file (the next job's step shares it) leaves the kept one alone; a link swapped in
+    for the bundle is not kept, and the job's error says so."""
+    from types import SimpleNamespace
+
+    from saigeedged.compile import pipeline
+    from saigeedged.compile.inputs import PathPolicy
+
+    work, claim = tmp_path / "work" / "job" / "attempt1", tmp_path / "inbox" / "claimed" / "job"
+    work.mkdir(parents=True)
+    claim.mkdir(parents=True)
+    job: Any = SimpleNamespace(policy=PathPolicy((claim,)))
+    measured = {"method": "cosine", "images": 2, "gate": {"failures": ["min_cosine 0.5 < 0.95"]}}
+    bundle = work / "det.saigeedge"
+    bundle.write_bytes(b"PK gated")
+    error = pipeline._refused(job, bundle, measured)
+    assert error.code == "ACCURACY_GATE" and "kept as det.saigeedge" in error.message
+    with bundle.open("r+b") as fh:  # the next job's step writes into the file it finds in the shared work folder
+        fh.write(b"XX")
+    assert (claim / "det.saigeedge").read_bytes() == b"PK gated"
+    (claim / "det.saigeedge").unlink()
+    (tmp_path / "saigeedged.db").write_text("passwords")
+    bundle.unlink()
+    bundle.symlink_to("../../../saigeedged.db")
+    error = pipeline._refused(job, bundle, measured)
+    assert "not kept (no longer a file of the work folder)" in error.message
+    assert not (claim / "det.saigeedge").exists()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from saigeedged import files
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.compile import backends, bundle, inputs, prepare, report, reuse, variants
 from saigeedged.compile.backends import Context, cubie
 from saigeedged.compile.inputs import PathPolicy, Prepared
 from saigeedged.errors import SaigeError
-from saigeedged.files import written_inside
 from saigeedged.jobs import Superseded
 from saigeedged.manifest import Entry
 
@@ -231,14 +229,15 @@ def _refused(job: Job, dest: Path, measured: dict[str, Any]) -> SaigeError:
     service moves under <inbox>/.saigeedged/failed/<job_id>/; it is never published."""
     kept = "not kept (no claimed folder)"
     if job.policy.roots:
-        kept = "not kept (no longer a file of the work folder)"
-        if written_inside(dest, dest.parent) is None:  # never a link a step swapped in (the inbox share is read)
-            target = job.policy.roots[0] / dest.name
-            try:
-                os.link(dest, target, follow_symlinks=False)
-            except OSError:
-                shutil.copyfile(dest, target, follow_symlinks=False)
+        # a copy read from the checked file itself (open_output): never a link a step swapped in after a check (the
+        # inbox share is read), nor the work folder's inode, which the next job's steps could still write into
+        try:
+            files.copy_file(dest, job.policy.roots[0] / dest.name, nofollow=True)
             kept = f"kept as {dest.name} with the job's inputs under failed/"
+        except files.NotOutput:
+            kept = "not kept (no longer a file of the work folder)"
+        except OSError as exc:
+            kept = f"not kept (writing it beside the inputs: {exc.strerror})"
     failures = "; ".join(measured["gate"]["failures"])
     return SaigeError("ACCURACY_GATE", f"below the accuracy gate ({measured['method']}, {measured['images']} "
                       f"held-out images): {failures}; the bundle was {kept}", accuracy=measured)
