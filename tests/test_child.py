@@ -23,8 +23,17 @@ def fail() -> None:
     raise ValueError("boom in the child")
 
 
-def blas_threads() -> str | None:
-    return os.environ.get("OPENBLAS_NUM_THREADS")
+def blas_threads() -> int:
+    """The thread count numpy's OpenBLAS runs with in this process (its own C call, as threadpoolctl reads it)."""
+    import ctypes
+
+    import numpy  # noqa: F401  (maps its OpenBLAS, already loaded in a child)
+
+    with open("/proc/self/maps") as fh:
+        path = next(line.split()[-1] for line in fh if "openblas" in line.rsplit("/", 1)[-1])
+    lib = ctypes.CDLL(path)
+    names = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads")
+    return int(next(getattr(lib, n) for n in names if hasattr(lib, n))())
 
 
 def gone(pid: int) -> bool:
@@ -44,9 +53,10 @@ def test_result_and_exception_come_back() -> None:
 
 def test_the_children_run_openblas_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fork server sets OPENBLAS_NUM_THREADS=1 before it loads numpy (a thread pool spinning beside onnxruntime's
-    is CPU taken from the container step), unless the service's environment sets it."""
+    is CPU taken from the container step), unless the service's environment sets it: the children's OpenBLAS runs on
+    one thread (on this 2-core machine it would take 2)."""
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
-    assert child.run(blas_threads, (), "blas", 30, lambda: None) == "1"
+    assert child.run(blas_threads, (), "blas", 30, lambda: None) == 1
 
 
 def test_cancel_kills_the_child(tmp_path: object) -> None:

@@ -27,12 +27,22 @@ from saigeedged.compile.inputs import sha256_file
 NOISE_MAP = {"accuracy": {"max_map_drop": 1.0}}
 
 
+def model_libraries(pid: int) -> list[str]:
+    """Which of numpy's, onnx's and onnxruntime's native libraries the process has mapped."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return [lib for lib in ("_multiarray_umath", "onnx_cpp2py_export", "onnxruntime_pybind11_state") if lib in maps]
+
+
 def test_hand_drop_is_compiled_and_published(daemon: Any, det_inputs: dict[str, Any]) -> None:
-    """A drop in a sub-folder goes queued -> running -> succeeded; bundle, digest, log and cleanup as specified."""
+    """A drop in a sub-folder goes queued -> running -> succeeded; bundle, digest, log and cleanup as specified. The
+    job's wrap, quantize and report run in children: the daemon's own process maps no numpy, onnx or onnxruntime
+    library, before or after the job (each would cost every daemon start CPU and memory)."""
     d = daemon()
+    assert model_libraries(d.proc.pid) == []
     drop(d.inbox / "teamA", "det", det_inputs["onnx"], det_inputs["manifest"])
     done = d.wait_job("det")
     assert done["state"] == "succeeded", done
+    assert model_libraries(d.proc.pid) == []
     assert done["bundle"]["path"] == "teamA/det.host.saigeedge"
     bundle = d.outbox / done["bundle"]["path"]
     assert sha256_file(bundle) == done["bundle"]["sha256"] and bundle.stat().st_size == done["bundle"]["bytes"]
@@ -243,23 +253,6 @@ def test_sigterm_when_idle_exits_zero(daemon: Any) -> None:
     d.expect("STOPPING=1", 10)
     assert d.proc.wait(30) == 0
     assert d.events("daemon.stopping")
-
-
-def test_the_daemon_never_loads_the_model_libraries_itself(daemon: Any, det_inputs: dict[str, Any]) -> None:
-    """A host job's wrap, quantize and report run in children: the daemon's own process maps no numpy, onnx or
-    onnxruntime library, before or after the job (each would cost every daemon start CPU and memory)."""
-    d = daemon()
-    libraries = ("_multiarray_umath", "onnx_cpp2py_export", "onnxruntime_pybind11_state")
-
-    def loaded() -> list[str]:
-        maps = Path(f"/proc/{d.proc.pid}/maps").read_text()
-        return [lib for lib in libraries if lib in maps]
-
-    assert loaded() == []
-    drop(d.inbox, "lean", det_inputs["onnx"], det_inputs["manifest"])
-    done = d.wait_job("lean")
-    assert done["state"] == "succeeded" and done["quantization_report"]["outputs"]
-    assert loaded() == []
 
 
 def test_notify_ready_status_watchdog(daemon: Any, det_inputs: dict[str, Any]) -> None:
