@@ -56,8 +56,13 @@ class ClusterDaemon:
             lines = self.err.read_text().splitlines()
         except FileNotFoundError:
             return []
-        docs = [json.loads(x) for x in lines if x.startswith("{")]
-        return [d for d in docs if name is None or d.get("event") == name]
+        docs = []
+        for line in lines:
+            try:
+                docs.append(json.loads(line))
+            except ValueError:  # not an event, or the daemon's write of it is still under way
+                continue
+        return [d for d in docs if isinstance(d, dict) and (name is None or d.get("event") == name)]
 
     def signal(self, sig: str) -> None:
         self.node.sh(f"kill -{sig} $(cat {self.pidfile})")

@@ -262,9 +262,10 @@ def test_notify_ready_status_watchdog(daemon: Any, det_inputs: dict[str, Any]) -
     d.expect("WATCHDOG=1", 5)
     count = sum(m == "WATCHDOG=1" for m in d.messages)
     drop(d.inbox, "watched", det_inputs["onnx"], det_inputs["manifest"])
+    d.expect("STATUS=compiling watched (", 60)
+    after = next(i for i, m in enumerate(d.messages) if "STATUS=compiling watched (" in m)
     assert d.wait_job("watched")["state"] == "succeeded"
-    d.expect("STATUS=idle", 5)
-    assert any(m.startswith("STATUS=compiling watched (") for m in d.messages)
+    d.expect("STATUS=idle", 5, after=after)  # idle again after the job (not READY's idle)
     assert sum(m == "WATCHDOG=1" for m in d.messages) > count
 
 

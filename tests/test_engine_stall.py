@@ -155,6 +155,9 @@ def test_a_cancel_whose_status_write_fails_still_moves_the_log_and_says_so(cubie
         wait_for(lambda: [e for e in d.events("job.cancelled") if e["job_id"] == job["job_id"]], 60,
                  "the journal's job.cancelled")
         wait_for(lambda: (d.outbox / "logs" / f"{job['job_id']}.log").is_file(), 30, "the log in the outbox")
+        # the end writes its status file after job.cancelled: refused, before the folder comes back
+        wait_for(lambda: [e for e in d.events("status.write_failed") if e["job_id"] == job["job_id"]], 30,
+                 "the refused status write")
     finally:
         status.unlink()
         (d.outbox / "status.aside").rename(status)

@@ -143,17 +143,19 @@ def test_claimed_folders_without_rows_are_settled_at_start(daemon: Any, det_inpu
     (claimed / "stray-20261130T000000Z-abcdef").mkdir(parents=True)
     (claimed / "stray-20261130T000000Z-abcdef" / "stray.yml").write_text("task: detection\n")
     (claimed / "empty-20261130T000000Z-abcdef").mkdir()
-    leftover = d.outbox / "status" / ".x-20261130T000000Z-abcdef.json.4242.tmp"
+    leftover = d.outbox / "status" / ".x-20261130T000000Z-abcdef.json.1.tmp"  # pid 1: never the daemon's
     leftover.parent.mkdir(parents=True, exist_ok=True)
     leftover.write_text("{")
-    half_bundle = d.outbox / "sub" / ".m.host.saigeedge.4242.tmp"
+    half_bundle = d.outbox / "sub" / ".m.host.saigeedge.1.tmp"
     half_bundle.parent.mkdir()
     half_bundle.write_bytes(b"PK")
     d.start()
     doc = d.wait_state("stray-20261130T000000Z-abcdef", ("failed",), timeout=10)
     assert doc["error"]["code"] == "INTERNAL" and "without a job" in doc["error"]["message"]
     assert (d.inbox / ".saigeedged" / "failed" / "stray-20261130T000000Z-abcdef" / "stray.yml").is_file()
-    assert not list(claimed.iterdir()) and not leftover.exists() and not half_bundle.exists()
+    assert not list(claimed.iterdir())
+    # the temp-file sweep runs beside the start-up, in a thread of its own
+    wait_for(lambda: not leftover.exists() and not half_bundle.exists(), 10, "the temp files swept")
 
 
 def test_the_job_database_deleted_while_running_loses_nothing(daemon: Any, det_inputs: dict[str, Any],

@@ -103,6 +103,17 @@ def test_ready_with_status_text(host: Host) -> None:
     assert ready and ready[-1]["SYSLOG_IDENTIFIER"] == "saigeedged"
 
 
+def ended_in_journal(host: Host, job_id: str) -> list[dict[str, Any]]:
+    """The job's journal entries once its end event is there: journald stores the daemon's datagrams on its own time,
+    so the final status file can be read before the event it follows is."""
+    def ended() -> list[dict[str, Any]] | None:
+        entries = host.box.journal(f"SAIGEEDGE_JOB_ID={job_id}")
+        ends = ("job.succeeded", "job.failed", "job.cancelled")
+        return entries if entries and entries[-1].get("SAIGEEDGE_EVENT") in ends else None
+    result: list[dict[str, Any]] = wait_for(ended, 30, f"the journal's end event of {job_id}")
+    return result
+
+
 def test_host_and_cubie_jobs_and_their_journal(host: Host) -> None:
     """A host job and a cubie job (stand-in compiler on the host's engine) succeed; the journal tells each by id."""
     host.drop("hostdet")
@@ -111,7 +122,7 @@ def test_host_and_cubie_jobs_and_their_journal(host: Host) -> None:
         doc = host.job(name)
         assert (doc["state"], doc["target"]) == ("succeeded", target), doc
         assert (host.outbox / doc["bundle"]["path"]).is_file()
-        entries = host.box.journal(f"SAIGEEDGE_JOB_ID={doc['job_id']}")
+        entries = ended_in_journal(host, doc["job_id"])
         events = [e["SAIGEEDGE_EVENT"] for e in entries]
         assert events[0] == "drop.claimed" and "job.started" in events and events[-1] == "job.succeeded", events
         assert {e["SAIGEEDGE_JOB_NAME"] for e in entries} == {name}
@@ -155,7 +166,7 @@ def test_restart_mid_step_reattaches_and_runs_the_step_once(host: Host, docker_c
     assert len([line for line in record if job["job_id"] in line and "pegasus.py quantize" in line]) == 1, record
     assert len(list((host.outbox / "status").glob("slowstop-*.json"))) == 1
     assert len(list(host.outbox.glob("slowstop*.saigeedge"))) == 1
-    entries = host.box.journal(f"SAIGEEDGE_JOB_ID={job['job_id']}")
+    entries = ended_in_journal(host, job["job_id"])
     events = [e["SAIGEEDGE_EVENT"] for e in entries]
     assert "job.detached" in events and "job.reattached" in events and "job.requeued" not in events, events
     assert events[-1] == "job.succeeded", events
