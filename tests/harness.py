@@ -41,6 +41,37 @@ def read_status(outbox: Path, job_id: str) -> dict[str, Any] | None:
         return None
 
 
+class EventLog:
+    """The JSON events a daemon writes to its stderr file (other lines skipped). The file only grows, so each read
+    parses just the lines added since the last one: tests poll it every 50 ms, and a burst's log is long."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._parsed: list[dict[str, Any]] = []
+        self._parsed_to, self._unfinished = 0, b""
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        """The events so far (copies), `name`'s only if given."""
+        with self._lock:
+            try:
+                with self.path.open("rb") as fh:
+                    fh.seek(self._parsed_to)
+                    chunk = fh.read()
+            except FileNotFoundError:
+                chunk = b""
+            self._parsed_to += len(chunk)
+            *lines, self._unfinished = (self._unfinished + chunk).split(b"\n")  # the last line may be half written
+            for line in lines:
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(doc, dict):
+                    self._parsed.append(doc)
+            return [dict(doc) for doc in self._parsed if name is None or doc.get("event") == name]
+
+
 class Daemon:
     """`saigeedged run` in a subprocess, with NOTIFY_SOCKET bound to a socket this object reads."""
 
@@ -51,9 +82,7 @@ class Daemon:
         self.inbox = Path(data["inbox"])
         self.state_dir = Path(data["state_dir"])
         self.stderr_path = config.parent / f"daemon-{time.monotonic_ns()}.err"
-        self._parsing = threading.Lock()  # events(): what of stderr is parsed already
-        self._parsed: list[dict[str, Any]] = []
-        self._parsed_to, self._unfinished = 0, b""
+        self._events = EventLog(self.stderr_path)
         self.sock_path = config.parent / f"notify-{time.monotonic_ns()}.sock"
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(self.sock_path))
@@ -116,25 +145,7 @@ class Daemon:
         return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        """The daemon's JSON events so far (copies), `name`'s only if given. Its stderr only grows, so each call
-        parses just the lines added since the last one: tests poll this every 50 ms, and a burst's log is long."""
-        with self._parsing:
-            try:
-                with self.stderr_path.open("rb") as fh:
-                    fh.seek(self._parsed_to)
-                    chunk = fh.read()
-            except FileNotFoundError:
-                chunk = b""
-            self._parsed_to += len(chunk)
-            *lines, self._unfinished = (self._unfinished + chunk).split(b"\n")  # the last line may be half written
-            for line in lines:
-                try:
-                    doc = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(doc, dict):
-                    self._parsed.append(doc)
-            return [dict(doc) for doc in self._parsed if name is None or doc.get("event") == name]
+        return self._events.events(name)
 
     def statuses(self) -> list[dict[str, Any]]:
         folder = self.outbox / "status"

@@ -3,7 +3,6 @@ used by tests/test_slurm.py and bench/slurm.py."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import uuid
 import zlib
@@ -12,7 +11,7 @@ from typing import Any
 import yaml
 from conftest import STANDIN_ACUITY, STANDIN_MOBILINT
 from factory import random_labels, valjson, yolox
-from harness import drop, read_status, wait_for
+from harness import EventLog, drop, read_status, wait_for
 from slurmcluster import ROOT, Cluster
 
 PYTHON = ROOT / ".venv" / "bin" / "python"
@@ -43,6 +42,7 @@ class ClusterDaemon:
         self.root.mkdir(parents=True, exist_ok=True)
         self.config.write_text(yaml.safe_dump(doc))
         self.pidfile, self.err = self.root / "daemon.pid", self.root / "daemon.err"
+        self._events = EventLog(self.err)
 
     def start(self) -> ClusterDaemon:
         before = len(self.events("daemon.ready"))
@@ -52,17 +52,7 @@ class ClusterDaemon:
         return self
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        try:
-            lines = self.err.read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        docs = []
-        for line in lines:
-            try:
-                docs.append(json.loads(line))
-            except ValueError:  # not an event, or the daemon's write of it is still under way
-                continue
-        return [d for d in docs if isinstance(d, dict) and (name is None or d.get("event") == name)]
+        return self._events.events(name)
 
     def signal(self, sig: str) -> None:
         self.node.sh(f"kill -{sig} $(cat {self.pidfile})")
