@@ -40,12 +40,14 @@ class EngineProxy:
 
     def down(self) -> None:
         """Refuse new connections and cut every open one (streams included), like a stopped engine."""
-        listener, self._listener = self._listener, None
+        with self._lock:  # a connection accepted from now on is cut by _accept itself
+            listener, self._listener = self._listener, None
+            conns, self._open = self._open, []
         if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() under way (a close alone does not)
             listener.close()
         self.path.unlink(missing_ok=True)
-        with self._lock:
-            conns, self._open = self._open, []
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
@@ -68,6 +70,10 @@ class EngineProxy:
             engine = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             engine.connect(ENGINE)
             with self._lock:
+                if self._listener is not listener:  # down() ran while this one was being connected: it would
+                    client.close()  # otherwise be relayed for as long as it lasts (a wait() under way: minutes)
+                    engine.close()
+                    return
                 self._open += [client, engine]
             threading.Thread(target=self._pipe, args=(client, engine, True), daemon=True).start()
             threading.Thread(target=self._pipe, args=(engine, client), daemon=True).start()
