@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 import yaml
 from engineproxy import EngineProxy
@@ -40,6 +41,22 @@ def procs(docker_client: Any, d: Any) -> str:
     return container_output(docker_client.containers.get(name), ["ps", "-o", "args"])
 
 
+def release(docker_client: Any, d: Any) -> None:
+    """End the stand-in's `untilreleased` quantize in the daemon's container, through the engine itself (never a
+    test's EngineProxy): a step that runs until the test has done what it does meanwhile, however slow the machine
+    (a fixed `slow` 3 s could end before a loaded machine got there)."""
+    name = yaml.safe_load(d.config.read_text())["cubie"]["container"]
+    docker_client.containers.get(name).exec_run(["touch", "/tmp/standin-release"])
+
+
+def quantize_runs(docker_client: Any, d: Any) -> bool:
+    """Is a stand-in quantize running in the daemon's container (False while the container is gone or recreated)?"""
+    try:
+        return "pegasus.py quantize" in procs(docker_client, d)
+    except docker.errors.DockerException:
+        return False
+
+
 def named_model(tmp_path: Path, name: str) -> Path:
     """A model of its own (weights seeded by the name): the cache would serve an identical model's compile."""
     return yolox(tmp_path / f"{name}.onnx", size=(64, 64), seed=zlib.crc32(name.encode()))
@@ -50,8 +67,9 @@ def in_quantize(d: Any, docker_client: Any, tmp_path: Path, name: str, manifest:
     drop(d.inbox, name, named_model(tmp_path, name), manifest)
     job: dict[str, Any] = d.wait_job(name, ("running",))
     d.wait_state(job["job_id"], ("running",), step="quantize")
-    marker = "sleep 100000" if "hang" in name else "sleep 3"
-    wait_for(lambda: marker in procs(docker_client, d), 10, f"{name}'s quantize step running")
+    marker = {"hang": "sleep 100000", "untilreleased": "pegasus.py quantize"}
+    (mode,) = [m for m in marker if m in name]  # steps that end when the test says so: release()
+    wait_for(lambda: marker[mode] in procs(docker_client, d), 30, f"{name}'s quantize step running")
     return job
 
 
@@ -81,12 +99,14 @@ def calls(docker_client: Any, d: Any, verb: str) -> list[str]:
 
 
 def reattached(d: Any, sig: signal.Signals, docker_client: Any, tmp_path: Path, det_inputs: dict[str, Any]) -> None:
-    """The daemon ends by `sig` during a 3 s quantize and starts again: the job goes on in its first attempt."""
-    first = in_quantize(d, docker_client, tmp_path, "slowjob", det_inputs["manifest"])
+    """The daemon ends by `sig` during a quantize and starts again: the job goes on in its first attempt."""
+    first = in_quantize(d, docker_client, tmp_path, "job_untilreleased", det_inputs["manifest"])
     d.signal(sig)
     assert d.proc.wait(30) == 0 if sig == signal.SIGTERM else d.proc.wait(10) != 0
     assert "pegasus.py quantize" in procs(docker_client, d)  # the step outlived the daemon
     d.start()
+    wait_for(lambda: d.events("job.reattached"), 60, "the new daemon re-attached")
+    release(docker_client, d)  # the step it follows ends only now
     done = d.wait_state(first["job_id"], ("succeeded", "failed"))
     assert (done["state"], done["attempt"]) == ("succeeded", 1)
     assert len(calls(docker_client, d, "quantize")) == 1 and len(calls(docker_client, d, "import")) == 1
@@ -158,10 +178,12 @@ def test_container_killed_mid_job_is_recreated_and_retried(cubie_daemon: Any, do
                                                            det_inputs: dict[str, Any]) -> None:
     """docker kill during a step: CONTAINER_LOST, container recreated, job retried to success."""
     d = cubie_daemon()
-    job = in_quantize(d, docker_client, tmp_path, "slowkill", det_inputs["manifest"])
+    job = in_quantize(d, docker_client, tmp_path, "kill_untilreleased", det_inputs["manifest"])
     name = yaml.safe_load(d.config.read_text())["cubie"]["container"]
     old = docker_client.containers.get(name)
     old.kill()
+    wait_for(lambda: d.events("job.requeued") and quantize_runs(docker_client, d), 60, "attempt 2's quantize")
+    release(docker_client, d)  # in the new container
     done = d.wait_state(job["job_id"], ("succeeded", "failed"))
     assert done["state"] == "succeeded" and done["attempt"] == 2
     assert docker_client.containers.get(name).id != old.id
@@ -173,7 +195,7 @@ def test_container_lost_is_bounded_by_max_attempts(cubie_daemon: Any, docker_cli
                                                    det_inputs: dict[str, Any]) -> None:
     """With max_attempts 1 a lost container fails the job with CONTAINER_LOST."""
     d = cubie_daemon(limits={"max_attempts": 1})
-    job = in_quantize(d, docker_client, tmp_path, "slowlost", det_inputs["manifest"])
+    job = in_quantize(d, docker_client, tmp_path, "lost_untilreleased", det_inputs["manifest"])
     docker_client.containers.get(yaml.safe_load(d.config.read_text())["cubie"]["container"]).kill()
     assert d.wait_state(job["job_id"], ("failed",))["error"]["code"] == "CONTAINER_LOST"
 

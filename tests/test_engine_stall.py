@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from engineproxy import EngineProxy
 from harness import wait_for
-from test_daemon_docker import calls, cubie_daemon, in_quantize, procs  # noqa: F401 (cubie_daemon is a fixture)
+from test_daemon_docker import calls, cubie_daemon, in_quantize, procs, release  # noqa: F401 (cubie_daemon is a fixture)
 
 from saigeedged.cli import main as cli
 
@@ -45,10 +45,11 @@ def test_restarts_during_an_engine_stall_count_no_crash(cubie_daemon: Any, docke
     proxy = EngineProxy(tmp_path / "engine.sock")
     proxy.up()
     d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host}, limits={"engine_timeout_s": timeout_s})
-    job = in_quantize(d, docker_client, tmp_path, "slowstall", det_inputs["manifest"])
+    job = in_quantize(d, docker_client, tmp_path, "stall_untilreleased", det_inputs["manifest"])
     steps = d.state_dir / "work" / job["job_id"] / "attempt1" / ".steps"
-    quantize = max(int(p.stem) for p in steps.glob("*.log"))  # the step the stand-in sleeps in
+    quantize = max(int(p.stem) for p in steps.glob("*.log"))  # the step the stand-in waits in
     proxy.hang()
+    release(docker_client, d)  # (straight to the engine)
     wait_for(lambda: (steps / f"{quantize}.rc").exists(), 30, "quantize to end: the worker's next call waits")
     wait_for(proxy.held.is_set, 30, "a call waiting on the hung engine")
     for restart in range(3):
@@ -104,7 +105,7 @@ def test_a_pickle_planted_in_the_work_dir_is_never_loaded(cubie_daemon: Any, doc
     `.steps/prepared.pickle` there (the bind-mounted work dir is writable from the container): the daemon restarted
     under it re-attaches from its store record, the pickle is never loaded, and the job succeeds."""
     d = cubie_daemon()
-    job = in_quantize(d, docker_client, tmp_path, "slowplant", det_inputs["manifest"])
+    job = in_quantize(d, docker_client, tmp_path, "plant_untilreleased", det_inputs["manifest"])
     d.signal(signal.SIGTERM)
     assert d.proc.wait(30) == 0
     marker = tmp_path / "unpickled"
@@ -113,6 +114,8 @@ def test_a_pickle_planted_in_the_work_dir_is_never_loaded(cubie_daemon: Any, doc
     assert steps and all(name.endswith((".log", ".rc")) for name in steps), steps  # only what the steps wrote
     (work / ".steps" / "prepared.pickle").write_bytes(pickle.dumps(Planted(marker)))
     d.start()
+    wait_for(lambda: d.events("job.reattached"), 60, "the new daemon re-attached")
+    release(docker_client, d)
     done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=90)
     assert (done["state"], done["attempt"]) == ("succeeded", 1)
     assert not marker.exists()

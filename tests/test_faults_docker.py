@@ -11,7 +11,7 @@ import yaml
 from conftest import write_config
 from engineproxy import EngineProxy
 from harness import drop, wait_for
-from test_daemon_docker import cubie_daemon, in_quantize, procs  # noqa: F401 (cubie_daemon is a fixture)
+from test_daemon_docker import cubie_daemon, in_quantize, procs, release  # noqa: F401 (cubie_daemon is a fixture)
 
 from saigeedged import config as configmod
 from saigeedged.adapters.docker import Containers
@@ -188,13 +188,15 @@ def test_sigterm_on_a_hung_engine_exits_in_time_and_the_job_runs_again(cubie_dae
     proxy = EngineProxy(tmp_path / "engine.sock")
     proxy.up()
     d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host})
-    job = in_quantize(d, docker_client, tmp_path, "slowterm", det_inputs["manifest"])
+    job = in_quantize(d, docker_client, tmp_path, "term_untilreleased", det_inputs["manifest"])
     proxy.hang()
     d.signal(signal.SIGTERM)
     assert d.proc.wait(30) == 0
     assert d.status(job["job_id"])["state"] == "running"
     proxy.resume()
     d.start()
+    wait_for(lambda: d.events("job.reattached"), 60, "the new daemon re-attached")
+    release(docker_client, d)
     done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=90)
     assert (done["state"], done["attempt"]) == ("succeeded", 1) and d.events("job.reattached")
 
@@ -212,13 +214,13 @@ def test_a_frozen_engine_holds_the_job_which_reattaches_when_it_answers(cubie_da
     proxy.up()
     d = cubie_daemon(env={"DOCKER_HOST": proxy.docker_host, "WATCHDOG_USEC": "2000000"},
                      limits={"engine_timeout_s": 2.0})
-    job = in_quantize(d, docker_client, tmp_path, "slowfrozen", det_inputs["manifest"])
+    job = in_quantize(d, docker_client, tmp_path, "frozen_untilreleased", det_inputs["manifest"])
     seen = len(d.messages)
     proxy.hang()
     held = wait_for(lambda: (s := d.status(job["job_id"])) and s["error"] and s, 30, "the job held")
     assert (held["state"], held["attempt"], held["error"]["code"]) == ("running", 1, "DOCKER_UNAVAILABLE")
     line = d.expect("Docker engine unreachable", 10, after=seen)
-    assert "compiling slowfrozen (quantize" in line, line  # its step runs on: the slot is not idle
+    assert "compiling frozen_untilreleased (quantize" in line, line  # its step runs on: the slot is not idle
     seen = len(d.messages)
     d.expect("WATCHDOG=1", 10, after=seen)  # the main loop stays healthy while the engine hangs
     wait_for(lambda: d.events("engine.down"), 30, "the engine marked down")
@@ -227,6 +229,7 @@ def test_a_frozen_engine_holds_the_job_which_reattaches_when_it_answers(cubie_da
     (local,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local ")]
     assert local.split()[1] == "down" and "does not answer" in local, local
     proxy.resume()
+    release(docker_client, d)
     done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=90)
     assert (done["state"], done["attempt"], done["error"]) == ("succeeded", 1, None), done
     # one attempt, held open (a second one was seen once in CI, not reproduced: the journal events say which path)

@@ -8,6 +8,7 @@ config and a drop-in name them, as INSTALL.md's notes say for shares and a state
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import uuid
@@ -103,6 +104,21 @@ def test_ready_with_status_text(host: Host) -> None:
     assert ready and ready[-1]["SYSLOG_IDENTIFIER"] == "saigeedged"
 
 
+@contextlib.contextmanager
+def released(host: Host, docker_client: Any, job_id: str, timeout: float = 60) -> Iterator[None]:
+    """Once the job's re-attach is in the journal, end the stand-in's `untilreleased` quantize it follows (a step
+    that outlasts a restart however slow the machine); the release file goes afterwards (the container serves the
+    module's later tests)."""
+    ctr = docker_client.containers.get(host.container)
+    try:
+        wait_for(lambda: host.box.journal(f"SAIGEEDGE_JOB_ID={job_id}", "SAIGEEDGE_EVENT=job.reattached"), timeout,
+                 f"the re-attach of {job_id}")
+        ctr.exec_run(["touch", "/tmp/standin-release"])
+        yield
+    finally:
+        ctr.exec_run(["rm", "-f", "/tmp/standin-release"])
+
+
 def ended_in_journal(host: Host, job_id: str) -> list[dict[str, Any]]:
     """The job's journal entries once its end event is there: journald stores the daemon's datagrams on its own time,
     so the final status file can be read before the event it follows is."""
@@ -149,23 +165,24 @@ def test_restart_mid_step_reattaches_and_runs_the_step_once(host: Host, docker_c
     """`systemctl restart` during a cubie quantize: nothing is SIGKILLed, the step runs on in its container (SPEC §15),
     the new daemon re-attaches, and the job succeeds in attempt 1 with quantize run once, one status file, one bundle;
     the unit's journal tells each step once."""
-    host.drop("slowstop", target="cubie")
-    job = host.job("slowstop", ("running",), steps=("quantize",))
+    host.drop("stop_untilreleased", target="cubie")
+    job = host.job("stop_untilreleased", ("running",), steps=("quantize",))
     ctr = docker_client.containers.get(host.container)
 
     def step_running() -> bool:
         return "pegasus.py quantize" in container_output(ctr, ["ps", "-o", "args"])
 
-    wait_for(step_running, 10, "the stand-in's quantize step")
+    wait_for(step_running, 30, "the stand-in's quantize step")
     host.box.sh("systemctl restart saigeedged")
     killed = [m for m in host.box.messages() if "SIGKILL" in m or "remains running" in m]
     assert killed == [], killed
-    done = host.job("slowstop")
+    with released(host, docker_client, job["job_id"]):
+        done = host.job("stop_untilreleased")
     assert done["state"] == "succeeded" and done["attempt"] == 1, done
     record = container_output(ctr, ["cat", "/tmp/standin-calls.log"]).splitlines()
     assert len([line for line in record if job["job_id"] in line and "pegasus.py quantize" in line]) == 1, record
-    assert len(list((host.outbox / "status").glob("slowstop-*.json"))) == 1
-    assert len(list(host.outbox.glob("slowstop*.saigeedge"))) == 1
+    assert len(list((host.outbox / "status").glob("stop_untilreleased-*.json"))) == 1
+    assert len(list(host.outbox.glob("stop_untilreleased*.saigeedge"))) == 1
     entries = ended_in_journal(host, job["job_id"])
     events = [e["SAIGEEDGE_EVENT"] for e in entries]
     assert "job.detached" in events and "job.reattached" in events and "job.requeued" not in events, events
@@ -174,17 +191,18 @@ def test_restart_mid_step_reattaches_and_runs_the_step_once(host: Host, docker_c
     assert steps.count("quantize") == 1 and steps.count("validate") == 1, steps  # a re-attach is not a new start
 
 
-def test_watchdog_restarts_a_frozen_daemon_and_the_job_resumes(host: Host) -> None:
+def test_watchdog_restarts_a_frozen_daemon_and_the_job_resumes(host: Host, docker_client: Any) -> None:
     """A daemon frozen mid-job misses its watchdog pings: systemd kills and restarts it, and the new daemon re-attaches
     to the step that ran on: the job succeeds in its first attempt."""
     dropin = "/etc/systemd/system/saigeedged.service.d/watchdog.conf"  # short, so the test waits seconds, not minutes
     host.box.sh(f"printf '[Service]\\nWatchdogSec=8\\nTimeoutAbortSec=2\\n' > {dropin} && systemctl daemon-reload "
                 "&& systemctl restart saigeedged")
     try:
-        host.drop("slowfreeze", target="cubie")
-        job = host.job("slowfreeze", ("running",), steps=("quantize",))
+        host.drop("freeze_untilreleased", target="cubie")
+        job = host.job("freeze_untilreleased", ("running",), steps=("quantize",))
         host.box.sh("kill -STOP $(systemctl show -p MainPID --value saigeedged)")
-        done = host.job("slowfreeze", timeout=120)
+        with released(host, docker_client, job["job_id"], timeout=120):
+            done = host.job("freeze_untilreleased", timeout=120)
         assert done["state"] == "succeeded" and done["attempt"] == 1 and done["job_id"] == job["job_id"], done
         assert host.box.show("NRestarts", "ActiveState") == {"NRestarts": "1", "ActiveState": "active"}
         assert any("Watchdog timeout" in m for m in host.box.messages())
