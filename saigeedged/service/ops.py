@@ -83,7 +83,7 @@ class Ops(threading.Thread):
             self.sender.start()
         super().start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5) -> None:
         self.stop_event.set()
         self.changed.set()
         if self.sender is not None:
@@ -91,7 +91,7 @@ class Ops(threading.Thread):
         if self.metrics is not None:
             self.metrics.close()
         if self.is_alive():
-            self.join(timeout=5)  # a page or textfile being written is finished, not left as a temp file
+            self.join(timeout=timeout)  # a page or textfile being written is finished, not left as a temp file
 
     def run(self) -> None:
         while not self.stop_event.is_set():
