@@ -154,6 +154,36 @@ def test_a_step_killed_while_the_engine_is_gone_is_not_taken_for_a_lost_containe
     again.release()
 
 
+def test_a_cancelled_step_ends_the_job_without_a_look_at_its_container(docker_config: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel kills the job's running step (by a signal): CANCELLED as soon as the step's exit code is there, not
+    after the wait a step killed by a signal otherwise gets to see whether its whole container is going down (2 s;
+    120 s here, which the join would not outlast)."""
+    monkeypatch.setattr(execs, "LOST_GRACE_S", 120)
+    config = configmod.load(docker_config)
+    work = config.work_root / "job-cancelled"
+    work.mkdir(parents=True)
+    containers = Containers(config)
+    ctr = containers.get("cubie")
+    errors: list[SaigeError] = []
+
+    def run() -> None:
+        try:
+            ctr.run_step(["sh", "-c", "echo started; sleep 300"], work, 600, lambda chunk: None)
+        except SaigeError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: b"started" in _read(work / ".steps" / "1.log"), 30, "the step started")
+    ctr.interrupted = lambda: "cancel"  # the worker's word, then its kill (what `saigeedged cancel` makes it do)
+    ctr.interrupt(work, "cancel")
+    thread.join(60)
+    containers.release()
+    assert not thread.is_alive() and [(e.code, e.fields.get("reason")) for e in errors] == [("CANCELLED", "cancel")]
+    assert int((work / ".steps" / "1.rc").read_text()) >= 128  # killed by the cancel, not ended on its own
+
+
 def test_recreate_on_an_engine_that_is_gone_returns_and_says_so(docker_config: Path, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The container died under a job and the engine went with it: the requeue's recreate does not raise (the next

@@ -109,6 +109,7 @@ class Container(Lifecycle):
         # timed as an engine call is only the follow's exec_inspect: the step itself may run for hours, and counted as
         # one call it made the engine slow past engine_timeout_s, then the daemon unhealthy (systemd's watchdog kill)
         code = detached.Follower(self.docker, files, sink, replay, self._reach).follow(stopping)
+        self.raise_if_cancelled(argv)  # the cancel's own kill: whether the container died too does not matter
         lost = self._lost(ctr, code)  # (its grace also lets a cancel of a re-attached job reach the worker first)
         self.raise_if_cancelled(argv)
         if lost:
