@@ -260,7 +260,10 @@ def regulus_classifier(tmp_path: Path, det_inputs: dict[str, Any]) -> tuple[Path
 
 
 def test_mobilint_and_cubie_share_the_queue(cubie_daemon: Any, tmp_path: Path, det_inputs: dict[str, Any]) -> None:
-    """A regulus-rb classifier and a cubie detector dropped together both succeed; a chip name is refused."""
+    """A regulus-rb classifier and a cubie detector dropped together both succeed; a chip name is refused. Their
+    host-side work (calibration tensors, reports) runs in children: the daemon maps no numpy, onnx or onnxruntime."""
+    from test_daemon import model_libraries
+
     d = cubie_daemon()
     cls, m = regulus_classifier(tmp_path, det_inputs)
     drop(d.inbox, "tags", cls, m)
@@ -272,6 +275,7 @@ def test_mobilint_and_cubie_share_the_queue(cubie_daemon: Any, tmp_path: Path, d
     bad = d.wait_job("chip")
     assert bad["error"]["code"] == "MANIFEST_INVALID" and "regulus-rb-usb" in bad["error"]["message"]
     assert tags["progress"] == {"step": "quantize", "stage": "calibration", "done": 4, "total": 4}  # qbcompiler's JSON events
+    assert model_libraries(d.proc.pid) == []
 
 
 def test_a_compiler_output_that_links_to_a_host_file_is_never_published(cubie_daemon: Any, tmp_path: Path,

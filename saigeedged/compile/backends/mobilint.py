@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from saigeedged.compile import child
 from saigeedged.compile.backends import Artifact, Context
 from saigeedged.compile.backends.steps import Lines, StepRunner
 from saigeedged.errors import SaigeError
@@ -93,26 +95,37 @@ def version(ctr: Container) -> str | None:
     return match.group(1) if match else None
 
 
-def write_calibration(prep: Prepared) -> Path:
+def write_calibration(prep: Prepared, ctx: Context) -> Path:
     """Each chosen image as an HWC float32 .npy at input_size, preprocessed per the task profile (channels reversed
-    for a model trained on BGR, SPEC §14); calib.txt lists them."""
-    import numpy as np  # here: the daemon, which imports this module, loads numpy only for a mobilint job
+    for a model trained on BGR, SPEC §14); calib.txt lists them. Made in a child (numpy and the image decoder stay
+    out of the daemon), bounded as the host target's steps are."""
+    profile = prep.entry.profile
+    args = (tuple(str(s.image) for s in prep.chosen), prep.input_size, profile.letterbox, profile.mean, profile.std,
+            prep.entry.channels == "bgr", prep.work_dir)
+    listing: Path = child.run(calibration_job, args, "calibration", ctx.step_timeout(), ctx.interrupted,
+                              (ctx.config.limits.child_memory_bytes, "OUT_OF_MEMORY"))
+    return listing
+
+
+def calibration_job(paths: Sequence[str], input_size: tuple[int, int], letterbox: bool, mean: tuple[float, ...],
+                    std: tuple[float, ...], bgr: bool, work_dir: Path) -> Path:
+    """write_calibration's work, in the child."""
+    import numpy as np
 
     from saigeedged.compile import images
 
-    profile = prep.entry.profile
-    folder = prep.work_dir / "calib_npy"
+    folder = work_dir / "calib_npy"
     folder.mkdir(exist_ok=True)
-    paths = []
-    for i, sample in enumerate(prep.chosen):
-        hwc = images.load_rgb(sample.image, prep.input_size, profile.letterbox)
-        if prep.entry.channels == "bgr":
+    listed = []
+    for i, image in enumerate(paths):
+        hwc = images.load_rgb(Path(image), input_size, letterbox)
+        if bgr:
             hwc = hwc[..., ::-1]
         path = folder / f"{i:04d}.npy"
-        np.save(path, images.normalized(hwc, profile.mean, profile.std))
-        paths.append(str(path.resolve()))
-    listing = prep.work_dir / "calib.txt"
-    listing.write_text("\n".join(paths) + "\n")
+        np.save(path, images.normalized(hwc, mean, std))
+        listed.append(str(path.resolve()))
+    listing = work_dir / "calib.txt"
+    listing.write_text("\n".join(listed) + "\n")
     return listing
 
 
@@ -195,7 +208,7 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     assert ctx.container is not None and prep.entry.device is not None
     entry, work, name, device = prep.entry, prep.work_dir, prep.name, prep.entry.device
     run_on = compile_device(ctx.config.mobilint.device, ctx.config.mobilint.image)
-    listing = write_calibration(prep)
+    listing = write_calibration(prep, ctx)
     ctx.log.line(f"{len(prep.chosen)} calibration tensors (HWC float32 {list(prep.input_size)}) -> {listing}")
     ctx.step("parse")
     ctr = ctx.container("mobilint")
