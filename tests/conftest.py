@@ -98,7 +98,7 @@ def docker_config(tmp_path: Path, docker_client: Any) -> Any:
     names = {"cubie": f"saige-test-cubie-{tag}", "mobilint": f"saige-test-mobilint-{tag}"}
     path = write_config(tmp_path, cubie={"image": STANDIN_ACUITY, "container": names["cubie"]},
                         mobilint={"image": STANDIN_MOBILINT, "container": names["mobilint"]},
-                        limits={"step_timeout_s": 60})
+                        limits={"step_timeout_s": 600})  # tests of a TIMEOUT set their own
     yield path
     for name in names.values():
         try:

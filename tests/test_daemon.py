@@ -96,12 +96,13 @@ def test_lone_onnx_ignored_names_and_symlinks(daemon: Any, det_inputs: dict[str,
 
 def test_onnx_still_being_written_is_not_claimed(daemon: Any, det_inputs: dict[str, Any]) -> None:
     """With the manifest already there, a growing ONNX is claimed only after it stops changing for settle_s."""
-    d = daemon(watch={"settle_s": 3.0})  # 10x the writer's pause: a loaded machine may hold the writer a second
-    data = det_inputs["onnx"].read_bytes()
+    d = daemon(watch={"settle_s": 2.0})  # 6x the writer's pause (a loaded machine may hold the writer a second),
+    data = det_inputs["onnx"].read_bytes()  # and the writing lasts 3x settle_s (settle counted from the first sight
+    chunk = len(data) // 24 + 1  # of the file, not its last change, would claim it half-written)
     (d.inbox / "slow.yml").write_text(yaml.safe_dump(det_inputs["manifest"]))
     with (d.inbox / "slow.onnx").open("wb") as fh:
-        for i in range(0, len(data), len(data) // 8 + 1):
-            fh.write(data[i:i + len(data) // 8 + 1])
+        for i in range(0, len(data), chunk):
+            fh.write(data[i:i + chunk])
             fh.flush()
             time.sleep(0.3)  # a slow writer: each chunk arrives within settle_s of the last
             assert d.statuses() == []

@@ -56,7 +56,7 @@ def _configure(b: Box, srv: Path, state: Path, data: Path, container: str) -> st
               "allowed_roots": [str(data)], "watch": {"settle_s": 0.3},
               "cubie": {"image": STANDIN_ACUITY, "container": container},
               "mobilint": {"image": STANDIN_MOBILINT, "container": f"{container}-mobilint"},
-              "limits": {"step_timeout_s": 120}, "defaults": {"target": "host"}}
+              "limits": {"step_timeout_s": 600}, "defaults": {"target": "host"}}
     text = json.dumps(config, indent=1)  # JSON is YAML
     b.sh(f"install -d -o saigeedged -g saigeedged {srv / 'inbox'} {srv / 'outbox'}\n"
          f"install -d -o saigeedged -g saigeedged -m 0750 {state}\n"

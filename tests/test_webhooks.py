@@ -40,7 +40,7 @@ def test_endpoint_down_then_up_gets_each_end_once(daemon: Any, det_inputs: dict[
 def test_slow_endpoint_never_delays_claims_or_compiles(daemon: Any, det_inputs: dict[str, Any]) -> None:
     """While the endpoint sits on the first POST, the next drop is claimed, compiled and published."""
     with Receiver(hold_s=300) as r:  # released by the test: a fixed hold could end before a loaded machine's job
-        d = daemon(notify=[{"url": r.url, "timeout_s": 60}])
+        d = daemon(notify=[{"url": r.url, "timeout_s": 300}])
         drop(d.inbox, "first", det_inputs["onnx"], det_inputs["manifest"])
         first = d.wait_job("first")
         r.wait_posts(1, 30)  # the endpoint now holds the first job's POST

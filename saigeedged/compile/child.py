@@ -23,7 +23,8 @@ EXIT_WAIT_S = 5.0  # a child that closed its pipe without an answer is exiting: 
 # backend imports them (and numpy, onnx) only in its child-side functions
 PRELOAD = ["saigeedged.compile.onethread", "saigeedged.compile.backends.host", "onnxruntime.quantization",
            "saigeedged.compile.prepare", "saigeedged.compile.report", "saigeedged.compile.evaluate",
-           "saigeedged.compile.ahead", "saigeedged.compile.ranges", "saigeedged.compile.images"]
+           "saigeedged.compile.ahead", "saigeedged.compile.ranges", "saigeedged.compile.images",
+           "saigeedged.compile.backends.mobilint"]
 # how a child dies of its memory bound outside Python: C++ bad_alloc aborts, a NULL from malloc faults, the OOM
 # killer kills (a SIGTERM of a stopping unit is not one of them)
 OUT_OF_MEMORY = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGKILL})

@@ -325,7 +325,7 @@ class Daemon:
         self.pool.stop()
         if self.ahead is not None:
             self.ahead.stop()
-        self.pool.join(timeout=STOP_GRACE_S - STOP_AFTER_S)
+        self.pool.join(timeout=left(STOP_GRACE_S - STOP_AFTER_S))
         self.ops.stop(timeout=left(5))
         if self.ahead is not None:
             self.ahead.join(left(AHEAD_STOP_S))
@@ -336,7 +336,8 @@ class Daemon:
         if not self.pool.stopped():  # e.g. blocked on a hung engine: its row stays `running`, requeued at next start
             log.error("daemon.stop_timeout", message=f"the running job or an engine's watch did not stop within "
                       f"{STOP_GRACE_S - STOP_AFTER_S:.0f}s; a running job runs again at the next start")
-        else:
+        elif not self.ops.is_alive() and not (self.ahead is not None and self.ahead.is_alive()):
             self.pool.close()
-            self.store.close()  # never under a live worker that may still write its row
+            self.store.close()  # never under a live thread that may still use it (the worker, the ops page, the
+            # preparer: sqlite under a read of a closed connection crashes the process)
         return 0
