@@ -24,6 +24,34 @@ def _count(container: Containers, target: str, marker: str) -> int:
     return container_output(ctr, ["ps", "-o", "args"]).count(marker)
 
 
+class Followed:
+    """A step a new Containers started in `work`, followed in a thread (what it raised kept), once it printed `started`."""
+
+    def __init__(self, docker_config: Path, work: str, argv: list[str]) -> None:
+        config = configmod.load(docker_config)
+        self.work = config.work_root / work
+        self.work.mkdir(parents=True)
+        self.containers = Containers(config)
+        self.ctr = self.containers.get("cubie")
+        self.errors: list[SaigeError] = []
+        self.thread = threading.Thread(target=self._run, args=(argv,))
+        self.thread.start()
+        wait_for(lambda: b"started" in _read(self.work / ".steps" / "1.log"), 30, "the step started")
+
+    def _run(self, argv: list[str]) -> None:
+        try:
+            self.ctr.run_step(argv, self.work, 600, lambda chunk: None)
+        except SaigeError as exc:
+            self.errors.append(exc)
+
+    def ended(self) -> list[SaigeError]:
+        """What it raised, once its thread ended (AssertionError if it did not within a minute)."""
+        self.thread.join(60)
+        self.containers.release()
+        assert not self.thread.is_alive(), "the step's follow did not end"
+        return self.errors
+
+
 def test_a_second_daemon_reattaches_to_a_running_step_and_gets_only_new_output(docker_config: Path) -> None:
     """A step left running by a stop is followed by the next daemon: the same process (not a second one), the output
     the job log already had goes to `replay` only, the rest to the sink, and its exit code is the step's."""
@@ -92,26 +120,10 @@ def test_a_step_that_ended_unseen_gives_its_code_without_running_again(docker_co
 def test_a_step_whose_container_was_recreated_is_lost(docker_config: Path, docker_client: Any) -> None:
     """The container is removed under a running step (recreated, engine rebooted): following it ends CONTAINER_LOST
     (retryable), never a hang."""
-    config = configmod.load(docker_config)
-    work = config.work_root / "job-gone"
-    work.mkdir(parents=True)
-    containers = Containers(config)
-    ctr = containers.get("cubie")
-    errors: list[SaigeError] = []
-
-    def run() -> None:
-        try:
-            ctr.run_step(["sh", "-c", "echo started; sleep 300"], work, 600, lambda chunk: None)
-        except SaigeError as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    wait_for(lambda: (work / ".steps" / "1.log").exists() and b"started" in (work / ".steps" / "1.log").read_bytes(),
-             30, "the step started")
-    docker_client.containers.get(ctr.spec.name).remove(force=True)
-    thread.join(60)
-    assert not thread.is_alive() and [e.code for e in errors] == ["CONTAINER_LOST"] and errors[0].retryable
+    step = Followed(docker_config, "job-gone", ["sh", "-c", "echo started; sleep 300"])
+    docker_client.containers.get(step.ctr.spec.name).remove(force=True)
+    errors = step.ended()
+    assert [e.code for e in errors] == ["CONTAINER_LOST"] and errors[0].retryable
 
 
 def test_a_step_killed_while_the_engine_is_gone_is_not_taken_for_a_lost_container(
@@ -123,34 +135,17 @@ def test_a_step_killed_while_the_engine_is_gone_is_not_taken_for_a_lost_containe
     proxy.up()
     monkeypatch.setenv("DOCKER_HOST", proxy.docker_host)
     monkeypatch.setattr(execs, "LOST_GRACE_S", 120)  # the look at the container is under way when the engine goes
-    config = configmod.load(docker_config)
-    work = config.work_root / "job-signal"
-    work.mkdir(parents=True)
-    gate = work / "go"
+    gate = configmod.load(docker_config).work_root / "job-signal" / "go"  # seen by the container at the same path
     step = ["sh", "-c", f"echo started; while [ ! -e {gate} ]; do sleep 0.1; done; kill -KILL $$"]
-    containers = Containers(config)
-    ctr = containers.get("cubie")
-    errors: list[SaigeError] = []
-
-    def run() -> None:
-        try:
-            ctr.run_step(step, work, 60, lambda chunk: None)
-        except SaigeError as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    wait_for(lambda: b"started" in _read(work / ".steps" / "1.log"), 30, "the step started")
+    followed = Followed(docker_config, "job-signal", step)
     gate.touch()
-    wait_for(lambda: (work / ".steps" / "1.rc").exists(), 30, "the step killed")
+    wait_for(lambda: (followed.work / ".steps" / "1.rc").exists(), 30, "the step killed")
     proxy.down()
-    thread.join(60)
-    containers.release()
-    assert not thread.is_alive() and [e.code for e in errors] == ["DOCKER_UNAVAILABLE"], errors
+    assert [e.code for e in followed.ended()] == ["DOCKER_UNAVAILABLE"], followed.errors
 
     monkeypatch.undo()  # the engine is back (its own socket, the grace as it was): the next daemon re-attaches and
-    again = Containers(config)  # reads the step's own code
-    assert again.get("cubie").run_step(step, work, 60, lambda chunk: None) == 137
+    again = Containers(configmod.load(docker_config))  # reads the step's own code
+    assert again.get("cubie").run_step(step, followed.work, 60, lambda chunk: None) == 137
     again.release()
 
 
@@ -160,28 +155,11 @@ def test_a_cancelled_step_ends_the_job_without_a_look_at_its_container(docker_co
     after the wait a step killed by a signal otherwise gets to see whether its whole container is going down (2 s;
     120 s here, which the join would not outlast)."""
     monkeypatch.setattr(execs, "LOST_GRACE_S", 120)
-    config = configmod.load(docker_config)
-    work = config.work_root / "job-cancelled"
-    work.mkdir(parents=True)
-    containers = Containers(config)
-    ctr = containers.get("cubie")
-    errors: list[SaigeError] = []
-
-    def run() -> None:
-        try:
-            ctr.run_step(["sh", "-c", "echo started; sleep 300"], work, 600, lambda chunk: None)
-        except SaigeError as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    wait_for(lambda: b"started" in _read(work / ".steps" / "1.log"), 30, "the step started")
-    ctr.interrupted = lambda: "cancel"  # the worker's word, then its kill (what `saigeedged cancel` makes it do)
-    ctr.interrupt(work, "cancel")
-    thread.join(60)
-    containers.release()
-    assert not thread.is_alive() and [(e.code, e.fields.get("reason")) for e in errors] == [("CANCELLED", "cancel")]
-    assert int((work / ".steps" / "1.rc").read_text()) >= 128  # killed by the cancel, not ended on its own
+    step = Followed(docker_config, "job-cancelled", ["sh", "-c", "echo started; sleep 300"])
+    step.ctr.interrupted = lambda: "cancel"  # the worker's word, then its kill (what `saigeedged cancel` makes it do)
+    step.ctr.interrupt(step.work, "cancel")
+    assert [(e.code, e.fields.get("reason")) for e in step.ended()] == [("CANCELLED", "cancel")]
+    assert int((step.work / ".steps" / "1.rc").read_text()) >= 128  # killed by the cancel, not ended on its own
 
 
 def test_recreate_on_an_engine_that_is_gone_returns_and_says_so(docker_config: Path, tmp_path: Path,
