@@ -198,6 +198,34 @@ def test_daemon_stopped_mid_step_leaves_the_step_running_and_reattaches(cluster_
     assert len([c for c in calls(node, d, "quantize") if "stopped_sleep12" in c]) == 1
 
 
+def test_a_stop_while_the_cluster_job_waits_for_a_node_keeps_its_place(cluster_daemon: Any,
+                                                                        slurm_cluster: Cluster) -> None:  # noqa: F811
+    """`systemctl stop` while the attempt's cluster job is still queued (every node drained): it stays in Slurm's
+    queue, the next daemon waits for that same cluster job, and the job succeeds in attempt 1 (a stop spent the
+    attempt and cancelled the queued cluster job, whose place a new submission lost)."""
+    d = cluster_daemon()
+    for node in slurm_cluster.nodes.values():
+        slurm_cluster.drain(node, True)
+    d.drop("queued_stop")
+    job_id = d.job("queued_stop", ("running",))["job_id"]
+
+    def queued() -> int | None:
+        jobs = slurm_cluster.json("squeue")["jobs"]
+        return next((int(j["job_id"]) for j in jobs if j["name"] == job_id and "PENDING" in str(j["job_state"])), None)
+
+    cluster_id = wait_for(queued, 60, f"{job_id}'s cluster job queued")
+    d.stop()
+    assert [e["job_id"] for e in d.events("job.detached")] == [job_id], d.tail()
+    assert queued() == cluster_id  # left in the queue
+    d.start()  # (its slots serve the job once a node can take it)
+    for node in slurm_cluster.nodes.values():
+        slurm_cluster.drain(node, False)
+    done = d.job("queued_stop")
+    assert (done["state"], done["attempt"]) == ("succeeded", 1), d.tail()
+    assert [e["cluster_id"] for e in d.events("job.placed")] == [cluster_id]
+    assert [e["job_id"] for e in d.events("job.reattached")] == [job_id] and not d.events("job.requeued")
+
+
 def test_slurmctld_restart_mid_step_the_job_completes(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
     """The controller restarts while a quantize runs on a node: the job completes in its first attempt."""
     d = cluster_daemon()

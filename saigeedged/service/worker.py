@@ -260,7 +260,9 @@ class Worker(threading.Thread):
         """Settle an attempt that did not succeed as decision.decide says; every write is fenced by the job's attempt
         (Superseded when the store names another one)."""
         fence = Attempt.of(job)
-        full, started = bool(exc.fields.get("state_full")), self.facts.step_may_run(job)
+        # started: a container step may run, or what the attempt runs in outlives the daemon (a queued cluster job)
+        full = bool(exc.fields.get("state_full"))
+        started = self.facts.step_may_run(job) or bool(exc.fields.get("detached"))
         done = decide(exc.code, exc.fields.get("reason"), exc.retryable, bool(exc.fields.get("exhausted")),
                       job.attempt, self.config.limits.max_attempts, started, full)
         if full:  # not the job's fault: it goes on (or back to the queue) once state_dir has room again

@@ -122,6 +122,9 @@ class NodeContainer(Container):
 
     def _check_interrupted(self) -> None:
         reason = self.interrupted()
+        if reason == "stop":  # the cluster job keeps its place in Slurm's queue: the next start waits for it again
+            raise SaigeError("CANCELLED", "the daemon stops; the cluster job stays queued and is waited for at the "
+                             "next start", reason="stop", detached=True)
         if reason is not None:
             raise SaigeError("CANCELLED", f"the job was interrupted while its cluster job waited ({reason})",
                              reason=reason)
