@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from saigeedged.accuracytable import table as table
-from saigeedged.compile import child, emulated, simulate
+from saigeedged.compile import emulated, simulate
 from saigeedged.compile.backends import cubie
 from saigeedged.profiles import mean_scale
 
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from saigeedged.compile.backends import Artifact, Context
     from saigeedged.compile.inputs import Prepared
     from saigeedged.config import Config
-    from saigeedged.errors import Code
 
 FLOAT_QTYPES = ("float16", "qbfloat16")  # a board run in float: the emulation is the float model itself
 
@@ -143,9 +142,7 @@ def plan(prep: Prepared, art: Artifact, ctx: Context, key: str | None = None) ->
 
 def made(prep: Prepared, planned: Plan, ctx: Context) -> dict[str, Any]:
     """The report itself, in the bounded child: host work only (a finishing stage runs it off the container's path)."""
-    memory: tuple[int, Code] = (ctx.config.limits.child_memory_bytes, "OUT_OF_MEMORY")
-    result: dict[str, Any] = child.run(costed, (planned.job, planned.args), "accuracy", ctx.step_timeout(),
-                                       ctx.interrupted, memory)
+    result: dict[str, Any] = ctx.in_child(costed, (planned.job, planned.args), "accuracy")
     if planned.fallback:
         result["notes"].append(planned.fallback)
     held = len(prep.held_out)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from saigeedged.adapters.joblog import JobLog
+from saigeedged.compile import child
 from saigeedged.errors import SaigeError
 
 if TYPE_CHECKING:
@@ -55,6 +56,12 @@ class Context:
         if remaining <= 0:
             raise SaigeError("TIMEOUT", "the job ran longer than limits.job_timeout_s")
         return min(limit, remaining)
+
+    def in_child(self, fn: Callable[..., Any], args: Sequence[Any], label: str) -> Any:
+        """fn(*args) in a compile child (compile.child.run): bounded by the step's timeout and
+        limits.child_memory_bytes (OUT_OF_MEMORY past it), ended by the job's stop or cancel."""
+        return child.run(fn, args, label, self.step_timeout(), self.interrupted,
+                         (self.config.limits.child_memory_bytes, "OUT_OF_MEMORY"))
 
 
 class Backend(Protocol):

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from saigeedged.compile import child
 from saigeedged.compile.backends import Artifact, Context
-from saigeedged.errors import Code
 from saigeedged.profiles import mean_scale
 
 if TYPE_CHECKING:
@@ -211,10 +209,9 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     mean, scale = mean_scale(entry.profile)
     ctx.step("wrap")
     wrapped = prep.work_dir / f"{prep.name}.uint8.onnx"
-    # a valid model whose wrap or quantization needs more memory than a bound allows
-    memory: tuple[int, Code] = (ctx.config.limits.child_memory_bytes, "OUT_OF_MEMORY")
-    child.run(wrap_job, (prep.model, wrapped, prep.info.input_name, prep.input_size, mean, scale, entry.channels == "bgr"),
-              "wrap", ctx.step_timeout(), ctx.interrupted, memory)
+    # (a valid model whose wrap or quantization needs more memory than a bound allows: OUT_OF_MEMORY)
+    ctx.in_child(wrap_job, (prep.model, wrapped, prep.info.input_name, prep.input_size, mean, scale,
+                            entry.channels == "bgr"), "wrap")
     ctx.log.line(f"wrapped {prep.model.name}: input {prep.info.input_name} uint8 [1, {prep.input_size[0]}, "
                  f"{prep.input_size[1]}, 3] RGB, model channels {entry.channels}, mean {mean}, "
                  f"scale {[round(s, 6) for s in scale]}")
@@ -222,12 +219,10 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     int8 = prep.work_dir / f"{prep.name}.int8.onnx"
     ctx.step("quantize")
     bits = 16 if entry.qtype == "int16" else 8  # a variant's `qtype: int16` (SPEC §17); uint8 otherwise
-    child.run(quantize_job, (wrapped, int8, prep.info.input_name, calib, entry.calibration_method, bits), "quantize",
-              ctx.step_timeout(), ctx.interrupted, memory)
+    ctx.in_child(quantize_job, (wrapped, int8, prep.info.input_name, calib, entry.calibration_method, bits), "quantize")
     ctx.log.line(f"quantized {len(calib.images)} calibration images ({entry.calibration_method}) -> {int8.name}")
     ctx.step("report")
-    result = child.run(report_job, (wrapped, int8, prep.info.input_name, calib), "report", ctx.step_timeout(),
-                       ctx.interrupted, memory)
+    result = ctx.in_child(report_job, (wrapped, int8, prep.info.input_name, calib), "report")
     for name, row in result["outputs"].items():
         flag = "  << FLAGGED: INT8 output diverges" if row["flagged"] else ""
         ctx.log.line(f"report {name}: cosine {row['cosine']:.4f} max_abs_error {row['max_abs_error']:.4g}{flag}")

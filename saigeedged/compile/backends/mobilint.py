@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from saigeedged.compile import child
 from saigeedged.compile.backends import Artifact, Context
 from saigeedged.compile.backends.steps import Lines, StepRunner
 from saigeedged.errors import SaigeError
@@ -102,8 +101,7 @@ def write_calibration(prep: Prepared, ctx: Context) -> Path:
     profile = prep.entry.profile
     args = (tuple(str(s.image) for s in prep.chosen), prep.input_size, profile.letterbox, profile.mean, profile.std,
             prep.entry.channels == "bgr", prep.work_dir)
-    listing: Path = child.run(calibration_job, args, "calibration", ctx.step_timeout(), ctx.interrupted,
-                              (ctx.config.limits.child_memory_bytes, "OUT_OF_MEMORY"))
+    listing: Path = ctx.in_child(calibration_job, args, "calibration")
     return listing
 
 
