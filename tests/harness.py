@@ -256,6 +256,15 @@ def answered(ask: Callable[[], tuple[int, str]]) -> tuple[int, str]:
     return code, out
 
 
+STANDIN_RELEASE = "/tmp/standin-release"  # in its container, ends the stand-in's `untilreleased` quantize
+
+
+def release_standin(ctr: Any, released: bool = True) -> None:
+    """End the stand-in's `untilreleased` quantize in this container (docker-py's), straight through the engine (never
+    a test's EngineProxy); `released=False` takes the release back, for a container later tests share."""
+    ctr.exec_run(["touch", STANDIN_RELEASE] if released else ["rm", "-f", STANDIN_RELEASE])
+
+
 def container_output(ctr: Any, argv: list[str]) -> str:
     """The output of `argv` in a container (e.g. `ps`, or `cat` of a record): never empty when it succeeds."""
     def ask() -> tuple[int, str]:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from engineproxy import EngineProxy
 from factory import classifier, manifest, yolox
-from harness import container_output, drop, wait_for
+from harness import container_output, drop, release_standin, wait_for
 
 from saigeedged.cli import client
 from saigeedged.cli import main as cli
@@ -46,7 +46,7 @@ def release(docker_client: Any, d: Any) -> None:
     test's EngineProxy): a step that runs until the test has done what it does meanwhile, however slow the machine
     (a fixed `slow` 3 s could end before a loaded machine got there)."""
     name = yaml.safe_load(d.config.read_text())["cubie"]["container"]
-    docker_client.containers.get(name).exec_run(["touch", "/tmp/standin-release"])
+    release_standin(docker_client.containers.get(name))
 
 
 def quantize_runs(docker_client: Any, d: Any) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from conftest import STANDIN_ACUITY, STANDIN_MOBILINT
 from factory import random_labels, valjson
-from harness import container_output, drop_detector, job_named, read_status, remove_containers, wait_for
+from harness import container_output, drop_detector, job_named, read_status, release_standin, remove_containers, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent / "systemdbox"))
 from box import ROOT, UPGRADE, Box, image, package, previous_package  # noqa: E402
@@ -277,7 +277,7 @@ def test_upgrade_from_the_previous_schema_during_a_cubie_step_keeps_attempt_1(ho
     # the new daemon adopts the attempt while its step still runs (however long the upgrade took), then re-attaches
     wait_for(lambda: "job.reattached" in events(), 120, "the new daemon re-attached", lambda: str(events()))
     assert "job.legacy_adopted" in events(), events()
-    compiler.exec_run(["touch", "/tmp/standin-release"])
+    release_standin(compiler)
     done = host.job(name, timeout=180)
     assert (done["state"], done["attempt"], done["job_id"]) == ("succeeded", 1, running["job_id"]), done
     assert len(calls(" quantize ")) == 1, calls("")

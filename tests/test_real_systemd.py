@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import STANDIN_ACUITY, STANDIN_MOBILINT
 from factory import random_labels, valjson
-from harness import container_output, drop_detector, job_named, read_status, remove_containers, wait_for
+from harness import container_output, drop_detector, job_named, read_status, release_standin, remove_containers, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent / "systemdbox"))
 from box import Box, image, package  # noqa: E402
@@ -113,10 +113,10 @@ def released(host: Host, docker_client: Any, job_id: str, timeout: float = 60) -
     try:
         wait_for(lambda: host.box.journal(f"SAIGEEDGE_JOB_ID={job_id}", "SAIGEEDGE_EVENT=job.reattached"), timeout,
                  f"the re-attach of {job_id}")
-        ctr.exec_run(["touch", "/tmp/standin-release"])
+        release_standin(ctr)
         yield
     finally:
-        ctr.exec_run(["rm", "-f", "/tmp/standin-release"])
+        release_standin(ctr, released=False)
 
 
 def ended_in_journal(host: Host, job_id: str) -> list[dict[str, Any]]:

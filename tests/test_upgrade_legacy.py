@@ -19,7 +19,7 @@ import structlog
 import yaml
 from conftest import write_config
 from factory import yolox
-from harness import drop, wait_for
+from harness import drop, release_standin, wait_for
 from test_daemon_docker import calls, cubie_daemon, procs  # noqa: F401 - cubie_daemon is a fixture
 from test_store_fence import job, lifecycle
 
@@ -77,7 +77,7 @@ def test_upgrade_from_the_previous_release_during_quantize_keeps_attempt_1(cubie
     wait_for(lambda: d.events("job.reattached"), 120, "the new daemon re-attached", lambda: d.stderr()[-3000:])
     assert "pegasus.py quantize" in procs(docker_client, d)
     compiler = docker_client.containers.get(yaml.safe_load(d.config.read_text())["cubie"]["container"])
-    compiler.exec_run(["touch", "/tmp/standin-release"])
+    release_standin(compiler)
     done = d.wait_state(first["job_id"], ("succeeded", "failed", "cancelled"), timeout=90)
     assert (done["state"], done["attempt"], done["job_id"]) == ("succeeded", 1, first["job_id"]), d.stderr()[-3000:]
     assert len(calls(docker_client, d, "quantize")) == 1
