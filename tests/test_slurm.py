@@ -200,12 +200,19 @@ def test_daemon_stopped_mid_step_leaves_the_step_running_and_reattaches(cluster_
 
 def test_a_stop_while_the_cluster_job_waits_for_a_node_keeps_its_place(cluster_daemon: Any,
                                                                         slurm_cluster: Cluster) -> None:  # noqa: F811
-    """`systemctl stop` while the attempt's cluster job is still queued (every node drained): it stays in Slurm's
-    queue, the next daemon waits for that same cluster job, and the job succeeds in attempt 1 (a stop spent the
-    attempt and cancelled the queued cluster job, whose place a new submission lost)."""
+    """`systemctl stop` while the attempt's cluster job is still queued (another user's jobs hold every node's cubie
+    GRES): it stays in Slurm's queue, the next daemon waits for that same cluster job, and the job succeeds in attempt
+    1 (a stop spent the attempt and cancelled the queued cluster job, whose place a new submission lost)."""
     d = cluster_daemon()
-    for node in slurm_cluster.nodes.values():
-        slurm_cluster.drain(node, True)
+    # nodes up but busy: the daemon sees room and submits, Slurm queues it (drained nodes: the daemon never submits)
+    blockers = [int(slurm_cluster.controller.sh("sbatch --parsable --partition=saige --gres=cubie:1 --nodes=1 "
+                                                "--output=/dev/null --chdir=/ --wrap 'sleep 600'").stdout.split(";")[0])
+                for _ in slurm_cluster.nodes]
+
+    def states() -> dict[int, str]:
+        return {int(j["job_id"]): str(j["job_state"]) for j in slurm_cluster.json("squeue")["jobs"]}
+
+    wait_for(lambda: all("RUNNING" in states().get(b, "") for b in blockers), 60, "the other user's jobs running")
     d.drop("queued_stop")
     job_id = d.job("queued_stop", ("running",))["job_id"]
 
@@ -217,9 +224,8 @@ def test_a_stop_while_the_cluster_job_waits_for_a_node_keeps_its_place(cluster_d
     d.stop()
     assert [e["job_id"] for e in d.events("job.detached")] == [job_id], d.tail()
     assert queued() == cluster_id  # left in the queue
-    d.start()  # (its slots serve the job once a node can take it)
-    for node in slurm_cluster.nodes.values():
-        slurm_cluster.drain(node, False)
+    d.start()
+    slurm_cluster.controller.sh(f"scancel {' '.join(map(str, blockers))}")
     done = d.job("queued_stop")
     assert (done["state"], done["attempt"]) == ("succeeded", 1), d.tail()
     assert [e["cluster_id"] for e in d.events("job.placed")] == [cluster_id]
