@@ -61,7 +61,7 @@ def slurm_conf(cluster: str, controller: str, nodes: Iterable[str], features: It
         "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none", "MinJobAge=600",
         "StateSaveLocation=/var/spool/slurmctld", "SlurmdSpoolDir=/var/spool/slurmd",
         "SlurmctldLogFile=/var/log/slurm/slurmctld.log", "SlurmdLogFile=/var/log/slurm/slurmd.log",
-        "SchedulerParameters=sched_interval=2", "InactiveLimit=0", "KillWait=5", f"Prolog={PROLOG}",
+        "SchedulerParameters=sched_interval=2", "InactiveLimit=0", "KillWait=15", f"Prolog={PROLOG}",
         f"NodeName={','.join(nodes)} CPUs=2 RealMemory=500 Gres={','.join(g + ':1' for g in GRES)} "
         f"Feature={feats} State=UNKNOWN",
         "PartitionName=saige Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO", ""])

@@ -3,6 +3,7 @@ the first node (the controller), container steps on whichever node Slurm places 
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 from conftest import STANDIN_ACUITY
-from harness import read_status, wait_for
+from harness import STANDIN_RELEASE, read_status, wait_for
 from slurmcluster import FAILING, Cluster, Node, slurm_cluster  # noqa: F401 - the session fixture
 from slurmdaemon import ClusterDaemon
 
@@ -37,6 +38,14 @@ def calls(node: Node, d: ClusterDaemon, verb: str) -> list[str]:
     """The stand-in pegasus calls of `verb` in the node's cubie container of daemon `d` (cwd, argv)."""
     out = node.sh(f"docker exec {d.cubie} cat /tmp/standin-calls.log", check=False).stdout
     return [line for line in out.splitlines() if f"pegasus.py {verb}" in line]
+
+
+UNTIL_RELEASED = "pegasus.py quantize"  # among a node container's processes while an `untilreleased` quantize waits
+
+
+def release(node: Node, d: ClusterDaemon) -> None:
+    """End the stand-in's `untilreleased` quantize in daemon `d`'s cubie container on `node` (none there: nothing)."""
+    node.sh(f"docker exec {d.cubie} touch {STANDIN_RELEASE}", check=False)
 
 
 def running_on(cluster: Cluster, job_id: str) -> Node:
@@ -113,7 +122,10 @@ def test_drops_spread_over_the_nodes_one_cubie_job_per_node(cluster_daemon: Any,
 
     def sample() -> None:
         while not done.is_set():
-            jobs = slurm_cluster.json("squeue")["jobs"]
+            try:
+                jobs = slurm_cluster.json("squeue")["jobs"]
+            except (AssertionError, subprocess.SubprocessError, ValueError):  # one squeue that failed: the next one
+                continue
             busy: dict[str, int] = {}
             for j in jobs:
                 if j["job_state"] == "RUNNING" and "cubie" in j["tres_per_node"]:
@@ -123,10 +135,18 @@ def test_drops_spread_over_the_nodes_one_cubie_job_per_node(cluster_daemon: Any,
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    names = [f"spread{i}_sleep6" for i in range(4)]
+    names = [f"spread{i}_untilreleased" for i in range(4)]
     for name in names:
         d.drop(name)
+
+    def quantizing_now() -> int:
+        docs = [read_status(d.outbox, p.stem) or {} for p in (d.outbox / "status").glob("spread*.json")]
+        return sum(1 for doc in docs if (doc.get("state"), doc.get("step")) == ("running", "quantize"))
+
     try:
+        wait_for(lambda: quantizing_now() == 3, 180, "three jobs quantizing at once")
+        for node in slurm_cluster.nodes.values():
+            release(node, d)  # the fourth job's node has the release too
         ends = [d.job(name, timeout=240) for name in names]
     finally:
         done.set()
@@ -186,16 +206,18 @@ def test_daemon_stopped_mid_step_leaves_the_step_running_and_reattaches(cluster_
     """`systemctl stop` (SIGTERM) during a quantize on a node: the cluster job and its step run on, the next daemon
     re-attaches in attempt 1 and the quantize ran once (docs/spec-executor-slurm.md, SPEC §15)."""
     d = cluster_daemon()
-    first, node = quantizing(d, slurm_cluster, "stopped_sleep12", "sleep 12")
+    first, node = quantizing(d, slurm_cluster, "stopped_untilreleased", UNTIL_RELEASED)
     d.stop()
     assert [e["job_id"] for e in d.events("job.detached")] == [first["job_id"]], d.tail()
-    assert "sleep 12" in procs(node, d)  # the step outlives the daemon
+    assert UNTIL_RELEASED in procs(node, d)  # the step outlives the daemon
     d.start()
-    done = d.job("stopped_sleep12")
+    wait_for(lambda: d.events("job.reattached"), 60, "the re-attach")
+    release(node, d)
+    done = d.job("stopped_untilreleased")
     assert (done["state"], done["attempt"]) == ("succeeded", 1), d.tail()
     assert [e["job_id"] for e in d.events("job.reattached")] == [first["job_id"]]
     assert not d.events("job.requeued")
-    assert len([c for c in calls(node, d, "quantize") if "stopped_sleep12" in c]) == 1
+    assert len([c for c in calls(node, d, "quantize") if "stopped_untilreleased" in c]) == 1
 
 
 def test_a_stop_while_the_cluster_job_waits_for_a_node_keeps_its_place(cluster_daemon: Any,
@@ -235,10 +257,10 @@ def test_a_stop_while_the_cluster_job_waits_for_a_node_keeps_its_place(cluster_d
 def test_slurmctld_restart_mid_step_the_job_completes(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
     """The controller restarts while a quantize runs on a node: the job completes in its first attempt."""
     d = cluster_daemon()
-    d.drop("ctld_sleep10")
-    first = d.job("ctld_sleep10", ("running",), step="quantize")
+    first, node = quantizing(d, slurm_cluster, "ctld_untilreleased", UNTIL_RELEASED)
     slurm_cluster.restart_controller()
-    done = d.job("ctld_sleep10")
+    release(node, d)
+    done = d.job("ctld_untilreleased")
     assert (done["state"], done["attempt"], done["job_id"]) == ("succeeded", 1, first["job_id"]), d.tail()
 
 
@@ -246,22 +268,22 @@ def test_a_partitioned_nodes_stale_attempt_never_publishes(cluster_daemon: Any, 
     """A node cut off mid-step: attempt 2 runs elsewhere and publishes once; the cut node's step is gone after it returns."""
     d = cluster_daemon()
     slurm_cluster.drain(slurm_cluster.controller, True)
-    first, node = quantizing(d, slurm_cluster, "cut_sleep40", "sleep 40")
+    first, node = quantizing(d, slurm_cluster, "cut_sleep60", "sleep 60")
     try:
         slurm_cluster.cut(node)
-        d.job("cut_sleep40", ("running",), step="quantize", timeout=120)
         wait_for(lambda: (read_status(d.outbox, first["job_id"]) or {}).get("attempt") == 2, 120, "attempt 2")
         slurm_cluster.heal(node)
-        done = d.job("cut_sleep40", timeout=240)
+        done = d.job("cut_sleep60", timeout=240)
         # attempt 3 when Slurm placed attempt 2 on the returned node while the stale copy still ran there: that launch
         # fails (duplicate job), Slurm holds the job and drains the node, the daemon releases it (the next test)
         assert done["state"] == "succeeded" and done["attempt"] >= 2, d.tail()
-        wait_for(lambda: "sleep 40" not in procs(node, d), 60, "the stale step gone from the returned node")
-        assert [b.name for b in d.outbox.glob("cut_sleep40*.saigeedge")] == [Path(done["bundle"]["path"]).name]
+        wait_for(lambda: "sleep 60" not in procs(node, d), 60, "the stale step gone from the returned node")
+        assert [b.name for b in d.outbox.glob("cut_sleep60*.saigeedge")] == [Path(done["bundle"]["path"]).name]
         assert len(d.events("job.succeeded")) == 1
     finally:
         slurm_cluster.drain(slurm_cluster.controller, False)
         slurm_cluster.heal(node)
+        wait_for(lambda: "down" not in slurm_cluster.states()[node.name], 60, f"{node.name} back in service")
 
 
 def test_a_job_held_after_a_failed_launch_runs_on_another_node(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
@@ -290,13 +312,18 @@ def test_a_node_that_joins_takes_work_without_a_restart(cluster_daemon: Any, slu
     """Three nodes busy with cubie jobs and a fourth job queued: a node joins (slurmd -Z) and the fourth runs there."""
     d = cluster_daemon()
     for i in range(3):
-        d.drop(f"join{i}_sleep20")
+        d.drop(f"join{i}_untilreleased")
     for i in range(3):
-        d.job(f"join{i}_sleep20", ("running",), step="quantize")
+        d.job(f"join{i}_untilreleased", ("running",), step="quantize")
     d.drop("join3")
     d.job("join3", ("queued",))
-    new = slurm_cluster.join(len(slurm_cluster.nodes) + 1)
-    done = d.job("join3", timeout=120)
+    busy = list(slurm_cluster.nodes.values())
+    try:
+        new = slurm_cluster.join(len(slurm_cluster.nodes) + 1)
+        done = d.job("join3", timeout=120)
+    finally:
+        for node in busy:
+            release(node, d)
     assert done["state"] == "succeeded"
     assert [e["node"] for e in d.events("job.placed") if e["job_id"] == done["job_id"]] == [new.name]
     assert new.name in d.cli("check").stdout  # check lists the node that joined
