@@ -199,14 +199,15 @@ class Daemon:
         self.sock_path.unlink(missing_ok=True)
 
 
-def drop(folder: Path, stem: str, onnx_src: Path, manifest: dict[str, Any]) -> None:
-    """A hand drop as a careful writer does it: ONNX first, manifest last, each renamed into place."""
+def drop(folder: Path, stem: str, onnx_src: Path, manifest: dict[str, Any] | str) -> None:
+    """A hand drop as a careful writer does it: ONNX first, manifest last (a document, or its text as is), each
+    renamed into place."""
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{stem}.onnx.part"
     tmp.write_bytes(onnx_src.read_bytes())
     tmp.rename(folder / f"{stem}.onnx")
     tmp = folder / f"{stem}.yml.tmp"
-    tmp.write_text(yaml.safe_dump(manifest))
+    tmp.write_text(manifest if isinstance(manifest, str) else yaml.safe_dump(manifest))
     tmp.rename(folder / f"{stem}.yml")
 
 

@@ -79,8 +79,8 @@ def test_timeout_kills_the_child(tmp_path: object) -> None:
     from pathlib import Path
 
     pidfile = Path(str(tmp_path)) / "pid"
-    with pytest.raises(SaigeError) as err:  # 5 s: the child imports this module before it writes its pid, and that
-        child.run(pid_then_sleep, (str(pidfile), 60), "quantize", 5, lambda: None)  # took over 1 s under a load of 14
+    with pytest.raises(SaigeError) as err:  # 10 s: the child imports this module before it writes its pid, and that
+        child.run(pid_then_sleep, (str(pidfile), 60), "quantize", 10, lambda: None)  # took over 1 s under a load of 14
     assert err.value.code == "TIMEOUT"
     assert gone(int(pidfile.read_text()))
 

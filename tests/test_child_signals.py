@@ -56,7 +56,7 @@ def test_sighup_to_every_helper_keeps_the_job_and_the_helpers(tmp_path: Path) ->
     runner = threading.Thread(target=lambda: result.append(
         child.run(pid_then_wait, (str(pidfile), str(gate)), "quantize", 60, lambda: None)))
     runner.start()
-    wait_for(pidfile.exists, 30, "the child running")
+    wait_for(lambda: pidfile.exists() and pidfile.read_text(), 30, "the child running")
     helpers = descendants(os.getpid()) - others
     assert int(pidfile.read_text()) in helpers and len(helpers) >= 3  # fork server, resource tracker, the child
     hang_up_all(helpers)

@@ -4,6 +4,7 @@ and then nothing does not hold a reap, a kill or the engine monitor for ever."""
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from saigeedged.jobs import Attempt, Job
 from saigeedged.service.monitor import STUCK_FACTOR, EngineMonitor
 
 TIMEOUT_S = 1.0  # limits.engine_timeout_s of these tests
+CALL_S = 8.0  # the deadline of the one test that looks at a call while it is under way
 GIVE_UP_S = 60.0  # how long a test waits for a call that must end: far past its deadline, short of "for ever"
 
 
@@ -28,7 +30,8 @@ GIVE_UP_S = 60.0  # how long a test waits for a call that must end: far past its
 def stalling(tmp_path: Path) -> Iterator[tuple[StallingDocker, configmod.Config]]:
     work_root = tmp_path / "state" / "work"
     work_root.mkdir(parents=True)
-    fake = StallingDocker(Path(f"/tmp/w-stall-{tmp_path.name[-20:]}.sock"), container_doc("saige-cubie", work_root))
+    # a short path (a socket's is at most 107 bytes) unique across xdist workers: their tmp_path names repeat
+    fake = StallingDocker(Path(f"/tmp/w-stall-{uuid.uuid4().hex[:16]}.sock"), container_doc("saige-cubie", work_root))
     path = write_config(tmp_path, engines=[{"name": "stall", "url": fake.url, "targets": ["cubie"]}],
                         limits={"engine_timeout_s": TIMEOUT_S})
     yield fake, configmod.load(path)
@@ -104,8 +107,12 @@ def test_a_call_under_way_past_the_timeout_makes_the_engine_slow_and_then_stuck(
         stalling: tuple[StallingDocker, configmod.Config], tmp_path: Path) -> None:
     """A call to an engine that answers pings but not that call takes the engine out of service past engine_timeout_s
     (STATUS= names it) and, far past every bound, makes the daemon unhealthy (no watchdog ping)."""
-    fake, config = stalling
-    engine = Engine(config.engines[0], config)  # the client waits TIMEOUT_S; the monitor below judges on far less
+    fake, _ = stalling
+    # the client waits CALL_S (the test's looks at the call under way must come before its end, on a loaded machine
+    # too); the monitor below judges on far less
+    config = configmod.load(write_config(tmp_path, engines=[{"name": "stall", "url": fake.url, "targets": ["cubie"]}],
+                                         limits={"engine_timeout_s": CALL_S}))
+    engine = Engine(config.engines[0], config)
     monitor = EngineMonitor([engine], Store(tmp_path / "state" / "saigeedged.db"), lambda name, reason: None,
                             lambda: None, lambda: 0.0, TIMEOUT_S / 50)
     container = engine.container("cubie")

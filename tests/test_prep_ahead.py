@@ -64,7 +64,9 @@ def test_preparer_keeps_the_window_and_hands_over_unchanged_preps(tmp_path: Path
         assert preparer.take(urgent, lambda: None) is None and not (config.work_root / "urgent").exists()
         store.save(Job.from_doc({**urgent.to_doc(), "attempt": 1, "state": "cancelled"}))
         preparer.wake.set()
-        wait_for(lambda: (config.work_root / "first" / "attempt1" / "dataset.txt").is_file(), 60, "first prepared again")
+        # its result, not a file its child writes: a take before the child answered would find the job no longer
+        # queued and the prep thrown away
+        wait_for(lambda: getattr(preparer._preps.get("first"), "result", None), 60, "first prepared again")
         first = store.take(first.job_id, "local", "2026-12-01T00:00:00Z") or first  # as a slot does: not queued now
         prep = preparer.take(first, lambda: None)
         assert prep is not None and prep.result is not None and prep.beside == "compiling-job"

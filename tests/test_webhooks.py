@@ -151,8 +151,8 @@ def test_a_notify_url_that_cannot_be_parsed_is_a_config_error(url: str) -> None:
 def test_notifications_queued_behind_a_slow_post_are_said_at_stop(daemon: Any, det_inputs: dict[str, Any]) -> None:
     """The endpoint holds the first POST when the daemon is stopped: the notification queued behind it is logged
     `notify.failed` (the daemon stopped), not lost without a word, and the stop still exits 0."""
-    with Receiver(hold_s=30) as r:
-        d = daemon(notify=[{"url": r.url, "timeout_s": 60}])
+    with Receiver(hold_s=300) as r:  # held until the test is done (its end releases it)
+        d = daemon(notify=[{"url": r.url, "timeout_s": 300}])
         drop(d.inbox, "first", det_inputs["onnx"], det_inputs["manifest"])
         d.wait_job("first")
         r.wait_posts(1, 30)
