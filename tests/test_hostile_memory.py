@@ -15,7 +15,7 @@ from harness import drop
 from hostile import RSS_BOUND, canary, final, peak_rss
 from onnx import numpy_helper
 
-pytestmark = pytest.mark.memory
+pytestmark = [pytest.mark.memory, pytest.mark.timeout(900)]  # their own waits add up past the default 300 s
 
 BALLAST = 450 << 20  # bytes of weights: more than the daemon may grow by
 

@@ -100,8 +100,14 @@ def test_ready_with_status_text(host: Host) -> None:
     limit = host.box.sh(f"cat /sys/fs/cgroup/memory{group}/memory.limit_in_bytes 2>/dev/null"
                         f" || cat /sys/fs/cgroup{group}/memory.max").stdout.strip()
     assert int(limit) == int(shown["MemoryMax"]), (group, limit)
-    ready = host.box.journal("SAIGEEDGE_EVENT=daemon.ready")
-    assert ready and ready[-1]["SYSLOG_IDENTIFIER"] == "saigeedged"
+    ready = wait_for(lambda: host.box.journal("SAIGEEDGE_EVENT=daemon.ready"), 30, "daemon.ready in the journal")
+    assert ready[-1]["SYSLOG_IDENTIFIER"] == "saigeedged"
+
+
+def wait_for_step(ctr: Any) -> None:
+    """Until the stand-in's quantize runs in the container: the status says `quantize` before its exec starts."""
+    wait_for(lambda: "pegasus.py quantize" in container_output(ctr, ["ps", "-o", "args"]), 30,
+             "the stand-in's quantize step")
 
 
 @contextlib.contextmanager
@@ -168,11 +174,7 @@ def test_restart_mid_step_reattaches_and_runs_the_step_once(host: Host, docker_c
     host.drop("stop_untilreleased", target="cubie")
     job = host.job("stop_untilreleased", ("running",), steps=("quantize",))
     ctr = docker_client.containers.get(host.container)
-
-    def step_running() -> bool:
-        return "pegasus.py quantize" in container_output(ctr, ["ps", "-o", "args"])
-
-    wait_for(step_running, 30, "the stand-in's quantize step")
+    wait_for_step(ctr)
     host.box.sh("systemctl restart saigeedged")
     killed = [m for m in host.box.messages() if "SIGKILL" in m or "remains running" in m]
     assert killed == [], killed
@@ -195,11 +197,13 @@ def test_watchdog_restarts_a_frozen_daemon_and_the_job_resumes(host: Host, docke
     """A daemon frozen mid-job misses its watchdog pings: systemd kills and restarts it, and the new daemon re-attaches
     to the step that ran on: the job succeeds in its first attempt."""
     dropin = "/etc/systemd/system/saigeedged.service.d/watchdog.conf"  # short, so the test waits seconds, not minutes
-    host.box.sh(f"printf '[Service]\\nWatchdogSec=8\\nTimeoutAbortSec=2\\n' > {dropin} && systemctl daemon-reload "
+    host.box.sh(f"printf '[Service]\\nWatchdogSec=12\\nTimeoutAbortSec=2\\n' > {dropin} && systemctl daemon-reload "
                 "&& systemctl restart saigeedged")
     try:
         host.drop("freeze_untilreleased", target="cubie")
         job = host.job("freeze_untilreleased", ("running",), steps=("quantize",))
+        wait_for_step(docker_client.containers.get(host.container))  # frozen between the exec's create and its
+        # start, the step never ran: the new daemon finds no step to follow and the job runs a second attempt
         host.box.sh("kill -STOP $(systemctl show -p MainPID --value saigeedged)")
         with released(host, docker_client, job["job_id"], timeout=120):
             done = host.job("freeze_untilreleased", timeout=120)
@@ -222,8 +226,10 @@ def test_bad_config_fails_once_without_a_restart_loop(host: Host, breakage: str,
                  f"the unit failed for good\n{host.box.show('ActiveState', 'SubState', 'NRestarts')}")
         shown = host.box.show("Result", "ExecMainStatus", "NRestarts")
         assert shown == {"Result": "exit-code", "ExecMainStatus": "2", "NRestarts": "0"}, shown
-        lines = [m for m in host.box.messages() if said in m]
-        assert lines and lines[-1].startswith("saigeedged: "), host.box.messages()[-10:]
+        # the line comes over stdout, the unit's failure by SIGCHLD: journald may store it after systemctl says failed
+        lines = wait_for(lambda: [m for m in host.box.messages() if said in m], 30, f"the journal saying {said}",
+                         lambda: "\n".join(host.box.messages()[-10:]))
+        assert lines[-1].startswith("saigeedged: "), lines
         assert not any("Traceback" in m for m in host.box.messages())
     finally:
         host.box.sh(f"cat > /etc/saigeedged/saigeedged.yml <<'EOF'\n{host.config}\nEOF\n"

@@ -78,7 +78,9 @@ def previous_package() -> Path:
             run = subprocess.run([str(tree / "src" / "scripts" / "package"), "--version", f"{VERSION}~schema2"],
                                  cwd=tree / "src", capture_output=True, text=True, timeout=2400)
             assert run.returncode == 0, run.stderr[-4000:]
-            shutil.copyfile(tree / "src" / run.stdout.strip().splitlines()[-1], deb)
+            part = deb.with_name(deb.name + ".part")  # a run killed mid-copy leaves no .deb a later run would reuse
+            shutil.copyfile(tree / "src" / run.stdout.strip().splitlines()[-1], part)
+            part.replace(deb)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree / "src")],
                            capture_output=True, timeout=120)
