@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 import yaml
 from factory import classifier, manifest, random_labels, valjson, yolox
-from harness import drop
+from harness import container_output, drop
 
 from saigeedged.cli import main as cli
 from saigeedged.compile import accuracy, calibration, evaluate, images
@@ -345,7 +345,7 @@ def test_cubie_report_comes_from_the_simulator(tmp_path: Path, docker_config: Pa
     with zipfile.ZipFile(out) as zf:
         rep = json.loads(zf.read("accuracy.json"))
     assert rep["method"] == "simulator" and rep["held_out"] == first["held_out"] and rep["worst_layers"] == []
-    calls = [c for c in ctr.exec_run(["cat", "/tmp/standin-calls.log"]).output.decode().splitlines() if " inference " in c]
+    calls = [c for c in container_output(ctr, ["cat", "/tmp/standin-calls.log"]).splitlines() if " inference " in c]
     assert len(calls) == 2 and all("--iterations 4 " in c for c in calls)  # one toolkit start-up per report
     for head in DETECTION_HEADS:
         assert rep["outputs"][head]["cosine"] == pytest.approx(want[head][0], abs=1e-4)

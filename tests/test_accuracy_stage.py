@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from factory import random_labels, valjson
-from harness import drop
+from harness import container_output, drop
 from realmodels import yolox_nano
 
 pytestmark = pytest.mark.docker
@@ -22,7 +22,7 @@ def _cubie_daemon(daemon: Any, docker_config: Path) -> Any:
                   defaults={"target": "cubie"})
 
 
-def test_the_next_job_compiles_while_the_report_is_made(daemon: Any, docker_config: Path, tmp_path: Path) -> None:
+def test_the_next_job_compiles_while_the_report_is_made(docker_config: Path, daemon: Any, tmp_path: Path) -> None:
     """A cubie job hands its report to the finishing stage after its last container step: the next job starts (and
     runs its container steps) before the first one ends, and both succeed with their reports, published."""
     d = _cubie_daemon(daemon, docker_config)
@@ -41,7 +41,7 @@ def test_the_next_job_compiles_while_the_report_is_made(daemon: Any, docker_conf
     assert first["job_id"] in {e["job_id"] for e in d.events("job.finishing")}
 
 
-def test_a_stop_during_the_report_redoes_only_the_report(daemon: Any, docker_config: Path, docker_client: Any,
+def test_a_stop_during_the_report_redoes_only_the_report(docker_config: Path, daemon: Any, docker_client: Any,
                                                          tmp_path: Path) -> None:
     """SIGTERM while a cubie job makes its accuracy report (step bundle, a 320 detector): the daemon exits 0, the next
     start re-attaches the job, which makes its report again and succeeds in attempt 1; import, quantize and export
@@ -61,7 +61,7 @@ def test_a_stop_during_the_report_redoes_only_the_report(daemon: Any, docker_con
     assert (done["state"], done["attempt"]) == ("succeeded", 1), done
     assert done["accuracy"]["method"] == "emulated" and done["accuracy"]["images"] == 16
     ctr = docker_client.containers.get(settings["cubie"]["container"])
-    record = ctr.exec_run(["cat", "/tmp/standin-calls.log"]).output.decode().splitlines()
+    record = container_output(ctr, ["cat", "/tmp/standin-calls.log"]).splitlines()
     for verb in ("import", "quantize", "export"):
         assert len([c for c in record if f"pegasus.py {verb} " in c]) == 1, (verb, record)
     log = (d.outbox / done["log"]).read_text()

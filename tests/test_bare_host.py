@@ -66,7 +66,7 @@ def test_a_missing_image_fails_check_once_a_queued_job_needs_it(tmp_path: Path, 
     assert any(line.startswith("warn  image        mobilint") for line in lines), lines
 
 
-def test_image_warnings_only_for_asked_targets_and_once_across_restarts(daemon: Any, docker_config: Path,
+def test_image_warnings_only_for_asked_targets_and_once_across_restarts(docker_config: Path, daemon: Any,
                                                                         det_inputs: dict[str, Any]) -> None:
     """Neither vendor image loaded: a host-only config logs no `engine.image_missing`; with cubie as the default
     target one warning names the cubie image (not mobilint's, which nothing asks for), and a restart repeats none."""

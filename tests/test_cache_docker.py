@@ -24,7 +24,7 @@ pytestmark = pytest.mark.docker
 
 
 @pytest.fixture
-def cache_daemon(daemon: Any, docker_config: Path, fresh_acuity: str) -> Any:
+def cache_daemon(docker_config: Path, daemon: Any, fresh_acuity: str) -> Any:
     """daemon(...) compiling for cubie in this test's container of the session's own stand-in image."""
     settings = yaml.safe_load(docker_config.read_text())
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from factory import yolox
-from harness import drop, wait_for
+from harness import drop, release_standin, wait_for
 
 from saigeedged.adapters.journal import journal_field, journal_fields, journal_unreachable
 
@@ -53,7 +53,7 @@ def test_a_job_tells_its_story_in_the_journal(daemon: Any, det_inputs: dict[str,
     drop(d.inbox, "journaled", det_inputs["onnx"], det_inputs["manifest"])
     job_id = d.wait_job("journaled")["job_id"]
     entries = wait_for(lambda: (e := journal(SAIGEEDGE_JOB_ID=job_id)) and e[-1].get("SAIGEEDGE_EVENT") == "job.succeeded"
-                       and e, 10, "the job's journal entries")
+                       and e, 30, "the job's journal entries")
     events = [e["SAIGEEDGE_EVENT"] for e in entries]
     assert events[:2] == ["drop.claimed", "job.started"] and events[-1] == "job.succeeded"
     assert events.count("job.step") == 8
@@ -68,7 +68,7 @@ def test_failures_carry_the_error_code(daemon: Any, det_inputs: dict[str, Any]) 
     d = daemon(log={"format": "journal"})
     drop(d.inbox, "jfail", det_inputs["onnx"], {**det_inputs["manifest"], "num_classes": 9})
     job_id = d.wait_job("jfail")["job_id"]
-    failed = wait_for(lambda: journal(SAIGEEDGE_JOB_ID=job_id, SAIGEEDGE_EVENT="job.failed"), 10, "job.failed entry")
+    failed = wait_for(lambda: journal(SAIGEEDGE_JOB_ID=job_id, SAIGEEDGE_EVENT="job.failed"), 30, "job.failed entry")
     assert failed[0]["SAIGEEDGE_ERROR_CODE"] == "CALIB_INVALID" and failed[0]["PRIORITY"] == "4"
 
 
@@ -85,7 +85,7 @@ def test_auto_format_detects_a_journal_stream_and_logs_once(tmp_path: Path) -> N
     assert run.stdout.strip() == "journal"
     err.seek(0)
     assert err.read() == b""
-    assert wait_for(lambda: journal(SAIGEEDGE_MARKER=marker), 10, "the entry")[0]["SAIGEEDGE_EVENT"] == "daemon.ready"
+    assert wait_for(lambda: journal(SAIGEEDGE_MARKER=marker), 30, "the entry")[0]["SAIGEEDGE_EVENT"] == "daemon.ready"
     env["JOURNAL_STREAM"] = "1:1"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert run.stdout.strip() == "json" and '"event": "daemon.ready"' in run.stderr
@@ -129,19 +129,22 @@ def test_check_warns_when_journald_does_not_listen(setup: str, error: str, confi
 
 
 @pytest.mark.docker
-def test_a_reattach_reads_as_one_in_the_journal(daemon: Any, docker_config: Path, tmp_path: Path,
+def test_a_reattach_reads_as_one_in_the_journal(docker_config: Path, daemon: Any, docker_client: Any, tmp_path: Path,
                                                 det_inputs: dict[str, Any]) -> None:
     """A restart during a cubie quantize: journald has one `job.reattached` in quantize and each step's `job.step` once,
     so the steps the new daemon goes through again do not read as a job started over."""
     settings = yaml.safe_load(docker_config.read_text())
     d = daemon(log={"format": "journal"}, cubie=settings["cubie"], mobilint=settings["mobilint"],
                limits=settings["limits"], defaults={"target": "cubie"})
-    drop(d.inbox, "jreattach_sleep6", yolox(tmp_path / "j.onnx", size=(64, 64), seed=7), det_inputs["manifest"])
-    job_id = d.wait_job("jreattach_sleep6", ("running",))["job_id"]
+    drop(d.inbox, "jreattach_untilreleased", yolox(tmp_path / "j.onnx", size=(64, 64), seed=7),
+         det_inputs["manifest"])
+    job_id = d.wait_job("jreattach_untilreleased", ("running",))["job_id"]
     d.wait_state(job_id, ("running",), step="quantize")
-    d.signal(signal.SIGTERM)  # the stand-in's quantize of a "sleep6" model takes 6 s: it runs on without the daemon
+    d.signal(signal.SIGTERM)  # the stand-in's quantize runs until released: on without the daemon
     assert d.proc is not None and d.proc.wait(30) == 0
     d.start()
+    wait_for(lambda: journal(SAIGEEDGE_JOB_ID=job_id, SAIGEEDGE_EVENT="job.reattached"), 60, "the re-attach")
+    release_standin(docker_client.containers.get(settings["cubie"]["container"]))
     entries = wait_for(lambda: (e := journal(SAIGEEDGE_JOB_ID=job_id)) and e[-1].get("SAIGEEDGE_EVENT") == "job.succeeded"
                        and e, 60, "the job's end in the journal")
     steps = [e["SAIGEEDGE_STEP"] for e in entries if e["SAIGEEDGE_EVENT"] == "job.step"]

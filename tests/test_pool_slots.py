@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import yaml
 from conftest import write_config
+from engineproxy import EngineProxy
 from factory import random_labels, valjson, yolox
-from harness import wait_for
+from harness import container_output, release_standin, wait_for
 
 from saigeedged import config as configmod
 from saigeedged import jobid
@@ -82,26 +83,34 @@ def test_a_queued_job_is_taken_by_one_slot_only(tmp_path: Path) -> None:
 
 
 @pytest.mark.docker
-def test_an_attempt_requeued_under_its_worker_publishes_nothing(tmp_path: Path, docker_config: Path,
-                                                               fresh_acuity: str) -> None:
+def test_an_attempt_requeued_under_its_worker_publishes_nothing(tmp_path: Path, docker_config: Path, docker_client: Any,
+                                                               fresh_acuity: str, monkeypatch: Any) -> None:
     """The engine watch requeues a job (ENGINE_LOST) while its worker waits on the engine; when the step then
     finishes, that attempt writes no row, status or bundle; the next attempt publishes the one bundle."""
     settings = yaml.safe_load(docker_config.read_text())
     config = configmod.load(write_config(tmp_path, cubie={**settings["cubie"], "image": fresh_acuity},
                                          limits=settings["limits"], allowed_roots=[str(tmp_path / "data")]))
+    proxy = EngineProxy(tmp_path / "engine.sock")  # the worker's engine: one that stops answering when told
+    proxy.up()
+    monkeypatch.setenv("DOCKER_HOST", proxy.docker_host)
     jobs, places = setup(config)
-    job = queued_job(tmp_path, config, jobs, "det_sleep4")
+    job = queued_job(tmp_path, config, jobs, "det_untilreleased")
     ready = threading.Event()
     ready.set()
     w = worker(config, jobs, places, "local", ready=lambda target: ready.is_set())
     w.start()
     try:
         wait_for(lambda: (row := jobs.store.get(job.job_id)) and row.step == "quantize", 120, "the quantize step")
-        wait_for(lambda: w.containers.active is not None and w.containers.active.calls, 10, "the step in the engine")
+        ctr = docker_client.containers.get(settings["cubie"]["container"])
+        wait_for(lambda: "pegasus.py quantize" in container_output(ctr, ["ps", "-o", "args"]), 30, "the step running")
+        proxy.hang()  # the follow's next look at the step waits on the engine (engine_timeout_s: minutes)
+        wait_for(lambda: w.containers.active is not None and w.containers.active.calls, 30, "the worker in a call")
         ready.clear()  # the engine is down for the pool: this slot takes nothing
         assert w.lose("does not answer", lambda target: True)  # another engine serves cubie: the job moves
         requeued = jobs.store.get(job.job_id)
         assert requeued is not None and (requeued.state, requeued.attempt) == ("queued", 2)
+        proxy.resume()
+        release_standin(ctr)  # through the engine itself: the lost attempt's step ends, then the next one's at once
         wait_for(lambda: w.current is None, 60, "the lost attempt's worker to let go")
         row = jobs.store.get(job.job_id)
         assert row is not None and (row.state, row.attempt, row.step) == ("queued", 2, None)
@@ -114,8 +123,10 @@ def test_an_attempt_requeued_under_its_worker_publishes_nothing(tmp_path: Path, 
         wait_for(lambda: (row := jobs.store.get(job.job_id)) and row.state == "succeeded", 120, "the next attempt")
         assert len(list(config.outbox.rglob("*.saigeedge"))) == 1
     finally:
+        proxy.resume()
         w.stop()
         w.join(30)
+        proxy.down()
 
 
 def test_a_stop_asked_just_before_a_take_stops_the_job_before_its_first_step(tmp_path: Path) -> None:

@@ -79,7 +79,7 @@ def test_preparer_keeps_the_window_and_hands_over_unchanged_preps(tmp_path: Path
 
 
 @pytest.fixture
-def cubie_daemon(daemon: Any, docker_config: Path) -> Any:
+def cubie_daemon(docker_config: Path, daemon: Any) -> Any:
     """daemon(...) with the stand-in container settings of docker_config, target cubie, debug events."""
     settings = yaml.safe_load(docker_config.read_text())
 

@@ -225,7 +225,7 @@ def test_validate_and_the_daemon_warn_about_fp16_on_a733(tmp_path: Path, daemon:
 
 
 @pytest.mark.docker
-@pytest.mark.timeout(60)  # before the fix: for ever
+@pytest.mark.timeout(120)  # before the fix: for ever
 def test_a_probe_that_never_ends_gives_up_at_the_clients_deadline(docker_client: Any) -> None:
     """`check`'s throwaway probe container is waited for with the client's deadline and removed whatever happens:
     docker-py's containers.run waited without one, so a probe (or a dockerd) that never answered held `check` for
@@ -236,7 +236,9 @@ def test_a_probe_that_never_ends_gives_up_at_the_clients_deadline(docker_client:
     from saigeedged.cli.engineprobe import run_probe
 
     image = docker_client.images.get(STANDIN_ACUITY)
-    client = docker.from_env(timeout=2)  # the engine docker_client reaches, with a short deadline
+    # the engine docker_client reaches, with a deadline short against the probe's 100000 s but long against a loaded
+    # engine's create, start and remove of a container (each has the same deadline)
+    client = docker.from_env(timeout=10)
     script = f"sleep 100000 # {uuid.uuid4().hex}"  # this test's own probe, among other tests' containers
     assert run_probe(client, image.id, "echo found") == "found"
     with pytest.raises(docker.errors.ContainerError):  # a failing probe raises, as containers.run made it
