@@ -144,7 +144,7 @@ def test_multi_model_failure_is_collected(tmp_path: Path, docker_config: Path, c
 def test_foreign_container_is_never_removed(tmp_path: Path, docker_config: Path, docker_client: Any, capsys: Any) -> None:
     """A same-named container without the work-root mount, not ours: CONTAINER_FAILED, exit 3, left alone."""
     name = configmod.load(docker_config).section("cubie")["container"]
-    foreign = docker_client.containers.create("saigeedged-standin/acuity:test", ["tail", "-f", "/dev/null"], name=name)
+    foreign = docker_client.containers.create(STANDIN_ACUITY, ["tail", "-f", "/dev/null"], name=name)
     assert compile_(setup_det(tmp_path), docker_config) == 3
     assert "CONTAINER_FAILED" in capsys.readouterr().err
     assert docker_client.containers.get(name).id == foreign.id
