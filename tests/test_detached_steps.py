@@ -13,7 +13,7 @@ from engineproxy import EngineProxy
 from harness import container_output, wait_for
 
 from saigeedged import config as configmod
-from saigeedged.adapters.docker import Containers, execs
+from saigeedged.adapters.docker import Containers, detached, execs
 from saigeedged.errors import SaigeError
 
 pytestmark = pytest.mark.docker
@@ -115,6 +115,36 @@ def test_a_step_that_ended_unseen_gives_its_code_without_running_again(docker_co
     assert again.run_step(["sh", "-c", "echo one >> runs.txt"], work, 60, lambda chunk: None) == 0
     assert again.run_step(["sh", "-c", two], work, 60, lambda chunk: None) == 3
     assert (work / "runs.txt").read_text() == "one\ntwo\n"
+
+
+class KilledHere(Exception):
+    """The daemon dies at this point (a watchdog's SIGABRT of a frozen daemon, a SIGKILL)."""
+
+
+class DiesBeforeTheStart(detached.FileBook):
+    """A book whose daemon dies once the step's exec is recorded, before the engine is asked to start it."""
+
+    def launched(self, work: Path, n: int, exec_id: str) -> None:
+        super().launched(work, n, exec_id)
+        raise KilledHere
+
+
+def test_a_step_created_but_never_started_is_started_by_the_next_daemon(docker_config: Path) -> None:
+    """A daemon killed between its exec's create and its start: the next daemon finds the exec never started, starts it
+    and gets its code; the step ran once and its attempt is not lost (CONTAINER_LOST before)."""
+    config = configmod.load(docker_config)
+    work = config.work_root / "job-unstarted"
+    work.mkdir(parents=True)
+    step = ["sh", "-c", "echo run >> runs.txt; exit 5"]
+    first = Containers(config)
+    ctr = first.get("cubie")
+    ctr.book = DiesBeforeTheStart()
+    with pytest.raises(KilledHere):
+        ctr.run_step(step, work, 60, lambda chunk: None)
+    first.release()
+    assert (work / ".steps" / "1.exec").is_file() and not (work / "runs.txt").exists()
+    assert Containers(config).get("cubie").run_step(step, work, 60, lambda chunk: None) == 5
+    assert (work / "runs.txt").read_text() == "run\n"
 
 
 def test_a_step_whose_container_was_recreated_is_lost(docker_config: Path, docker_client: Any) -> None:

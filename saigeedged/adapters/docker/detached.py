@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from saigeedged.adapters.docker.api import APIError, DockerAPI
 from saigeedged.errors import SaigeError
@@ -110,6 +110,11 @@ class Files:
         self.book.mark_seen(self.work, self.n, offset)
 
 
+def never_started(info: dict[str, Any]) -> bool:
+    """An exec (its inspect) that was created and never started: no process, no exit code."""
+    return not info.get("Running", False) and info.get("ExitCode") is None and not info.get("Pid")
+
+
 def code_of(text: str) -> int | None:
     text = text.strip()
     return int(text) if text.lstrip("-").isdigit() else None
@@ -158,14 +163,21 @@ class Follower:
             return None
 
     def _gone(self) -> bool:
-        """Has the wrapper's exec ended without leaving an exit code (its container died or was recreated)?"""
+        """Has the wrapper's exec ended without leaving an exit code (its container died or was recreated)? One that
+        was created but never started (a daemon killed between the two calls, its watchdog's kill of a frozen one) is
+        started now: the step never ran, and its attempt is not spent on that."""
         assert self.api is not None, "a follower without an engine says itself whether its step is gone"
         with self.reach(f"asking whether step {self.files.n} runs"):  # the one engine call of a step's follow
             try:
                 info = self.api.api.exec_inspect(self.files.exec_id())
+                if never_started(info):
+                    self.api.api.exec_start(self.files.exec_id(), detach=True)
+                    return False
             except APIError as exc:
-                if exc.status_code == 404:
+                if exc.status_code == 404:  # gone with its container (a stopped container's execs go with it)
                     return True
+                if exc.status_code == 409:  # "is already running": its start was under way after all
+                    return False
                 raise
         return not info.get("Running", False)
 
