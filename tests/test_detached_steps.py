@@ -129,13 +129,10 @@ class DiesBeforeTheStart(detached.FileBook):
         raise KilledHere
 
 
-def test_a_step_created_but_never_started_is_started_by_the_next_daemon(docker_config: Path) -> None:
-    """A daemon killed between its exec's create and its start: the next daemon finds the exec never started, starts it
-    and gets its code; the step ran once and its attempt is not lost (CONTAINER_LOST before)."""
-    config = configmod.load(docker_config)
-    work = config.work_root / "job-unstarted"
+def _unstarted(config: configmod.Config, name: str, step: list[str]) -> Path:
+    """The work dir of an attempt whose daemon died between its first step's exec create and its start."""
+    work = config.work_root / name
     work.mkdir(parents=True)
-    step = ["sh", "-c", "echo run >> runs.txt; exit 5"]
     first = Containers(config)
     ctr = first.get("cubie")
     ctr.book = DiesBeforeTheStart()
@@ -143,8 +140,30 @@ def test_a_step_created_but_never_started_is_started_by_the_next_daemon(docker_c
         ctr.run_step(step, work, 60, lambda chunk: None)
     first.release()
     assert (work / ".steps" / "1.exec").is_file() and not (work / "runs.txt").exists()
-    assert Containers(config).get("cubie").run_step(step, work, 60, lambda chunk: None) == 5
+    return work
+
+
+UNSTARTED = ["sh", "-c", "echo run >> runs.txt; exit 5"]
+
+
+def test_a_step_created_but_never_started_is_started_by_the_next_daemon(docker_config: Path) -> None:
+    """A daemon killed between its exec's create and its start: the next daemon finds the exec never started, starts it
+    and gets its code; the step ran once and its attempt is not lost (CONTAINER_LOST before)."""
+    config = configmod.load(docker_config)
+    work = _unstarted(config, "job-unstarted", UNSTARTED)
+    assert Containers(config).get("cubie").run_step(UNSTARTED, work, 60, lambda chunk: None) == 5
     assert (work / "runs.txt").read_text() == "run\n"
+
+
+def test_a_never_started_step_of_a_cancelled_job_is_not_started(docker_config: Path) -> None:
+    """The same, but the job was cancelled while no daemon ran: the re-attach ends CANCELLED and the step never runs."""
+    config = configmod.load(docker_config)
+    work = _unstarted(config, "job-unstarted-cancelled", UNSTARTED)
+    ctr = Containers(config).get("cubie")
+    ctr.interrupted = lambda: "cancel"
+    with pytest.raises(SaigeError) as ended:
+        ctr.run_step(UNSTARTED, work, 60, lambda chunk: None)
+    assert ended.value.code == "CANCELLED" and not (work / "runs.txt").exists()
 
 
 def test_a_step_whose_container_was_recreated_is_lost(docker_config: Path, docker_client: Any) -> None:

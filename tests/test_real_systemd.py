@@ -202,8 +202,8 @@ def test_watchdog_restarts_a_frozen_daemon_and_the_job_resumes(host: Host, docke
     try:
         host.drop("freeze_untilreleased", target="cubie")
         job = host.job("freeze_untilreleased", ("running",), steps=("quantize",))
-        wait_for_step(docker_client.containers.get(host.container))  # frozen between the exec's create and its
-        # start, the step never ran: the new daemon finds no step to follow and the job runs a second attempt
+        wait_for_step(docker_client.containers.get(host.container))  # a freeze in the step's running state, not
+        # between its exec's create and start (the new daemon starts such a step: test_detached_steps covers that)
         host.box.sh("kill -STOP $(systemctl show -p MainPID --value saigeedged)")
         with released(host, docker_client, job["job_id"], timeout=120):
             done = host.job("freeze_untilreleased", timeout=120)

@@ -3,6 +3,7 @@ the first node (the controller), container steps on whichever node Slurm places 
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import threading
 import time
@@ -283,7 +284,8 @@ def test_a_partitioned_nodes_stale_attempt_never_publishes(cluster_daemon: Any, 
     finally:
         slurm_cluster.drain(slurm_cluster.controller, False)
         slurm_cluster.heal(node)
-        wait_for(lambda: "down" not in slurm_cluster.states()[node.name], 60, f"{node.name} back in service")
+        with contextlib.suppress(AssertionError):  # the next test's trouble, not a mask over this test's failure
+            wait_for(lambda: "down" not in slurm_cluster.states()[node.name], 60, f"{node.name} back in service")
 
 
 def test_a_job_held_after_a_failed_launch_runs_on_another_node(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811

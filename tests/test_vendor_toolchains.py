@@ -203,7 +203,7 @@ def test_cpu_image_compiles_with_device_cpu_and_keeps_its_provenance(
 
 
 @pytest.mark.docker
-def test_validate_and_the_daemon_warn_about_fp16_on_a733(tmp_path: Path, daemon: Any, docker_config: Path,
+def test_validate_and_the_daemon_warn_about_fp16_on_a733(tmp_path: Path, docker_config: Path, daemon: Any,
                                                          det_inputs: dict[str, Any], capsys: Any) -> None:
     """`validate` prints the FP16 warning; the daemon's validate step writes it to the job log and the journal
     (`job.warning`) and the job still succeeds."""

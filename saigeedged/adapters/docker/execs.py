@@ -108,7 +108,11 @@ class Container(Lifecycle):
                 self._launch(ctr, files, argv, timeout_s, env)
         # timed as an engine call is only the follow's exec_inspect: the step itself may run for hours, and counted as
         # one call it made the engine slow past engine_timeout_s, then the daemon unhealthy (systemd's watchdog kill)
-        code = detached.Follower(self.docker, files, sink, replay, self._reach).follow(stopping)
+        def may_start() -> None:  # a step re-attached to that was never started: as a launch does, first
+            self.raise_if_cancelled(argv)
+            files.book.launched(files.work, files.n, files.exec_id())  # Superseded: the attempt is over
+
+        code = detached.Follower(self.docker, files, sink, replay, self._reach, may_start).follow(stopping)
         self.raise_if_cancelled(argv)  # the cancel's own kill: whether the container died too does not matter
         lost = self._lost(ctr, code)  # (its grace also lets a cancel of a re-attached job reach the worker first)
         self.raise_if_cancelled(argv)
