@@ -21,11 +21,30 @@ DOCKER_SOCKET = Path("/var/run/docker.sock")
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
+LOCK_WAIT_S = 1200  # the longest a test waits for another process's build of the box image (prebuild's, mostly)
+PREBUILD_LOG = ROOT / "dist" / "prebuild.log"
+
+
+def _take(lock: Any, what: str) -> None:
+    """An exclusive flock on `lock`, waited for at most LOCK_WAIT_S; a timeout says who builds and where it logs."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                tail = PREBUILD_LOG.read_text(errors="replace")[-2000:] if PREBUILD_LOG.exists() else "(no log)"
+                raise AssertionError(f"waited {LOCK_WAIT_S} s for another process's build of {what} "
+                                     f"(tests/systemdbox/prebuild's log, {PREBUILD_LOG}):\n{tail}") from None
+            time.sleep(1)
+
+
 def image() -> str:
     """The box image's tag: built by ./build on first use, then reused while its inputs are unchanged (test processes
     that ask together wait for the first one's build instead of bootstrapping it twice)."""
     with open("/tmp/saigeedged-systemdbox.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _take(lock, "the box image")
         run = subprocess.run([str(HERE / "build")], capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-4000:]
     return run.stdout.strip().splitlines()[-1]
