@@ -124,8 +124,8 @@ class Follower:
     """Follows one detached step until it ends, reading its files on the host; `api` tells whether its exec runs."""
 
     def __init__(self, api: DockerAPI | None, files: Files, sink: Sink, replay: Sink | None,
-                 reach: Reach = lambda doing: contextlib.nullcontext(), may_start: Callable[[], None] = lambda: None
-                 ) -> None:
+                 reach: Reach = lambda doing: contextlib.nullcontext(),
+                 may_start: Callable[[str], None] = lambda exec_id: None) -> None:
         self.api, self.files, self.reach, self.may_start = api, files, reach, may_start
         self.sink, self.replay = sink, replay
         self.offset = 0  # bytes of the step's log read so far
@@ -166,20 +166,21 @@ class Follower:
     def _gone(self) -> bool:
         """Has the wrapper's exec ended without leaving an exit code (its container died or was recreated)? One that
         was created but never started (a daemon killed between the two calls, its watchdog's kill of a frozen one) is
-        started now, once `may_start()` allows it (it raises for a cancelled job or an attempt that is over): the step
+        started now, once `may_start(exec_id)` allows it (it raises for a cancelled job or an attempt that is over): the step
         never ran, and its attempt is not spent on that. Its own timeout counts from this start."""
         assert self.api is not None, "a follower without an engine says itself whether its step is gone"
+        exec_id = self.files.exec_id()
         with self.reach(f"asking whether step {self.files.n} runs"):  # the one engine call of a step's follow
             try:
-                info = self.api.api.exec_inspect(self.files.exec_id())
+                info = self.api.api.exec_inspect(exec_id)
             except APIError as exc:
                 if exc.status_code == 404:  # gone with its container (a stopped container's execs go with it)
                     return True
                 raise
             if never_started(info):
-                self.may_start()
+                self.may_start(exec_id)
                 try:
-                    self.api.api.exec_start(self.files.exec_id(), detach=True)
+                    self.api.api.exec_start(exec_id, detach=True)
                 except APIError as exc:
                     if exc.status_code != 409:  # started meanwhile, or its container is not running: the next look
                         raise  # tells (an exit code, or a 404 once the container's execs are gone)

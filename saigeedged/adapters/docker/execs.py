@@ -108,9 +108,9 @@ class Container(Lifecycle):
                 self._launch(ctr, files, argv, timeout_s, env)
         # timed as an engine call is only the follow's exec_inspect: the step itself may run for hours, and counted as
         # one call it made the engine slow past engine_timeout_s, then the daemon unhealthy (systemd's watchdog kill)
-        def may_start() -> None:  # a step re-attached to that was never started: as a launch does, first
+        def may_start(exec_id: str) -> None:  # a step re-attached to that was never started: as a launch does, first
             self.raise_if_cancelled(argv)
-            files.book.launched(files.work, files.n, files.exec_id())  # Superseded: the attempt is over
+            files.book.launched(files.work, files.n, exec_id)  # Superseded: the attempt is over
 
         code = detached.Follower(self.docker, files, sink, replay, self._reach, may_start).follow(stopping)
         self.raise_if_cancelled(argv)  # the cancel's own kill: whether the container died too does not matter
