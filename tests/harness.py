@@ -258,12 +258,19 @@ def answered(ask: Callable[[], tuple[int, str]]) -> tuple[int, str]:
 
 
 STANDIN_RELEASE = "/tmp/standin-release"  # in its container, ends the stand-in's `untilreleased` quantize
+STANDIN_QUANTIZE = "pegasus.py quantize"  # among a container's processes while the stand-in's quantize runs
 
 
 def release_standin(ctr: Any, released: bool = True) -> None:
     """End the stand-in's `untilreleased` quantize in this container (docker-py's), straight through the engine (never
     a test's EngineProxy); `released=False` takes the release back, for a container later tests share."""
     ctr.exec_run(["touch", STANDIN_RELEASE] if released else ["rm", "-f", STANDIN_RELEASE])
+
+
+def wait_for_quantize(ctr: Any) -> None:
+    """Until the stand-in's quantize runs in this container (docker-py's): a status says `quantize` before the step's
+    exec has started."""
+    wait_for(lambda: STANDIN_QUANTIZE in container_output(ctr, ["ps", "-o", "args"]), 30, "the stand-in's quantize step")
 
 
 def container_output(ctr: Any, argv: list[str]) -> str:

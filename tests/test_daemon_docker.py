@@ -14,7 +14,7 @@ import pytest
 import yaml
 from engineproxy import EngineProxy
 from factory import classifier, manifest, yolox
-from harness import container_output, drop, release_standin, wait_for
+from harness import STANDIN_QUANTIZE, container_output, drop, release_standin, wait_for
 
 from saigeedged.cli import client
 from saigeedged.cli import main as cli
@@ -52,7 +52,7 @@ def release(docker_client: Any, d: Any) -> None:
 def quantize_runs(docker_client: Any, d: Any) -> bool:
     """Is a stand-in quantize running in the daemon's container (False while the container is gone or recreated)?"""
     try:
-        return "pegasus.py quantize" in procs(docker_client, d)
+        return STANDIN_QUANTIZE in procs(docker_client, d)
     except docker.errors.DockerException:
         return False
 
@@ -67,7 +67,7 @@ def in_quantize(d: Any, docker_client: Any, tmp_path: Path, name: str, manifest:
     drop(d.inbox, name, named_model(tmp_path, name), manifest)
     job: dict[str, Any] = d.wait_job(name, ("running",))
     d.wait_state(job["job_id"], ("running",), step="quantize")
-    marker = {"hang": "sleep 100000", "untilreleased": "pegasus.py quantize"}
+    marker = {"hang": "sleep 100000", "untilreleased": STANDIN_QUANTIZE}
     (mode,) = [m for m in marker if m in name]  # steps that end when the test says so: release()
     wait_for(lambda: marker[mode] in procs(docker_client, d), 30, f"{name}'s quantize step running")
     return job
@@ -103,7 +103,7 @@ def reattached(d: Any, sig: signal.Signals, docker_client: Any, tmp_path: Path, 
     first = in_quantize(d, docker_client, tmp_path, "job_untilreleased", det_inputs["manifest"])
     d.signal(sig)
     assert d.proc.wait(30) == 0 if sig == signal.SIGTERM else d.proc.wait(10) != 0
-    assert "pegasus.py quantize" in procs(docker_client, d)  # the step outlived the daemon
+    assert STANDIN_QUANTIZE in procs(docker_client, d)  # the step outlived the daemon
     d.start()
     wait_for(lambda: d.events("job.reattached"), 60, "the new daemon re-attached")
     release(docker_client, d)  # the step it follows ends only now

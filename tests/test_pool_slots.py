@@ -12,7 +12,7 @@ import yaml
 from conftest import write_config
 from engineproxy import EngineProxy
 from factory import random_labels, valjson, yolox
-from harness import container_output, release_standin, wait_for
+from harness import release_standin, wait_for, wait_for_quantize
 
 from saigeedged import config as configmod
 from saigeedged import jobid
@@ -102,7 +102,7 @@ def test_an_attempt_requeued_under_its_worker_publishes_nothing(tmp_path: Path, 
     try:
         wait_for(lambda: (row := jobs.store.get(job.job_id)) and row.step == "quantize", 120, "the quantize step")
         ctr = docker_client.containers.get(settings["cubie"]["container"])
-        wait_for(lambda: "pegasus.py quantize" in container_output(ctr, ["ps", "-o", "args"]), 30, "the step running")
+        wait_for_quantize(ctr)
         proxy.hang()  # the follow's next look at the step waits on the engine (engine_timeout_s: minutes)
         wait_for(lambda: w.containers.active is not None and w.containers.active.calls, 30, "the worker in a call")
         ready.clear()  # the engine is down for the pool: this slot takes nothing

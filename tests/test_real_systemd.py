@@ -20,7 +20,17 @@ from typing import Any
 import pytest
 from conftest import STANDIN_ACUITY, STANDIN_MOBILINT
 from factory import random_labels, valjson
-from harness import container_output, drop_detector, job_named, read_status, release_standin, remove_containers, wait_for
+from harness import (
+    STANDIN_QUANTIZE,
+    container_output,
+    drop_detector,
+    job_named,
+    read_status,
+    release_standin,
+    remove_containers,
+    wait_for,
+    wait_for_quantize,
+)
 
 sys.path.insert(0, str(Path(__file__).parent / "systemdbox"))
 from box import Box, image, package  # noqa: E402
@@ -104,12 +114,6 @@ def test_ready_with_status_text(host: Host) -> None:
     assert ready[-1]["SYSLOG_IDENTIFIER"] == "saigeedged"
 
 
-def wait_for_step(ctr: Any) -> None:
-    """Until the stand-in's quantize runs in the container: the status says `quantize` before its exec starts."""
-    wait_for(lambda: "pegasus.py quantize" in container_output(ctr, ["ps", "-o", "args"]), 30,
-             "the stand-in's quantize step")
-
-
 @contextlib.contextmanager
 def released(host: Host, docker_client: Any, job_id: str, timeout: float = 60) -> Iterator[None]:
     """Once the job's re-attach is in the journal, end the stand-in's `untilreleased` quantize it follows (a step
@@ -174,7 +178,7 @@ def test_restart_mid_step_reattaches_and_runs_the_step_once(host: Host, docker_c
     host.drop("stop_untilreleased", target="cubie")
     job = host.job("stop_untilreleased", ("running",), steps=("quantize",))
     ctr = docker_client.containers.get(host.container)
-    wait_for_step(ctr)
+    wait_for_quantize(ctr)
     host.box.sh("systemctl restart saigeedged")
     killed = [m for m in host.box.messages() if "SIGKILL" in m or "remains running" in m]
     assert killed == [], killed
@@ -182,7 +186,7 @@ def test_restart_mid_step_reattaches_and_runs_the_step_once(host: Host, docker_c
         done = host.job("stop_untilreleased")
     assert done["state"] == "succeeded" and done["attempt"] == 1, done
     record = container_output(ctr, ["cat", "/tmp/standin-calls.log"]).splitlines()
-    assert len([line for line in record if job["job_id"] in line and "pegasus.py quantize" in line]) == 1, record
+    assert len([line for line in record if job["job_id"] in line and STANDIN_QUANTIZE in line]) == 1, record
     assert len(list((host.outbox / "status").glob("stop_untilreleased-*.json"))) == 1
     assert len(list(host.outbox.glob("stop_untilreleased*.saigeedge"))) == 1
     entries = ended_in_journal(host, job["job_id"])
@@ -202,7 +206,7 @@ def test_watchdog_restarts_a_frozen_daemon_and_the_job_resumes(host: Host, docke
     try:
         host.drop("freeze_untilreleased", target="cubie")
         job = host.job("freeze_untilreleased", ("running",), steps=("quantize",))
-        wait_for_step(docker_client.containers.get(host.container))  # a freeze in the step's running state, not
+        wait_for_quantize(docker_client.containers.get(host.container))  # a freeze in the step's running state, not
         # between its exec's create and start (the new daemon starts such a step: test_detached_steps covers that)
         host.box.sh("kill -STOP $(systemctl show -p MainPID --value saigeedged)")
         with released(host, docker_client, job["job_id"], timeout=120):

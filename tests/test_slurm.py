@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import STANDIN_ACUITY
-from harness import STANDIN_RELEASE, read_status, wait_for
+from harness import STANDIN_QUANTIZE, STANDIN_RELEASE, read_status, wait_for
 from slurmcluster import FAILING, Cluster, Node, slurm_cluster  # noqa: F401 - the session fixture
 from slurmdaemon import ClusterDaemon
 
@@ -39,9 +39,6 @@ def calls(node: Node, d: ClusterDaemon, verb: str) -> list[str]:
     """The stand-in pegasus calls of `verb` in the node's cubie container of daemon `d` (cwd, argv)."""
     out = node.sh(f"docker exec {d.cubie} cat /tmp/standin-calls.log", check=False).stdout
     return [line for line in out.splitlines() if f"pegasus.py {verb}" in line]
-
-
-UNTIL_RELEASED = "pegasus.py quantize"  # among a node container's processes while an `untilreleased` quantize waits
 
 
 def release(node: Node, d: ClusterDaemon) -> None:
@@ -207,10 +204,10 @@ def test_daemon_stopped_mid_step_leaves_the_step_running_and_reattaches(cluster_
     """`systemctl stop` (SIGTERM) during a quantize on a node: the cluster job and its step run on, the next daemon
     re-attaches in attempt 1 and the quantize ran once (docs/spec-executor-slurm.md, SPEC §15)."""
     d = cluster_daemon()
-    first, node = quantizing(d, slurm_cluster, "stopped_untilreleased", UNTIL_RELEASED)
+    first, node = quantizing(d, slurm_cluster, "stopped_untilreleased", STANDIN_QUANTIZE)
     d.stop()
     assert [e["job_id"] for e in d.events("job.detached")] == [first["job_id"]], d.tail()
-    assert UNTIL_RELEASED in procs(node, d)  # the step outlives the daemon
+    assert STANDIN_QUANTIZE in procs(node, d)  # the step outlives the daemon
     d.start()
     wait_for(lambda: d.events("job.reattached"), 60, "the re-attach")
     release(node, d)
@@ -258,7 +255,7 @@ def test_a_stop_while_the_cluster_job_waits_for_a_node_keeps_its_place(cluster_d
 def test_slurmctld_restart_mid_step_the_job_completes(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
     """The controller restarts while a quantize runs on a node: the job completes in its first attempt."""
     d = cluster_daemon()
-    first, node = quantizing(d, slurm_cluster, "ctld_untilreleased", UNTIL_RELEASED)
+    first, node = quantizing(d, slurm_cluster, "ctld_untilreleased", STANDIN_QUANTIZE)
     slurm_cluster.restart_controller()
     release(node, d)
     done = d.job("ctld_untilreleased")

@@ -19,7 +19,7 @@ import structlog
 import yaml
 from conftest import write_config
 from factory import yolox
-from harness import drop, release_standin, wait_for
+from harness import STANDIN_QUANTIZE, drop, release_standin, wait_for
 from test_daemon_docker import calls, cubie_daemon, procs  # noqa: F401 - cubie_daemon is a fixture
 from test_store_fence import job, lifecycle
 
@@ -70,12 +70,12 @@ def test_upgrade_from_the_previous_release_during_quantize_keeps_attempt_1(cubie
     assert sorted(steps.glob("prepared.*")), "the previous release keeps its host steps in the work dir"
     d.signal(signal.SIGTERM)
     assert d.proc is not None and d.proc.wait(30) == 0
-    assert (steps / "detached").exists() and "pegasus.py quantize" in procs(docker_client, d)
+    assert (steps / "detached").exists() and STANDIN_QUANTIZE in procs(docker_client, d)
     for key in ("PYTHONPATH", "PYTHONSAFEPATH"):
         d.env.pop(key)
     d.start(ready_timeout=60)
     wait_for(lambda: d.events("job.reattached"), 120, "the new daemon re-attached", lambda: d.stderr()[-3000:])
-    assert "pegasus.py quantize" in procs(docker_client, d)
+    assert STANDIN_QUANTIZE in procs(docker_client, d)
     compiler = docker_client.containers.get(yaml.safe_load(d.config.read_text())["cubie"]["container"])
     release_standin(compiler)
     done = d.wait_state(first["job_id"], ("succeeded", "failed", "cancelled"), timeout=90)
