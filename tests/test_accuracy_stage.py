@@ -1,5 +1,6 @@
-"""The accuracy report off the container's path (issue 25): the finishing stage makes a job's report while the next
-job's container steps run; a stop during the report redoes the report, never the compile (SPEC §15, §17)."""
+"""The accuracy report off the container's path (issue 25): the finishing stage makes a job's report, cubie's simulator
+call included, while the next job's container steps run; a stop during the report redoes the report, never the
+compile (SPEC §15, §17)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ from typing import Any
 import pytest
 import yaml
 from factory import random_labels, valjson
-from harness import container_output, drop
+from harness import STANDIN_RELEASE, container_output, drop, wait_for, wait_for_quantize
 from realmodels import yolox_nano
 
+from saigeedged.cli import main as cli
+
 pytestmark = pytest.mark.docker
+HOLD_INFERENCE = "/tmp/standin-hold-inference"  # the stand-in's `pegasus inference` runs on while it exists
+INFERENCE = "pegasus.py inference"  # among the container's processes while it runs
 
 
 def _cubie_daemon(daemon: Any, docker_config: Path) -> Any:
@@ -66,3 +71,84 @@ def test_a_stop_during_the_report_redoes_only_the_report(docker_config: Path, da
         assert len([c for c in record if f"pegasus.py {verb} " in c]) == 1, (verb, record)
     log = (d.outbox / done["log"]).read_text()
     assert "re-attached in step bundle" in log and log.count("accuracy (emulated, 16 held-out images)") == 1
+
+
+def _held_simulator(d: Any, docker_client: Any, settings: dict[str, Any], tmp_path: Path,
+                    fields: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """A cubie job `first` whose simulator call is running, held in the container (its quantize is held until the hold
+    is in place, so the call cannot come first): the container and the job's status."""
+    drop(d.inbox, "first_untilreleased", yolox_nano(tmp_path / "first_untilreleased.onnx", 320), fields)
+    job = d.wait_job("first_untilreleased", ("running",))
+    d.wait_state(job["job_id"], ("running",), step="quantize", timeout=120)
+    ctr = docker_client.containers.get(settings["cubie"]["container"])
+    wait_for_quantize(ctr)
+    ctr.exec_run(["touch", HOLD_INFERENCE])
+    ctr.exec_run(["touch", STANDIN_RELEASE])
+    wait_for(lambda: INFERENCE in container_output(ctr, ["ps", "-o", "args"]), 120, "the first job's simulator call")
+    return ctr, job
+
+
+def test_the_simulator_call_runs_beside_the_next_jobs_steps(docker_config: Path, daemon: Any, docker_client: Any,
+                                                             tmp_path: Path) -> None:
+    """A cubie job's `pegasus inference` over its held-out images runs in the container beside the next job: while it
+    is held there, the next job runs its import, quantize and export and is handed over for its own report; once it
+    ends, both succeed, each with one simulator call (answered without reference tensors: the reports say so and are
+    emulated)."""
+    settings = yaml.safe_load(docker_config.read_text())
+    d = _cubie_daemon(daemon, docker_config)
+    fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
+              "n_samples": 8}
+    ctr, first = _held_simulator(d, docker_client, settings, tmp_path, fields)
+    drop(d.inbox, "second", yolox_nano(tmp_path / "second.onnx", 320, seed=1), fields)
+    wait_for(lambda: [e for e in d.events("job.finishing") if e["job_name"] == "second"], 120,
+             "the second job's container steps, with the first job's simulator call held")
+    assert d.status(first["job_id"])["state"] == "running"  # its simulator call still held
+    ctr.exec_run(["rm", "-f", HOLD_INFERENCE])
+    done = [d.wait_job(name, timeout=180) for name in ("first_untilreleased", "second")]
+    assert [j["state"] for j in done] == ["succeeded", "succeeded"], done
+    record = container_output(ctr, ["cat", "/tmp/standin-calls.log"]).splitlines()
+    for job in done:
+        assert job["accuracy"]["method"] == "emulated"
+        assert any("`pegasus inference` exited 1" in note for note in job["accuracy"]["notes"]), job["accuracy"]
+    assert len([c for c in record if INFERENCE in c]) == 2, record
+
+
+def test_a_stop_during_the_simulator_call_follows_the_same_call_after_the_restart(
+        docker_config: Path, daemon: Any, docker_client: Any, tmp_path: Path) -> None:
+    """SIGTERM while a job's simulator call runs in the finishing stage: the daemon exits 0 leaving it running, the
+    next start re-attaches the job and follows that same call (the stand-in records one) to its end; the job succeeds
+    in attempt 1 with its compile run once."""
+    settings = yaml.safe_load(docker_config.read_text())
+    d = _cubie_daemon(daemon, docker_config)
+    fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
+              "n_samples": 8}
+    ctr, job = _held_simulator(d, docker_client, settings, tmp_path, fields)
+    d.signal(signal.SIGTERM)
+    assert d.proc.wait(30) == 0
+    assert d.status(job["job_id"])["state"] == "running"
+    assert INFERENCE in container_output(ctr, ["ps", "-o", "args"])  # left running, its attempt's
+    d.start()
+    wait_for(lambda: len([e for e in d.events("job.finishing") if e["job_id"] == job["job_id"]]) == 2, 120,
+             "the re-attached job handed over again")
+    assert INFERENCE in container_output(ctr, ["ps", "-o", "args"])  # still held: followed, not read after its end
+    ctr.exec_run(["rm", "-f", HOLD_INFERENCE])
+    done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=180)
+    assert (done["state"], done["attempt"]) == ("succeeded", 1), done
+    record = container_output(ctr, ["cat", "/tmp/standin-calls.log"]).splitlines()
+    for verb in ("import", "quantize", "export", "inference"):
+        assert len([c for c in record if f"pegasus.py {verb} " in c]) == 1, (verb, record)
+
+
+def test_a_cancel_during_the_simulator_call_kills_it(docker_config: Path, daemon: Any, docker_client: Any,
+                                                      tmp_path: Path) -> None:
+    """`saigeedged cancel` of a job whose simulator call runs in the finishing stage: the call is killed in the
+    container and the job ends cancelled."""
+    settings = yaml.safe_load(docker_config.read_text())
+    d = _cubie_daemon(daemon, docker_config)
+    fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
+              "n_samples": 8}
+    ctr, job = _held_simulator(d, docker_client, settings, tmp_path, fields)
+    assert cli.main(["cancel", job["job_id"], "-c", str(d.config)]) == 0
+    done = d.wait_state(job["job_id"], ("cancelled", "failed", "succeeded"), timeout=60)
+    assert done["state"] == "cancelled", done
+    wait_for(lambda: INFERENCE not in container_output(ctr, ["ps", "-o", "args"]), 30, "the simulator call killed")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from saigeedged.accuracytable import table as table
 from saigeedged.compile import emulated, simulate
 from saigeedged.compile.backends import cubie
+from saigeedged.errors import SaigeError
 from saigeedged.profiles import mean_scale
 
 if TYPE_CHECKING:
@@ -112,36 +113,66 @@ def costed(job: Any, args: tuple[Any, ...]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Plan:
     """How a compile's report is made: the child's job and arguments (the container's part, cubie's simulator, done),
-    and why the simulator was not used when it was not."""
+    and why the simulator was not used when it was not. `simulator`: cubie's simulator call is still to make (made()
+    makes it first, the job and arguments the emulation's until it answers)."""
 
     job: Any
     args: tuple[Any, ...]
     fallback: str | None = None
+    simulator: bool = False
 
 
 def plan(prep: Prepared, art: Artifact, ctx: Context, key: str | None = None) -> Plan | None:
-    """The report's container part (cubie: `pegasus inference` when the image has it) and what the child will run;
-    None: no held-out image (`eval_samples: 0`, or every image calibrated), no report. `key`: the compile's cache
-    key, under which an emulated model is kept (not with the cache off: `cache: false` or cache.max_bytes 0)."""
+    """What the child will run, None: no held-out image (`eval_samples: 0`, or every image calibrated), no report.
+    Cubie's container part (`pegasus inference`, when the image has it) is left to made() where the container can be
+    reached without the job's worker (Container.beside): the finishing stage makes it beside the next job's steps.
+    `key`: the compile's cache key, under which an emulated model is kept (not with the cache off: `cache: false` or
+    cache.max_bytes 0)."""
     if not prep.held_out:
         return None
-    wrapped = prep.work_dir / f"{prep.name}.eval-float.onnx"
     if prep.entry.target == "host":
-        return Plan(host_job, (prep, art.members[art.model_member], wrapped))
+        return Plan(host_job, (prep, art.members[art.model_member], _wrapped(prep)))
     bits = 16 if prep.entry.qtype == "int16" else 8
     reuse = prep.entry.cache and ctx.config.cache.max_bytes > 0  # `cache: false` asks for a compile from scratch
     kept = emulated.path(ctx.config.state_dir, key if reuse else None, prep.entry.calibration_method, bits)
-    emulation = Plan(emulated_job, (prep, prep.work_dir / f"{prep.name}.emulated.onnx", wrapped, kept))
-    if prep.entry.target == "cubie":
-        simulated = _simulated(prep, ctx, wrapped, emulation)
-        if isinstance(simulated, str):
-            return Plan(emulation.job, emulation.args, simulated)
-        return Plan(*simulated)
-    return emulation
+    emulation = Plan(emulated_job, (prep, prep.work_dir / f"{prep.name}.emulated.onnx", _wrapped(prep), kept))
+    if prep.entry.target != "cubie":
+        return emulation
+    if ctx.container is not None and simulate.missing(prep) is None \
+            and ctx.container("cubie").beside(prep.work_dir) is not None:
+        return Plan(emulation.job, emulation.args, simulator=True)
+    return _simulator(prep, ctx, emulation)
+
+
+def _wrapped(prep: Prepared) -> Path:
+    return prep.work_dir / f"{prep.name}.eval-float.onnx"
+
+
+def _simulator(prep: Prepared, ctx: Context, emulation: Plan) -> Plan:
+    """Cubie's simulator call now, and the child's job on what it wrote; the emulation, saying why, without it."""
+    simulated = _simulated(prep, ctx, _wrapped(prep), emulation)
+    if isinstance(simulated, str):
+        return Plan(emulation.job, emulation.args, simulated)
+    return Plan(*simulated)
+
+
+def _simulator_late(prep: Prepared, ctx: Context, emulation: Plan) -> Plan:
+    """The simulator call a plan left for made(). The compile is done: a call that fails for want of its container
+    (died, recreated for the next job's new image, its engine unreachable) or of time leaves the report emulated,
+    saying why; a cancel or a stop ends the job as it would in any step."""
+    try:
+        return _simulator(prep, ctx, Plan(emulation.job, emulation.args))
+    except SaigeError as exc:
+        if exc.code == "CANCELLED":
+            raise
+        return Plan(emulation.job, emulation.args, f"`pegasus inference` did not answer ({exc.code}: {exc.message})")
 
 
 def made(prep: Prepared, planned: Plan, ctx: Context) -> dict[str, Any]:
-    """The report itself, in the bounded child: host work only (a finishing stage runs it off the container's path)."""
+    """The report itself: the simulator call a plan left (a finishing stage makes it beside the next job's container
+    steps), then the bounded child, host work only (a finishing stage runs it off the container's path)."""
+    if planned.simulator:
+        planned = _simulator_late(prep, ctx, planned)
     result: dict[str, Any] = ctx.in_child(costed, (planned.job, planned.args), "accuracy")
     if planned.fallback:
         result["notes"].append(planned.fallback)

@@ -8,6 +8,12 @@ own bounded child, so two hold up to limits.child_memory_bytes each. A handed jo
 (the store's fence), so a cancel reaches it here, and a stop records it detached (its attempt record) like a step
 that runs on: the next start re-attaches it, which replays the ended container steps from their exit codes (or the
 cache) and makes the report again, never the compile (SPEC §15).
+
+A cubie job's simulator call (`pegasus inference` over the held-out images, SPEC §17) is made here too, in the
+container the job was handed over with (Container.beside, adapters.docker.Beside): beside the next job's steps, as
+compiles still run one at a time; with the real toolkit it is a start-up and a simulation of every image, which held
+the container for the next compile. Not on a Slurm node: there it is made by the job's worker, whose cluster job holds
+the node.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from saigeedged.adapters.docker import Containers
+from saigeedged.adapters.docker import Beside, Container
 from saigeedged.compile import pipeline
 from saigeedged.config import Config
 from saigeedged.jobs import Job
@@ -33,38 +39,43 @@ class Handed:
     """The jobs handed to the finishing stage and not yet taken by one of its finishers (Finishing.hand)."""
 
     def __init__(self) -> None:
-        self.jobs: deque[tuple[Job, pipeline.Compiled]] = deque()
+        # each with the container its steps ran in, for a container call still to make (Container.beside), or None
+        self.jobs: deque[tuple[Job, pipeline.Compiled, Container | None]] = deque()
         self.lock = threading.Lock()
         self.finishers: list[Finisher] = []
 
-    def hand(self, job: Job, compiled: pipeline.Compiled) -> None:
+    def hand(self, job: Job, compiled: pipeline.Compiled, container: Container | None = None) -> None:
         with self.lock:
-            self.jobs.append((job, compiled))
+            self.jobs.append((job, compiled, container))
         for finisher in self.finishers:
             finisher.wake.set()
 
-    def pop(self) -> tuple[Job, pipeline.Compiled] | None:
+    def pop(self) -> tuple[Job, pipeline.Compiled, Container | None] | None:
         with self.lock:
             return self.jobs.popleft() if self.jobs else None
 
     def waiting(self) -> list[Job]:
         with self.lock:
-            return [job for job, _ in self.jobs]
+            return [job for job, _, _ in self.jobs]
 
 
 class Finisher(Worker):
     """A worker whose jobs are handed over by the other workers (Handed.hand), not taken from the queue. The first
     of the stage (`lead`) also answers for the jobs handed and not yet taken (STATUS=, a stop's detached records)."""
 
-    def __init__(self, config: Config, jobs: Jobs, containers: Containers, places: Places, handed: Handed,
+    def __init__(self, config: Config, jobs: Jobs, containers: Beside, places: Places, handed: Handed,
                  lead: bool, on_change: Callable[[], None] = lambda: None) -> None:
         super().__init__(config, jobs, containers, places, on_change, Slot(STAGE, ()), threading.Event())
-        self.handed, self.lead = handed, lead
+        self.handed, self.lead, self.beside = handed, lead, containers
         handed.finishers.append(self)
 
     def _take(self) -> tuple[Job | None, bool, pipeline.Compiled | None]:
         taken = self.handed.pop()
-        return (None, False, None) if taken is None else (taken[0], False, taken[1])
+        if taken is None:
+            return None, False, None
+        job, compiled, container = taken
+        self.beside.hold(container)  # let go by the job's end (Worker.execute: containers.release)
+        return job, False, compiled
 
     def shown(self) -> Job | None:
         """The job STATUS= shows: the one whose report this finisher makes, else (the lead) the next handed one."""

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from saigeedged.adapters.docker import Containers, Engine
+from saigeedged.adapters.docker import Beside, Containers, Engine
 from saigeedged.adapters.slurm.cluster import Slurm
 from saigeedged.config import Config
 from saigeedged.jobs import HOST_ENGINE, Attempt, Job
@@ -59,8 +59,8 @@ class Pool:
                                    lambda target: target == "host" or ready(target), self._lost(engine.name)))
         # the finishing stage: the container jobs' reports, off the container's path (issue 25)
         self.handed = Handed()
-        self.finishers = [Finisher(config, jobs, Containers(config, on_event, on_wait,  # they call no engine
-                                                            engine=self.engines[0] if self.engines else None),
+        self.finishers = [Finisher(config, jobs, Beside(config, on_event, on_wait,  # none but those handed over
+                                                        engine=self.engines[0] if self.engines else None),
                                    places, self.handed, i == 0, on_change) for i in range(REPORTS_AT_ONCE)]
         for worker in self.workers:
             worker.finisher = self.handed

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from saigeedged.adapters.docker import Container
 from saigeedged.compile import ahead, pipeline
 from saigeedged.jobs import Job
 
@@ -20,5 +21,6 @@ class Ahead(Protocol):
 class Finishing(Protocol):
     """What a worker asks of the finishing stage: a container job's report, bundle and publication, off its slot."""
 
-    def hand(self, job: Job, compiled: pipeline.Compiled) -> None:
-        """Take `job` after its last container step: its report, bundle, publication and end are the stage's."""
+    def hand(self, job: Job, compiled: pipeline.Compiled, container: Container | None = None) -> None:
+        """Take `job` after its last container step: its report, bundle, publication and end are the stage's;
+        `container` (Container.beside): where a container call of its report (cubie's simulator) is still to run."""

@@ -251,8 +251,14 @@ class Worker(threading.Thread):
             return False
         if self.attempt is None or not self.jobs.still_current(self.attempt):
             raise Superseded(f"{job.job_id}: attempt {job.attempt} is not the store's any more")
+        left = None
+        if compiled.planned.simulator:  # its call runs in the container beside this slot's next job
+            active = self.containers.active
+            left = None if active is None or self.work is None else active.beside(self.work)
+            if left is None:
+                return False
         event("job.finishing", job)
-        self.finisher.hand(job, compiled)
+        self.finisher.hand(job, compiled, left)
         self.handed_off = True
         return True
 

@@ -151,3 +151,20 @@ class Containers:
         self.active = None
         if self.lock is not None:
             self.lock.release()
+
+
+class Beside(Containers):
+    """The finishing stage's containers: none of its own, no engine call but through them. A job handed over with the
+    container its steps ran in (`hold`, from Container.beside) runs its last container call there (cubie's simulator),
+    beside the next job of the worker that handed it over: without the host lock, which that worker held when the
+    job's steps ran and holds for its next job now."""
+
+    def hold(self, container: Container | None) -> None:
+        self.active = container
+
+    def get(self, target: str) -> Container:
+        if self.active is None or self.active.spec != Spec.for_target(self.config, target):
+            raise SaigeError("INTERNAL", f"the finishing stage has no {target} container: none was handed over "
+                             "with the job")
+        self.active.book, self.active.interrupted = self.book, self.interrupted
+        return self.active

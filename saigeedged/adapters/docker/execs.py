@@ -128,6 +128,15 @@ class Container(Lifecycle):
         if reason is not None and reason != "stop":
             raise SaigeError("CANCELLED", f"step {shlex.join(argv[:3])} was stopped ({reason})", reason=reason)
 
+    def beside(self, workdir: Path) -> Container | None:
+        """This container for the job in `workdir` once its worker is done with it (the finishing stage's): a handle
+        of its own, as the worker's book and cancel are its next job's, that numbers the job's further steps after
+        those it started here. None where a step cannot run without its worker (a Slurm node's)."""
+        other = Container(self.docker, self.spec, self.on_event)
+        other._probed = self._probed  # the entry points found, not probed again
+        other._steps[str(workdir)] = self._steps.get(str(workdir), 0)
+        return other
+
     def _next_step(self, workdir: Path) -> int:
         key = str(workdir)
         self._steps[key] = self._steps.get(key, 0) + 1

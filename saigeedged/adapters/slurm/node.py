@@ -57,6 +57,10 @@ class NodeContainer(Container):
         self.cluster_id: int | None = None
         self.serving: tuple[str, int] | None = None  # the attempt whose agent is ready
 
+    def beside(self, workdir: Path) -> Container | None:
+        """None: a step runs on the node of its attempt's cluster job, which its worker holds (Slurm's GRES)."""
+        return None
+
     def _attempt(self) -> tuple[Job, Path]:
         job, work = self.current()
         assert job is not None and work is not None, "a node container is used only by a worker's running job"

@@ -9,7 +9,8 @@
 #   untilreleased  quantize runs until a test creates /tmp/standin-release in the container (at most 10 min):
 #               a step that outlasts whatever the test does meanwhile (an upgrade), however slow the machine
 # `inference` (the host simulator) cannot compute a model in busybox sh: it answers with the .tensor files a test
-# put under /standin/tensors/<dtype>/<md5 of the input image>/ (computed there from the float model), else fails.
+# put under /standin/tensors/<dtype>/<md5 of the input image>/ (computed there from the float model), else fails;
+# it runs on while /tmp/standin-hold-inference exists in the container (a test's, at most 10 min).
 # A quantizer/qtype mismatch "succeeds" with exit 0 and writes no .quantize (silent failure).
 set -u
 # every call is recorded (cwd, then argv) so a test can count what really ran in this container
@@ -178,6 +179,11 @@ YML
   [ "$dtype" = float32 ] || need "$(get model_quantize)"
   dataset=$(grep -m1 'path:' "$meta" | sed 's/.*path: *//')
   need "$dataset"
+  waited=0
+  while [ -e /tmp/standin-hold-inference ]; do
+    [ "$waited" -lt 1200 ] || fail "inference was never released (/tmp/standin-hold-inference)"
+    sleep 0.5; waited=$((waited + 1))
+  done
   mkdir -p "$out"
   # batch size 1: iteration i reads line i+1 of the dataset and writes iter_<i>_*.tensor
   i=0
