@@ -6,9 +6,10 @@ asked); the stand-in ACUITY image is SAIGEEDGED_STANDIN_ACUITY (default saigeedg
     .venv/bin/python bench/burst.py [--drops 30] [--size 640] [--prlimit 6000000000]
 
 The stand-in compiler does no work: each job's container steps take a fraction of a second. Each run prints where a
-job's time went (`paths`): the burst is as long as the jobs' container paths end to end (the next job starts when the
-last one's container part ends); with the report on that path grows by the simulator's step and by the CPU the
-reports beside it take, while the reports themselves (`finishing`) overlap the next jobs.
+job's time went (`paths`): the next job starts when the last one's container part ends, so the burst is at least the
+jobs' container paths end to end; with the report on, the reports (`finishing`: cubie's simulator call, the report
+child and the bundle) run beside the next jobs, and the path grows by the CPU they take. Once the machine's cores are
+busy the burst is as long as the CPU of the jobs and their reports (`finishing` grows: reports wait for a finisher).
 
 The stand-in's `pegasus inference` answers only for images it has reference tensors of, else exits 1 and the report
 falls back to the host emulation (a quantization of the float model and both models on the images). `--simulator`
@@ -94,8 +95,8 @@ def _put_references(container: str, data: bytes) -> None:
 def paths(events: list[dict[str, Any]]) -> dict[str, float]:
     """Where a burst job's time went, mean seconds per job: `container_path` from its start to the end of its container
     part (`job.finishing`, or its end without a report), which the next job waits for; `export_step` its last
-    container step (export, and the simulator's `pegasus inference` with the report on); `finishing` the report and
-    bundle after it, made beside the next jobs."""
+    container step; `finishing` the simulator's `pegasus inference`, the report and the bundle after it, made beside
+    the next jobs."""
     def at(e: dict[str, Any]) -> float:
         return datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
 

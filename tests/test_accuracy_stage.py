@@ -152,3 +152,19 @@ def test_a_cancel_during_the_simulator_call_kills_it(docker_config: Path, daemon
     done = d.wait_state(job["job_id"], ("cancelled", "failed", "succeeded"), timeout=60)
     assert done["state"] == "cancelled", done
     wait_for(lambda: INFERENCE not in container_output(ctr, ["ps", "-o", "args"]), 30, "the simulator call killed")
+
+
+def test_a_simulator_call_whose_container_dies_leaves_the_report_emulated(docker_config: Path, daemon: Any,
+                                                                          docker_client: Any, tmp_path: Path) -> None:
+    """The container is removed under a job's simulator call in the finishing stage: the compile is done, so the job
+    is not compiled again; its report is emulated and says why, and it succeeds in attempt 1."""
+    settings = yaml.safe_load(docker_config.read_text())
+    d = _cubie_daemon(daemon, docker_config)
+    fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
+              "n_samples": 8}
+    ctr, job = _held_simulator(d, docker_client, settings, tmp_path, fields)
+    ctr.remove(force=True)
+    done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=180)
+    assert (done["state"], done["attempt"]) == ("succeeded", 1), done
+    assert done["accuracy"]["method"] == "emulated"
+    assert any("`pegasus inference` did not answer (CONTAINER_LOST" in n for n in done["accuracy"]["notes"]), done
