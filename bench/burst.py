@@ -37,59 +37,24 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 from factory import random_labels, valjson  # noqa: E402
 from harness import Daemon  # noqa: E402
 from realmodels import yolox_nano  # noqa: E402
+from simrefs import put_references, references  # noqa: E402
 
 STANDIN = os.environ.get("SAIGEEDGED_STANDIN_ACUITY", "saigeedged-standin/acuity:test")
-HEADS = ("/head/Concat_output_0", "/head/Concat_1_output_0", "/head/Concat_2_output_0")
 
 
-def _references(onnx_path: Path, folder: Path, size: int) -> bytes:
-    """A tar of /standin/tensors/quantized/<md5 of the image>/attach_<head>_out0_<shape>.tensor for every image."""
-    import hashlib
-    import io
-    import tarfile
-
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-
-    from saigeedged.compile import images
-
-    model = onnx.load(str(onnx_path))
-    model.graph.output.extend([onnx.ValueInfoProto(name=n) for n in HEADS])
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path in sorted(folder.iterdir()):
-            u8 = images.load_rgb(path, (size, size), letterbox=True)
-            heads = sess.run(list(HEADS), {"images": (u8[..., ::-1].astype(np.float32) / 255).transpose(2, 0, 1)[None]})
-            digest = hashlib.md5(path.read_bytes()).hexdigest()
-            for head, value in zip(HEADS, heads, strict=True):
-                step = max(float(value.max() - value.min()), 1e-12) / 255
-                got = np.round((value - value.min()) / step) * step + value.min()
-                text = "\n".join(f"{v:.6f}" for v in got.ravel()).encode() + b"\n"
-                layer = head.strip("/").replace("/", "_")
-                info = tarfile.TarInfo(f"quantized/{digest}/attach_{layer}_out0_{'_'.join(map(str, value.shape))}.tensor")
-                info.size = len(text)
-                tar.addfile(info, io.BytesIO(text))
-    return buf.getvalue()
-
-
-def _put_references(container: str, data: bytes) -> None:
+def _container(name: str) -> Any:
+    """The daemon's container (docker-py's), once it has made it."""
     import docker
 
     client = docker.from_env()
     deadline = time.monotonic() + 10
     while True:
         try:
-            ctr = client.containers.get(container)
-            break
+            return client.containers.get(name)
         except docker.errors.NotFound:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
-    ctr.exec_run(["mkdir", "-p", "/standin/tensors"])
-    if not ctr.put_archive("/standin/tensors", data):
-        raise SystemExit("put_archive of the reference tensors failed")
 
 
 def paths(events: list[dict[str, Any]]) -> dict[str, float]:
@@ -135,18 +100,18 @@ def burst(root: Path, drops: int, size: int, eval_samples: int, prlimit: str | N
     for i in range(drops):  # made beside the inbox, moved in at once
         shutil.copyfile(onnx, staging / f"b{i:03d}.onnx")
         (staging / f"b{i:03d}.yml").write_text(yaml.safe_dump(manifest))
-    references = _references(onnx, root / "data" / "images", size) if simulator and eval_samples else None
+    tensors = references(onnx, root / "data" / "images", size) if simulator and eval_samples else None
     d = Daemon(config)
     d.prefix = ["prlimit", f"--as={prlimit}"] if prlimit else []
     d.start()
     try:
-        if references is not None:  # the daemon makes its container for its first job: a warm-up job, not timed
+        if tensors is not None:  # the daemon makes its container for its first job: a warm-up job, not timed
             shutil.copyfile(onnx, d.inbox / "warm.onnx")
             (d.inbox / "warm.yml").write_text(yaml.safe_dump({**manifest, "eval_samples": 0}))
             while not [doc for p in (d.outbox / "status").glob("warm*.json")
                        if (doc := json.loads(p.read_text()))["state"] in ("succeeded", "failed")]:
                 time.sleep(0.5)
-            _put_references(container, references)
+            put_references(_container(container), tensors)
         start = time.monotonic()
         for path in sorted(staging.iterdir(), key=lambda p: p.suffix != ".onnx"):
             path.rename(d.inbox / path.name)

@@ -13,6 +13,7 @@ import yaml
 from factory import random_labels, valjson
 from harness import STANDIN_RELEASE, container_output, drop, wait_for, wait_for_quantize
 from realmodels import yolox_nano
+from simrefs import put_references, references
 
 from saigeedged.cli import main as cli
 
@@ -117,12 +118,16 @@ def test_a_stop_during_the_simulator_call_follows_the_same_call_after_the_restar
         docker_config: Path, daemon: Any, docker_client: Any, tmp_path: Path) -> None:
     """SIGTERM while a job's simulator call runs in the finishing stage: the daemon exits 0 leaving it running, the
     next start re-attaches the job and follows that same call (the stand-in records one) to its end; the job succeeds
-    in attempt 1 with its compile run once."""
+    in attempt 1 with its compile run once and the simulator's report. The replay takes the compile from the cache
+    (kept before the stop), so the call's step number is its own (it followed the import's record, exit 0, and read an
+    empty folder), and its output folder is left as the call made it (it was removed and made again under the
+    running call, which then wrote nothing there)."""
     settings = yaml.safe_load(docker_config.read_text())
     d = _cubie_daemon(daemon, docker_config)
     fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
               "n_samples": 8}
     ctr, job = _held_simulator(d, docker_client, settings, tmp_path, fields)
+    put_references(ctr, references(tmp_path / "first_untilreleased.onnx", tmp_path / "data" / "images", 320))
     d.signal(signal.SIGTERM)
     assert d.proc.wait(30) == 0
     assert d.status(job["job_id"])["state"] == "running"
@@ -134,6 +139,7 @@ def test_a_stop_during_the_simulator_call_follows_the_same_call_after_the_restar
     ctr.exec_run(["rm", "-f", HOLD_INFERENCE])
     done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=180)
     assert (done["state"], done["attempt"]) == ("succeeded", 1), done
+    assert done["accuracy"]["method"] == "simulator", done["accuracy"]["notes"]
     record = container_output(ctr, ["cat", "/tmp/standin-calls.log"]).splitlines()
     for verb in ("import", "quantize", "export", "inference"):
         assert len([c for c in record if f"pegasus.py {verb} " in c]) == 1, (verb, record)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from saigeedged import files
 from saigeedged.compile import calibration
 from saigeedged.compile.backends import cubie
 
@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 TENSOR_RE = re.compile(r"^iter_(?P<iteration>\d+)_(?P<layer>.+)_out0_(?P<shape>\d+(?:_\d+)*)\.tensor$")
 NO_SIMULATOR = b"invalid choice: 'inference'"  # argparse's answer of a toolkit without the subcommand
 SIM_DIR = "sim"
+# the call's step number, apart from the compile's (1, 2, ... in order): a re-attach finds this call whether its replay
+# ran the compile's steps or took them from the cache (kept before the stop), and never takes a compile step's exit code
+# for it (or it for the import's, when the first run was the cache hit)
+STEP = 1000
 
 
 def inference_args(name: str, entry: Any, out_dir: str, meta: str, iterations: int) -> list[str]:
@@ -86,15 +90,12 @@ def run(prep: Prepared, ctx: Context) -> tuple[Path | None, str]:
     if why is not None or ctx.container is None:
         return None, f"simulator not run: {why or 'no container'}"
     work = prep.work_dir
-    shutil.rmtree(work / SIM_DIR, ignore_errors=True)
-    (work / SIM_DIR).mkdir()
-    dataset = calibration.stage(prep.held_out, work, "eval", "eval_dataset.txt")
-    meta = yaml.safe_load((work / f"{prep.name}_inputmeta.yml").read_text())
-    meta["input_meta"]["databases"][0]["path"] = str(dataset.resolve())
-    (work / SIM_DIR / "inputmeta.yml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    staged = work / SIM_DIR / "inputmeta.yml"
+    if not staged.is_file():  # else staged by this attempt before a restart: its call may run on it, never rewritten
+        _stage(prep, staged)
     out = work / SIM_DIR / "out"
-    args = inference_args(prep.name, prep.entry, str(out), str(work / SIM_DIR / "inputmeta.yml"), len(prep.held_out))
-    code, output = cubie.Runner(ctx, ctx.container("cubie"), work).call(args)
+    args = inference_args(prep.name, prep.entry, str(out), str(staged), len(prep.held_out))
+    code, output = cubie.Runner(ctx, ctx.container("cubie"), work).call(args, number=STEP)
     if code != 0:
         return None, ("the image has no `pegasus inference`" if NO_SIMULATOR in output
                       else f"`pegasus inference` exited {code} (see the job log)")
@@ -102,3 +103,12 @@ def run(prep: Prepared, ctx: Context) -> tuple[Path | None, str]:
     if done != set(range(len(prep.held_out))):
         return None, f"`pegasus inference` wrote .tensor files for {len(done)} of {len(prep.held_out)} images in {SIM_DIR}/out"
     return out, "pegasus inference --dtype quantized (the toolkit's simulator)"
+
+
+def _stage(prep: Prepared, staged: Path) -> None:
+    """The held-out images and their dataset for the simulator, and its inputmeta (`staged`, written last, whole)."""
+    staged.parent.mkdir(exist_ok=True)
+    dataset = calibration.stage(prep.held_out, prep.work_dir, "eval", "eval_dataset.txt")
+    meta = yaml.safe_load((prep.work_dir / f"{prep.name}_inputmeta.yml").read_text())
+    meta["input_meta"]["databases"][0]["path"] = str(dataset.resolve())
+    files.write_bytes(staged, yaml.safe_dump(meta, sort_keys=False).encode())

@@ -91,16 +91,17 @@ class Container(Lifecycle):
 
     def run_step(self, argv: Sequence[str], workdir: Path, timeout_s: int, sink: Sink,
                  env: dict[str, str] | None = None, replay: Sink | None = None,
-                 stopping: detached.Stopping = lambda: False) -> int:
+                 stopping: detached.Stopping = lambda: False, number: int | None = None) -> int:
         """One compiler step under `timeout --kill-after`, started detached (SPEC §15); returns its exit code.
 
         Steps are numbered in the order a job's attempt runs them, so a daemon started again in the same attempt finds
         each one in `.steps/`: a step that ended gives its code at once, one still running is followed on. Output the job
         log already has (written before a restart) goes to `replay` only, the rest to `sink` too. `stopping()`: stop
-        following and leave the step running (CANCELLED, reason stop, detached).
+        following and leave the step running (CANCELLED, reason stop, detached). `number`: a number of its own instead
+        of the next in order (a step whose place in the order a replay may not give it again).
         """
         ctr = self.ensure()
-        files = detached.Files(workdir, self._next_step(workdir), self.book)
+        files = detached.Files(workdir, self._next_step(workdir) if number is None else number, self.book)
         label = shlex.join(argv[:3])
         if not files.started():
             self.raise_if_cancelled(argv)  # a cancel that came between steps is not erased by this one
@@ -130,11 +131,10 @@ class Container(Lifecycle):
 
     def beside(self, workdir: Path) -> Container | None:
         """This container for the job in `workdir` once its worker is done with it (the finishing stage's): a handle
-        of its own, as the worker's book and cancel are its next job's, that numbers the job's further steps after
-        those it started here. None where a step cannot run without its worker (a Slurm node's)."""
+        of its own, as the worker's book and cancel are its next job's. None where a step cannot run without its
+        worker (a Slurm node's)."""
         other = Container(self.docker, self.spec, self.on_event)
         other._probed = self._probed  # the entry points found, not probed again
-        other._steps[str(workdir)] = self._steps.get(str(workdir), 0)
         return other
 
     def _next_step(self, workdir: Path) -> int:

@@ -158,13 +158,13 @@ class NodeContainer(Container):
 
     def run_step(self, argv: Sequence[str], workdir: Path, timeout_s: int, sink: Sink,
                  env: dict[str, str] | None = None, replay: Sink | None = None,
-                 stopping: Stopping = lambda: False) -> int:
+                 stopping: Stopping = lambda: False, number: int | None = None) -> int:
         """One step on the node, started by its agent and followed by its files on the share (SPEC §15).
 
         The attempt's record says the step was asked for (and where) before the request is written, as the local
         engine records an exec before it starts: a daemon stopped now leaves the step running and the next one
         re-attaches to it. The request is written again when it is missing (a daemon stopped between the two)."""
-        files = Files(workdir, self._next_step(workdir), self.book)
+        files = Files(workdir, self._next_step(workdir) if number is None else number, self.book)
         if not files.started():
             self.raise_if_cancelled(argv)
             files.book.launched(workdir, files.n, f"slurm job {self.cluster_id} on {self.node}")

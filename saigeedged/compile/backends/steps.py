@@ -24,8 +24,10 @@ class StepRunner:
                  env: dict[str, str] | None = None) -> None:
         self.ctx, self.ctr, self.work, self.prefix, self.tool, self.env = ctx, ctr, work, list(prefix), tool, env
 
-    def call(self, args: Sequence[str], on_chunk: Callable[[bytes], None] | None = None) -> tuple[int, bytes]:
-        """Run and return (exit code, output); output is also streamed to the job log. Raises TIMEOUT."""
+    def call(self, args: Sequence[str], on_chunk: Callable[[bytes], None] | None = None,
+             number: int | None = None) -> tuple[int, bytes]:
+        """Run and return (exit code, output); output is also streamed to the job log. Raises TIMEOUT. `number`: the
+        step's own number (Container.run_step), else the next in the attempt's order."""
         captured = bytearray()
 
         def replay(chunk: bytes) -> None:  # output of a step re-attached after a restart that the job log already has
@@ -41,7 +43,7 @@ class StepRunner:
         self.ctx.log.line(f"$ {shlex.join(argv)}")
         limit = self.ctx.step_timeout()
         code = self.ctr.run_step(argv, self.work, limit, sink, self.env, replay,
-                                 stopping=lambda: self.ctx.interrupted() == "stop")
+                                 stopping=lambda: self.ctx.interrupted() == "stop", number=number)
         if code in TIMED_OUT:
             raise SaigeError("TIMEOUT", f"`{self.label(args)}` ran longer than {limit}s and was killed")
         return code, bytes(captured)

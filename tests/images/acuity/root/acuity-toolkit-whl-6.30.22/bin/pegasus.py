@@ -179,12 +179,12 @@ YML
   [ "$dtype" = float32 ] || need "$(get model_quantize)"
   dataset=$(grep -m1 'path:' "$meta" | sed 's/.*path: *//')
   need "$dataset"
+  mkdir -p "$out"
   waited=0
   while [ -e /tmp/standin-hold-inference ]; do
     [ "$waited" -lt 1200 ] || fail "inference was never released (/tmp/standin-hold-inference)"
     sleep 0.5; waited=$((waited + 1))
   done
-  mkdir -p "$out"
   # batch size 1: iteration i reads line i+1 of the dataset and writes iter_<i>_*.tensor
   i=0
   while [ "$i" -lt "$iterations" ]; do
