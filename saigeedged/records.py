@@ -40,7 +40,8 @@ class AttemptRecord:
     detached: bool = False
     reap: bool = False
     prepared: dict[str, Any] | None = None
-    steps: dict[str, dict[str, Any]] = field(default_factory=dict)  # by step number: {"exec": id, "seen": offset}
+    # by step number ("<variant folder>/<number>" for a variant's): {"exec": id, "seen": offset}
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_doc(self) -> dict[str, Any]:
         return {"version": VERSION, **dataclasses.asdict(self)}

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from engineproxy import EngineProxy
 from factory import random_labels, valjson
 from harness import STANDIN_RELEASE, container_output, drop, wait_for, wait_for_quantize
 from realmodels import yolox_nano
@@ -22,10 +23,10 @@ HOLD_INFERENCE = "/tmp/standin-hold-inference"  # the stand-in's `pegasus infere
 INFERENCE = "pegasus.py inference"  # among the container's processes while it runs
 
 
-def _cubie_daemon(daemon: Any, docker_config: Path) -> Any:
+def _cubie_daemon(daemon: Any, docker_config: Path, **kwargs: Any) -> Any:
     settings = yaml.safe_load(docker_config.read_text())
     return daemon(cubie=settings["cubie"], mobilint=settings["mobilint"], limits=settings["limits"],
-                  defaults={"target": "cubie"})
+                  defaults={"target": "cubie"}, **kwargs)
 
 
 def test_the_next_job_compiles_while_the_report_is_made(docker_config: Path, daemon: Any, tmp_path: Path) -> None:
@@ -174,3 +175,51 @@ def test_a_simulator_call_whose_container_dies_leaves_the_report_emulated(docker
     assert (done["state"], done["attempt"]) == ("succeeded", 1), done
     assert done["accuracy"]["method"] == "emulated"
     assert any("`pegasus inference` did not answer (CONTAINER_LOST" in n for n in done["accuracy"]["notes"]), done
+
+
+def test_an_engine_outage_during_the_simulator_call_holds_the_job_for_its_slot(docker_config: Path, daemon: Any,
+                                                                                docker_client: Any,
+                                                                                tmp_path: Path) -> None:
+    """The engine stops answering while a job's simulator call runs in the finishing stage: the call may run on, so
+    the job is held (not given an emulated report) and goes back to its slot's worker, which re-attaches it once the
+    engine answers and hands it over again; the same call is followed to its end and the report is the simulator's,
+    in attempt 1."""
+    proxy = EngineProxy(tmp_path / "engine.sock")
+    proxy.up()
+    settings = yaml.safe_load(docker_config.read_text())
+    d = _cubie_daemon(daemon, docker_config, env={"DOCKER_HOST": proxy.docker_host})
+    fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
+              "n_samples": 8}
+    ctr, job = _held_simulator(d, docker_client, settings, tmp_path, fields)
+    put_references(ctr, references(tmp_path / "first_untilreleased.onnx", tmp_path / "data" / "images", 320))
+    proxy.down()
+    waiting = wait_for(lambda: [e for e in d.events("job.waiting") if e["job_id"] == job["job_id"]], 60,
+                       "the job held for its engine")
+    assert waiting[0]["error_code"] == "DOCKER_UNAVAILABLE"
+    proxy.up()
+    wait_for(lambda: len([e for e in d.events("job.finishing") if e["job_id"] == job["job_id"]]) == 2, 120,
+             "the job re-attached by its slot's worker and handed over again")
+    ctr.exec_run(["rm", "-f", HOLD_INFERENCE])
+    done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=180)
+    assert (done["state"], done["attempt"]) == ("succeeded", 1), done
+    assert done["accuracy"]["method"] == "simulator", done["accuracy"]["notes"]
+    record = container_output(ctr, ["cat", "/tmp/standin-calls.log"]).splitlines()
+    assert len([c for c in record if INFERENCE in c]) == 1, record
+
+
+def test_a_variant_sweep_runs_each_variants_steps_in_its_own_folder(docker_config: Path, daemon: Any,
+                                                                    docker_client: Any, tmp_path: Path) -> None:
+    """A cubie job with two variants through the daemon: each variant numbers its steps from 1 in its own folder, and
+    the attempt's record keeps them apart, so the second variant's import runs rather than following the first's
+    exec; both are compiled and evaluated and the job succeeds in attempt 1."""
+    settings = yaml.safe_load(docker_config.read_text())
+    d = _cubie_daemon(daemon, docker_config)
+    fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
+              "n_samples": 8, "variants": [{"calibration_method": "minmax"}, {"calibration_method": "kl"}]}
+    drop(d.inbox, "det", yolox_nano(tmp_path / "det.onnx", 320), fields)
+    done = d.wait_job("det", timeout=300)
+    assert (done["state"], done["attempt"]) == ("succeeded", 1), done
+    assert [r["variant"] for r in done["accuracy"]["variants"]] == [1, 2], done["accuracy"]
+    ctr = docker_client.containers.get(settings["cubie"]["container"])
+    record = container_output(ctr, ["cat", "/tmp/standin-calls.log"]).splitlines()
+    assert len([c for c in record if "pegasus.py import " in c]) == 2, record

@@ -156,14 +156,18 @@ def _simulator(prep: Prepared, ctx: Context, emulation: Plan) -> Plan:
     return Plan(*simulated)
 
 
+OVER = ("CONTAINER_LOST", "TIMEOUT")  # a simulator call that ended so is over: nothing of it runs on
+
+
 def _simulator_late(prep: Prepared, ctx: Context, emulation: Plan) -> Plan:
-    """The simulator call a plan left for made(). The compile is done: a call that fails for want of its container
-    (died, recreated for the next job's new image, its engine unreachable) or of time leaves the report emulated,
-    saying why; a cancel or a stop ends the job as it would in any step."""
+    """The simulator call a plan left for made(). The compile is done: a call that is over for want of its container
+    (gone, stopped, or recreated on another image for the next job: it is never made there) or of time leaves the
+    report emulated, saying why. Anything else (its engine unreachable: the call may run on) ends the job as it would
+    in any step, and so do a cancel and a stop."""
     try:
         return _simulator(prep, ctx, Plan(emulation.job, emulation.args))
     except SaigeError as exc:
-        if exc.code == "CANCELLED":
+        if exc.code not in OVER:
             raise
         return Plan(emulation.job, emulation.args, f"`pegasus inference` did not answer ({exc.code}: {exc.message})")
 

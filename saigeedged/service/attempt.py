@@ -36,35 +36,36 @@ class Facts:
         return record is None or record.started
 
     # -- detached.Book: the steps' exec ids and log offsets, in the record (never in the container's folder) --------
-    def _step(self, n: int) -> dict[str, Any]:
+    def _step(self, work: Path, n: int) -> dict[str, Any]:
         attempt = self.attempt()
         record = None if attempt is None else self.store.record(attempt.job_id, attempt.take)
-        return dict(record.steps.get(str(n), {})) if record is not None else {}
+        return dict(record.steps.get(_key(record, work, n), {})) if record is not None else {}
 
-    def _set_step(self, n: int, started: bool = False, **fields: Any) -> None:
+    def _set_step(self, work: Path, n: int, started: bool = False, **fields: Any) -> None:
         attempt = self.attempt()
         if attempt is None:
             return
         record = self.store.record(attempt.job_id, attempt.take)
         steps = dict(record.steps) if record is not None else {}
-        steps[str(n)] = {**steps.get(str(n), {}), **fields}
+        key = _key(record, work, n)
+        steps[key] = {**steps.get(key, {}), **fields}
         changes: dict[str, Any] = {"steps": steps, **({"started": True} if started else {})}
         self.store.update_record(attempt.job_id, attempt.take, attempt, **changes)
 
     def launched(self, work: Path, n: int, exec_id: str) -> None:
         """Step `n` is about to start: the record says so first (Superseded: the attempt is over, it must not)."""
-        self._set_step(n, started=True, exec=exec_id)
+        self._set_step(work, n, started=True, exec=exec_id)
 
     def exec_id(self, work: Path, n: int) -> str | None:
-        value = self._step(n).get("exec")
+        value = self._step(work, n).get("exec")
         return value if isinstance(value, str) and value else None
 
     def seen(self, work: Path, n: int) -> int:
-        value = self._step(n).get("seen", 0)
+        value = self._step(work, n).get("seen", 0)
         return value if isinstance(value, int) else 0
 
     def mark_seen(self, work: Path, n: int, offset: int) -> None:
-        self._set_step(n, seen=offset)
+        self._set_step(work, n, seen=offset)
 
     def prepared(self, prep: Prepared) -> None:
         """The host steps are done: their results go into the record, for a resume."""
@@ -94,3 +95,14 @@ class Facts:
                              "or its host steps' files are gone): its step is killed and the job runs again",
                              step=job.step, unresumable=True)
         return host
+
+
+def _key(record: AttemptRecord | None, work: Path, n: int) -> str:
+    """Step `n`'s key in the record: its number for a step of the attempt's own folder, else prefixed by its folder
+    under it (a variant's: each variant numbers its steps from 1 in its own folder)."""
+    if record is None or not record.work or work == Path(record.work):
+        return str(n)
+    try:
+        return f"{work.relative_to(record.work)}/{n}"
+    except ValueError:
+        return f"{work}/{n}"

@@ -67,6 +67,7 @@ class Finisher(Worker):
                  lead: bool, on_change: Callable[[], None] = lambda: None) -> None:
         super().__init__(config, jobs, containers, places, on_change, Slot(STAGE, ()), threading.Event())
         self.handed, self.lead, self.beside = handed, lead, containers
+        self.rehome: Callable[[Job], None] = lambda job: None  # set by the pool: the job to a worker of its slot
         handed.finishers.append(self)
 
     def _take(self) -> tuple[Job | None, bool, pipeline.Compiled | None]:
@@ -86,6 +87,12 @@ class Finisher(Worker):
         """The jobs of this finisher: the one whose report it makes and (the lead) those handed over and waiting; a
         stop records them all as detached (Worker.stop), like a step that runs on: the next start re-attaches them."""
         return [*super().owned(), *(self.handed.waiting() if self.lead else [])]
+
+    def _hold(self, job: Job) -> None:
+        """A handed job held for its engine (its simulator call may run on) or for room in state_dir goes back to a
+        worker of its slot, which re-attaches it when it can (replaying its steps) and hands it over again: a
+        finisher takes no job but those handed to it."""
+        self.rehome(job)
 
     def stop(self) -> None:
         super().stop()  # the waiting jobs recorded detached first (owned), then forgotten: the next start has them

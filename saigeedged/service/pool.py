@@ -64,6 +64,8 @@ class Pool:
                                    places, self.handed, i == 0, on_change) for i in range(REPORTS_AT_ONCE)]
         for worker in self.workers:
             worker.finisher = self.handed
+        for finisher in self.finishers:
+            finisher.rehome = self._rehome
         self.workers.extend(self.finishers)
 
     def _add(self, engine: Engine, slot: Slot) -> None:
@@ -109,6 +111,11 @@ class Pool:
             elif job.job_id not in {j.job_id for j in worker.resumable}:  # a start-up tried again (state_dir full)
                 worker.resumable.append(job)
         return left
+
+    def _rehome(self, job: Job) -> None:
+        """A job the finishing stage cannot go on with now (held): a worker of its slot re-attaches it."""
+        self.resume([job])  # it came from such a worker: one serves it
+        self.wake.set()
 
     def abandon(self, attempts: list[Attempt]) -> None:
         """Kill the steps of these attempts (given up on): on a Slurm partition at once, each job's cluster jobs

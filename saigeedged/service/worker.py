@@ -362,5 +362,9 @@ class Worker(threading.Thread):
         job.error = exc.as_dict(job.step)
         self.jobs.save(job, fence=Attempt.of(job))
         event("job.waiting", job, "warning", error_code=exc.code, message=exc.message, engine=job.engine)
+        self._hold(job)
+
+    def _hold(self, job: Job) -> None:
+        """A job held for its engine (or for room in state_dir) is this worker's to re-attach."""
         with self._lock:
             self.resumable.append(job)

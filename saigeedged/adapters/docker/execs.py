@@ -131,11 +131,9 @@ class Container(Lifecycle):
 
     def beside(self, workdir: Path) -> Container | None:
         """This container for the job in `workdir` once its worker is done with it (the finishing stage's): a handle
-        of its own, as the worker's book and cancel are its next job's. None where a step cannot run without its
-        worker (a Slurm node's)."""
-        other = Container(self.docker, self.spec, self.on_event)
-        other._probed = self._probed  # the entry points found, not probed again
-        return other
+        of its own, as the worker's book and cancel are its next job's (Left). None where a step cannot run without
+        its worker (a Slurm node's)."""
+        return Left(self)
 
     def _next_step(self, workdir: Path) -> int:
         key = str(workdir)
@@ -210,3 +208,27 @@ class Container(Lifecycle):
             if ctr.status == "running":
                 self._exec(ctr, ["sh", "-c", _REAP, *[str(w / PIDFILE) for w in workdirs]], "/", None, lambda _: None)
 
+
+class Left(Container):
+    """A container handle for a job's calls after its worker let go of the container (Container.beside), while that
+    worker's next job runs there. It never creates, starts or recreates the container (whoever holds the host lock
+    does): one that is gone, stopped, or on another image than the one the job's steps ran on is lost to the call
+    (CONTAINER_LOST)."""
+
+    def __init__(self, left: Container) -> None:
+        super().__init__(left.docker, left.spec, left.on_event)
+        self._probed = dict(left._probed)  # the entry points found, not probed again
+        self.image_id = left.image_id
+
+    def ensure(self) -> ContainerRef:
+        with self._reach(f"finding container {self.spec.name}"):
+            try:
+                ctr = self.docker.containers.get(self.spec.name)
+            except NotFound:
+                raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} is gone") from None
+        image = ctr.attrs.get("ImageID", ctr.attrs.get("Image")) or None
+        if ctr.status != "running" or (self.image_id and image != self.image_id):
+            raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} is {ctr.status}"
+                             + (f" on another image ({image})" if image != self.image_id else "")
+                             + " since the job's steps ran")
+        return ctr
