@@ -12,7 +12,7 @@ import pytest
 import yaml
 from engineproxy import EngineProxy
 from factory import random_labels, valjson
-from harness import STANDIN_RELEASE, container_output, drop, wait_for, wait_for_quantize
+from harness import STANDIN_QUANTIZE, STANDIN_RELEASE, container_output, drop, wait_for, wait_for_quantize
 from realmodels import yolox_nano
 from simrefs import put_references, references
 
@@ -223,3 +223,23 @@ def test_a_variant_sweep_runs_each_variants_steps_in_its_own_folder(docker_confi
     ctr = docker_client.containers.get(settings["cubie"]["container"])
     record = container_output(ctr, ["cat", "/tmp/standin-calls.log"]).splitlines()
     assert len([c for c in record if "pegasus.py import " in c]) == 2, record
+
+
+def test_a_cancel_kills_the_running_step_of_a_variant(docker_config: Path, daemon: Any, docker_client: Any,
+                                                      tmp_path: Path) -> None:
+    """`saigeedged cancel` of a sweep whose first variant's quantize runs (in the variant's own folder): the step is
+    killed in the container and the job ends cancelled, not once the step ends by itself."""
+    settings = yaml.safe_load(docker_config.read_text())
+    d = _cubie_daemon(daemon, docker_config)
+    fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
+              "n_samples": 8, "variants": [{"calibration_method": "minmax"}, {"calibration_method": "kl"}]}
+    drop(d.inbox, "sweep_untilreleased", yolox_nano(tmp_path / "sweep_untilreleased.onnx", 320), fields)
+    job = d.wait_job("sweep_untilreleased", ("running",))
+    d.wait_state(job["job_id"], ("running",), step="quantize", timeout=120)
+    ctr = docker_client.containers.get(settings["cubie"]["container"])
+    wait_for_quantize(ctr)
+    assert cli.main(["cancel", job["job_id"], "-c", str(d.config)]) == 0
+    done = d.wait_state(job["job_id"], ("cancelled", "failed", "succeeded"), timeout=60)
+    assert done["state"] == "cancelled", done
+    wait_for(lambda: STANDIN_QUANTIZE not in container_output(ctr, ["ps", "-o", "args"]), 30,
+             "the variant's quantize killed")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import time
 from dataclasses import dataclass
@@ -157,18 +158,23 @@ def _simulator(prep: Prepared, ctx: Context, emulation: Plan) -> Plan:
 
 
 OVER = ("CONTAINER_LOST", "TIMEOUT")  # a simulator call that ended so is over: nothing of it runs on
+HELD = ("CANCELLED", "DOCKER_UNAVAILABLE")  # the job's own end (a cancel, a stop), or its engine away: the call may run on
 
 
 def _simulator_late(prep: Prepared, ctx: Context, emulation: Plan) -> Plan:
-    """The simulator call a plan left for made(). The compile is done: a call that is over for want of its container
-    (gone, stopped, or recreated on another image for the next job: it is never made there) or of time leaves the
-    report emulated, saying why. Anything else (its engine unreachable: the call may run on) ends the job as it would
-    in any step, and so do a cancel and a stop."""
+    """The simulator call a plan left for made(). The compile is done: a call that failed for want of its container
+    (gone, stopped, or recreated on another image for the next job: it is never made there), of time, or by an
+    answer of the engine that it refused leaves the report emulated, saying why (the call killed first unless it is
+    over). A cancel, a stop or an engine that does not answer (the call may run on: the job is held for it) end the
+    job as in any step."""
     try:
         return _simulator(prep, ctx, Plan(emulation.job, emulation.args))
     except SaigeError as exc:
-        if exc.code not in OVER:
+        if exc.code in HELD:
             raise
+        if exc.code not in OVER and ctx.container is not None:
+            with contextlib.suppress(Exception):  # best effort: what still answers is asked to end it
+                ctx.container("cubie").interrupt(prep.work_dir, "cancel")
         return Plan(emulation.job, emulation.args, f"`pegasus inference` did not answer ({exc.code}: {exc.message})")
 
 

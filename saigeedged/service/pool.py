@@ -108,13 +108,15 @@ class Pool:
             worker = min(serving, key=lambda w: len(w.resumable), default=None)  # each its own: they run at once
             if worker is None:
                 left.append(job)
-            elif job.job_id not in {j.job_id for j in worker.resumable}:  # a start-up tried again (state_dir full)
-                worker.resumable.append(job)
+            else:
+                worker.adopt(job)
         return left
 
     def _rehome(self, job: Job) -> None:
         """A job the finishing stage cannot go on with now (held): a worker of its slot re-attaches it."""
-        self.resume([job])  # it came from such a worker: one serves it
+        for unserved in self.resume([job]):  # it came from such a worker: one serves it, unless a bug says otherwise
+            self.jobs.abandon(unserved, RuntimeError(f"no slot serves {unserved.target} jobs to re-attach it"),
+                              Attempt.of(unserved))
         self.wake.set()
 
     def abandon(self, attempts: list[Attempt]) -> None:

@@ -366,5 +366,10 @@ class Worker(threading.Thread):
 
     def _hold(self, job: Job) -> None:
         """A job held for its engine (or for room in state_dir) is this worker's to re-attach."""
-        with self._lock:
-            self.resumable.append(job)
+        self.adopt(job)
+
+    def adopt(self, job: Job) -> None:
+        """Re-attach `job` (a running attempt) when this slot can: at a start, or held by the finishing stage."""
+        with self._lock:  # the engine monitor rebuilds the list from its own thread (lose)
+            if job.job_id not in {j.job_id for j in self.resumable}:  # a start-up tried again (state_dir full)
+                self.resumable.append(job)

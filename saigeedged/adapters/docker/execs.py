@@ -17,15 +17,17 @@ KILL_AFTER = "30s"
 LOST_GRACE_S = 2  # how long a step killed by a signal waits to see whether its whole container is going down
 PIDFILE = ".step.pid"
 STOPFILE = ".step.stop"  # beside the pidfile: a cancel for this job's steps, holding its reason
+VARIANT_DIRS = "variant"  # a sweep's variants run their steps in <work>/variantN/ (compile/variants.py)
 # by path: a busybox sh would run its own applet for a bare `timeout` (coreutils lives here on Ubuntu)
 TIMEOUT_BIN = "/usr/bin/timeout"
 # A pid from a pidfile ($p, the file's folder $d) is signalled only when it is one of that attempt's: digits, and a
 # process working in the attempt's folder (the wrapper and `timeout` run there). The pidfile lies in the folder the step
 # writes: a pid it put there (another job's step, the container's init; `1` made `kill -- -1`, every process) is skipped.
 _OURS = 'case $p in ""|*[!0-9]*) continue ;; esac; [ "/proc/$p/cwd" -ef "$d" ] || continue; '
-# the stop file is touched inside the container too, by the path the container sees
-_KILL = 'touch "${0%.pid}.stop" 2>/dev/null; d=${0%/*}; for p in $(cat "$0" 2>/dev/null); do ' + _OURS + \
-        'kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; done; rm -f "$0"'
+# $0 and every further argument: pidfiles of one attempt's folders (its own, its variants'); the stop file is touched
+# inside the container too, by the path the container sees
+_KILL = 'for f in "$0" "$@"; do touch "${f%.pid}.stop" 2>/dev/null; d=${f%/*}; for p in $(cat "$f" 2>/dev/null); do ' \
+        + _OURS + 'kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; done; rm -f "$f"; done'
 # $0 and every further argument: pidfiles of attempts to end
 _REAP = 'for f in "$0" "$@"; do if [ -f "$f" ]; then d=${f%/*}; for p in $(cat "$f"); do ' + _OURS + \
         'kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done; fi; rm -rf "${f%/*}"; done; true'
@@ -183,15 +185,18 @@ class Container(Lifecycle):
         return True
 
     def interrupt(self, workdir: Path, reason: str) -> None:
-        """Kill the running step of the job in `workdir` (a cancel) and keep its later steps from running (the stop
-        file stays until the work folder is removed); run_step raises CANCELLED by the worker's own reason."""
+        """Kill the running step of the job in `workdir` (a cancel), or of one of its variants (a sweep's, each in a
+        folder of its own under it), and keep its later steps from running (the stop file stays until the work folder
+        is removed); run_step raises CANCELLED by the worker's own reason."""
         try:
             (workdir / STOPFILE).write_text(reason)
+            variants = sorted(p.name for p in workdir.iterdir() if p.name.startswith(VARIANT_DIRS))  # names only
         except OSError:  # no work folder yet: the worker's own flag stops the job before its first step
-            pass
+            variants = []
         try:
             ctr = self.docker.containers.get(self.spec.name)
-            self._exec(ctr, ["sh", "-c", _KILL, str(workdir / PIDFILE)], "/", None, lambda _: None)
+            self._exec(ctr, ["sh", "-c", _KILL, *[str(workdir / v / PIDFILE) for v in ["", *variants]]], "/", None,
+                       lambda _: None)
         except ENGINE_ERRORS:
             pass
 
@@ -227,8 +232,8 @@ class Left(Container):
             except NotFound:
                 raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} is gone") from None
         image = ctr.attrs.get("ImageID", ctr.attrs.get("Image")) or None
-        if ctr.status != "running" or (self.image_id and image != self.image_id):
+        moved = bool(self.image_id) and image != self.image_id
+        if ctr.status != "running" or moved:
             raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} is {ctr.status}"
-                             + (f" on another image ({image})" if image != self.image_id else "")
-                             + " since the job's steps ran")
+                             + (f" on another image ({image})" if moved else "") + " since the job's steps ran")
         return ctr
