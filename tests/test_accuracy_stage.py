@@ -75,6 +75,15 @@ def test_a_stop_during_the_report_redoes_only_the_report(docker_config: Path, da
     assert "re-attached in step bundle" in log and log.count("accuracy (emulated, 16 held-out images)") == 1
 
 
+SWEEP = [{"calibration_method": "minmax"}, {"calibration_method": "kl"}]
+
+
+def _fields(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    """A detector's manifest fields on 40 images, 8 calibrated: the rest are held out for the report."""
+    return {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
+            "n_samples": 8, **extra}
+
+
 def _held_simulator(d: Any, docker_client: Any, settings: dict[str, Any], tmp_path: Path,
                     fields: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """A cubie job `first` whose simulator call is running, held in the container (its quantize is held until the hold
@@ -98,8 +107,7 @@ def test_the_simulator_call_runs_beside_the_next_jobs_steps(docker_config: Path,
     emulated)."""
     settings = yaml.safe_load(docker_config.read_text())
     d = _cubie_daemon(daemon, docker_config)
-    fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
-              "n_samples": 8}
+    fields = _fields(tmp_path)
     ctr, first = _held_simulator(d, docker_client, settings, tmp_path, fields)
     drop(d.inbox, "second", yolox_nano(tmp_path / "second.onnx", 320, seed=1), fields)
     wait_for(lambda: [e for e in d.events("job.finishing") if e["job_name"] == "second"], 120,
@@ -125,8 +133,7 @@ def test_a_stop_during_the_simulator_call_follows_the_same_call_after_the_restar
     running call, which then wrote nothing there)."""
     settings = yaml.safe_load(docker_config.read_text())
     d = _cubie_daemon(daemon, docker_config)
-    fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
-              "n_samples": 8}
+    fields = _fields(tmp_path)
     ctr, job = _held_simulator(d, docker_client, settings, tmp_path, fields)
     put_references(ctr, references(tmp_path / "first_untilreleased.onnx", tmp_path / "data" / "images", 320))
     d.signal(signal.SIGTERM)
@@ -152,8 +159,7 @@ def test_a_cancel_during_the_simulator_call_kills_it(docker_config: Path, daemon
     container and the job ends cancelled."""
     settings = yaml.safe_load(docker_config.read_text())
     d = _cubie_daemon(daemon, docker_config)
-    fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
-              "n_samples": 8}
+    fields = _fields(tmp_path)
     ctr, job = _held_simulator(d, docker_client, settings, tmp_path, fields)
     assert cli.main(["cancel", job["job_id"], "-c", str(d.config)]) == 0
     done = d.wait_state(job["job_id"], ("cancelled", "failed", "succeeded"), timeout=60)
@@ -167,8 +173,7 @@ def test_a_simulator_call_whose_container_dies_leaves_the_report_emulated(docker
     is not compiled again; its report is emulated and says why, and it succeeds in attempt 1."""
     settings = yaml.safe_load(docker_config.read_text())
     d = _cubie_daemon(daemon, docker_config)
-    fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
-              "n_samples": 8}
+    fields = _fields(tmp_path)
     ctr, job = _held_simulator(d, docker_client, settings, tmp_path, fields)
     ctr.remove(force=True)
     done = d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=180)
@@ -188,8 +193,7 @@ def test_an_engine_outage_during_the_simulator_call_holds_the_job_for_its_slot(d
     proxy.up()
     settings = yaml.safe_load(docker_config.read_text())
     d = _cubie_daemon(daemon, docker_config, env={"DOCKER_HOST": proxy.docker_host})
-    fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
-              "n_samples": 8}
+    fields = _fields(tmp_path)
     ctr, job = _held_simulator(d, docker_client, settings, tmp_path, fields)
     put_references(ctr, references(tmp_path / "first_untilreleased.onnx", tmp_path / "data" / "images", 320))
     proxy.down()
@@ -214,8 +218,7 @@ def test_a_variant_sweep_runs_each_variants_steps_in_its_own_folder(docker_confi
     exec; both are compiled and evaluated and the job succeeds in attempt 1."""
     settings = yaml.safe_load(docker_config.read_text())
     d = _cubie_daemon(daemon, docker_config)
-    fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
-              "n_samples": 8, "variants": [{"calibration_method": "minmax"}, {"calibration_method": "kl"}]}
+    fields = _fields(tmp_path, variants=SWEEP)
     drop(d.inbox, "det", yolox_nano(tmp_path / "det.onnx", 320), fields)
     done = d.wait_job("det", timeout=300)
     assert (done["state"], done["attempt"]) == ("succeeded", 1), done
@@ -231,8 +234,7 @@ def test_a_cancel_kills_the_running_step_of_a_variant(docker_config: Path, daemo
     killed in the container and the job ends cancelled, not once the step ends by itself."""
     settings = yaml.safe_load(docker_config.read_text())
     d = _cubie_daemon(daemon, docker_config)
-    fields = {"task": "detection", "num_classes": 3, "calib": str(valjson(tmp_path / "data", random_labels(40, 3))),
-              "n_samples": 8, "variants": [{"calibration_method": "minmax"}, {"calibration_method": "kl"}]}
+    fields = _fields(tmp_path, variants=SWEEP)
     drop(d.inbox, "sweep_untilreleased", yolox_nano(tmp_path / "sweep_untilreleased.onnx", 320), fields)
     job = d.wait_job("sweep_untilreleased", ("running",))
     d.wait_state(job["job_id"], ("running",), step="quantize", timeout=120)

@@ -91,6 +91,18 @@ def test_a_cubie_drop_compiles_on_a_node(cluster_daemon: Any, slurm_cluster: Clu
     wait_for(lambda: all(n in _read(d.outbox / "index.html") for n in slurm_cluster.nodes), 60, "the nodes on the page")
 
 
+def test_a_variant_sweep_runs_its_steps_on_the_node(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
+    """A cubie sweep of two variants on the partition: each variant asks for its steps in its own folder
+    (work/.../variantN/.steps/), and the node's agent starts them there; the job succeeds in attempt 1 with both
+    variants compiled on the node and evaluated."""
+    d = cluster_daemon()
+    d.drop("sweep", variants=[{"calibration_method": "minmax"}, {"calibration_method": "kl"}])
+    done = d.job("sweep", timeout=300)
+    assert (done["state"], done["attempt"]) == ("succeeded", 1), done
+    assert [r["variant"] for r in done["accuracy"]["variants"]] == [1, 2], done["accuracy"]
+    assert sum(len([c for c in calls(n, d, "quantize") if "sweep" in c]) for n in slurm_cluster.nodes.values()) == 2
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text()

@@ -24,6 +24,7 @@ from saigeedged import files as filesmod
 from saigeedged.adapters import signals
 from saigeedged.adapters.docker import Container, Spec, connect
 from saigeedged.adapters.docker.detached import Files
+from saigeedged.adapters.docker.execs import VARIANT_DIRS
 from saigeedged.engines import DEFAULT
 from saigeedged.errors import SaigeError
 
@@ -47,7 +48,7 @@ class Agent:
         self.container, self.stop = container, stop
         self.job_dir, self.attempt = job_dir, attempt
         self.work = job_dir / f"attempt{attempt}"
-        self.launched: set[int] = set()
+        self.launched: set[tuple[str, int]] = set()  # (folder under the attempt's, "" for its own; step number)
         self.answered: set[str] = set()
 
     def announce(self, cluster_id: str, restarts: str) -> None:
@@ -75,15 +76,20 @@ class Agent:
         self._kill_running()
         return 143 if self.stop.is_set() else 0
 
+    def _folders(self) -> list[Path]:
+        """The attempt's folder and its variants' (a sweep's steps run in <attempt>/variantN/, asked for there)."""
+        return [self.work, *sorted(p for p in self.work.glob(f"{VARIANT_DIRS}*") if not p.is_symlink() and p.is_dir())]
+
     def _steps(self) -> None:
-        for req in sorted((self.work / ".steps").glob("*.req")):
-            n = int(req.name.split(".")[0])
-            files = Files(self.work, n)
-            if n in self.launched or files.started():
-                continue
-            self.launched.add(n)
-            ask: dict[str, Any] = json.loads(req.read_text())
-            self.container.launch(files, ask["argv"], int(ask["timeout_s"]), ask.get("env"))
+        for folder in self._folders():
+            for req in sorted((folder / ".steps").glob("*.req")):
+                n = int(req.name.split(".")[0])
+                files, key = Files(folder, n), ("" if folder == self.work else folder.name, n)
+                if key in self.launched or files.started():
+                    continue
+                self.launched.add(key)
+                ask: dict[str, Any] = json.loads(req.read_text())
+                self.container.launch(files, ask["argv"], int(ask["timeout_s"]), ask.get("env"))
 
     def _probes(self) -> None:
         for ask in sorted((self.work / NODE_DIR).glob("probe-*.sh")):
@@ -97,8 +103,8 @@ class Agent:
 
     def _kill_running(self) -> None:
         """A step of this attempt without an exit code yet is killed: nothing of it runs on after its job."""
-        if any(not Files(self.work, n).path("rc").exists() for n in self.launched):
-            self.container.interrupt(self.work, "cancel")
+        if any(not Files(self.work / folder, n).path("rc").exists() for folder, n in self.launched):
+            self.container.interrupt(self.work, "cancel")  # the variants' folders too
 
 
 def main(job_dir: Path, attempt: int, target_spec: dict[str, str], timeout_s: float) -> int:
