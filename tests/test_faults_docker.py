@@ -92,6 +92,21 @@ def test_a_stop_that_lands_between_steps_is_not_erased_by_the_next_one(docker_co
     assert not (workdir / "ran").exists()
 
 
+def test_the_reap_of_a_sweep_given_up_kills_its_variants_step(cubie_daemon: Any, docker_client: Any,  # noqa: F811
+                                                                tmp_path: Path, det_inputs: dict[str, Any]) -> None:
+    """The daemon SIGKILLed while a sweep's first variant quantizes (its step and pidfile in work/.../variant1/), at
+    max_attempts 1: the next start ends the job failed and the engine monitor's reap kills that step, not only the
+    attempt folder's, and removes the folder."""
+    d = cubie_daemon(limits={"max_attempts": 1})
+    sweep = [{"calibration_method": "minmax"}, {"calibration_method": "kl"}]
+    job = in_quantize(d, docker_client, tmp_path, "sweephang", {**det_inputs["manifest"], "variants": sweep})
+    d.kill()
+    d.start()
+    assert d.wait_state(job["job_id"], ("failed",))["error"]["code"] == "INTERNAL"
+    wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 30, "the variant's step reaped")
+    wait_for(lambda: not (d.state_dir / "work" / job["job_id"]).exists(), 10, "the reaped attempt's folder removed")
+
+
 def test_a_job_the_daemon_keeps_dying_under_ends_failed_at_max_attempts(cubie_daemon: Any,  # noqa: F811
                                                                         docker_client: Any, tmp_path: Path,
                                                                         det_inputs: dict[str, Any]) -> None:

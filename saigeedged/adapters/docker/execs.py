@@ -34,6 +34,16 @@ _REAP = 'for f in "$0" "$@"; do if [ -f "$f" ]; then d=${f%/*}; for p in $(cat "
 Sink = Callable[[bytes], None]
 
 
+def folders(workdir: Path) -> list[Path]:
+    """The folders of an attempt whose steps have a pidfile: its variants' (a sweep's, each its own steps; a link a
+    step put there is none of them), then its own."""
+    try:
+        names = sorted(p.name for p in workdir.iterdir() if p.name.startswith(VARIANT_DIRS) and not p.is_symlink())
+    except OSError:  # no work folder (yet, or any more)
+        names = []
+    return [*(workdir / n for n in names), workdir]
+
+
 class Container(Lifecycle):
     """A compiler container and the steps run in it (the work root bind-mounted at its own path)."""
 
@@ -190,12 +200,11 @@ class Container(Lifecycle):
         is removed); run_step raises CANCELLED by the worker's own reason."""
         try:
             (workdir / STOPFILE).write_text(reason)
-            variants = sorted(p.name for p in workdir.iterdir() if p.name.startswith(VARIANT_DIRS))  # names only
         except OSError:  # no work folder yet: the worker's own flag stops the job before its first step
-            variants = []
+            pass
         try:
             ctr = self.docker.containers.get(self.spec.name)
-            self._exec(ctr, ["sh", "-c", _KILL, *[str(workdir / v / PIDFILE) for v in ["", *variants]]], "/", None,
+            self._exec(ctr, ["sh", "-c", _KILL, *[str(f / PIDFILE) for f in folders(workdir)]], "/", None,
                        lambda _: None)
         except ENGINE_ERRORS:
             pass
@@ -210,8 +219,9 @@ class Container(Lifecycle):
                 ctr = self.docker.containers.get(self.spec.name)
             except NotFound:
                 return
-            if ctr.status == "running":
-                self._exec(ctr, ["sh", "-c", _REAP, *[str(w / PIDFILE) for w in workdirs]], "/", None, lambda _: None)
+            if ctr.status == "running":  # (each folder is removed after its pidfile is read: the variants' first)
+                self._exec(ctr, ["sh", "-c", _REAP, *[str(f / PIDFILE) for w in workdirs for f in folders(w)]], "/",
+                           None, lambda _: None)
 
 
 class Left(Container):

@@ -24,7 +24,7 @@ from saigeedged import files as filesmod
 from saigeedged.adapters import signals
 from saigeedged.adapters.docker import Container, Spec, connect
 from saigeedged.adapters.docker.detached import Files
-from saigeedged.adapters.docker.execs import VARIANT_DIRS
+from saigeedged.adapters.docker.execs import folders
 from saigeedged.engines import DEFAULT
 from saigeedged.errors import SaigeError
 
@@ -76,12 +76,8 @@ class Agent:
         self._kill_running()
         return 143 if self.stop.is_set() else 0
 
-    def _folders(self) -> list[Path]:
-        """The attempt's folder and its variants' (a sweep's steps run in <attempt>/variantN/, asked for there)."""
-        return [self.work, *sorted(p for p in self.work.glob(f"{VARIANT_DIRS}*") if not p.is_symlink() and p.is_dir())]
-
     def _steps(self) -> None:
-        for folder in self._folders():
+        for folder in folders(self.work):  # a sweep's steps are asked for in <attempt>/variantN/.steps/
             for req in sorted((folder / ".steps").glob("*.req")):
                 n = int(req.name.split(".")[0])
                 files, key = Files(folder, n), ("" if folder == self.work else folder.name, n)
