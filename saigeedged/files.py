@@ -82,6 +82,30 @@ def atomic_write(dest: Path, fill: Callable[[BinaryIO], object], *, exclusive: b
     return True
 
 
+def write_in(folder: Path, name: str, data: bytes) -> None:
+    """A small file `name` in `folder`, a folder a compiler step writes: never written through a link a step put there
+    (the file's, replaced; or the folder's: OSError). Not atomic: a marker, read whole or not at all."""
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dfd)
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666 & ~_UMASK, dir_fd=dfd)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+    finally:
+        os.close(dfd)
+
+
+def remove_in(folder: Path, name: str) -> None:
+    """Remove `name` from `folder` (a link itself, never its target; nothing through a folder that is a link)."""
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
 def write_bytes(dest: Path, data: bytes, *, exclusive: bool = False, tmp: Path | None = None) -> bool:
     """`data` to `dest` atomically (see atomic_write)."""
     return atomic_write(dest, lambda out: out.write(data), exclusive=exclusive, tmp=tmp)

@@ -149,3 +149,25 @@ def test_an_output_swapped_for_a_link_after_its_check_is_not_read(tmp_path: Path
     (work / "real.mxq").write_bytes(b"MXQ1")
     with files.open_output(work / "real.mxq", work) as fh:
         assert fh.read() == b"MXQ1"
+
+
+def test_a_marker_is_never_written_through_a_link_a_step_put_there(tmp_path: Path) -> None:
+    """write_in (a cancel's stop file in a folder compiler steps write): a link planted under the marker's name is
+    replaced, its target untouched; a folder that is a link is refused; remove_in takes the link, not its target."""
+    target = tmp_path / "state.db"
+    target.write_bytes(b"precious")
+    work = tmp_path / "attempt1"
+    work.mkdir()
+    (work / ".step.stop").symlink_to(target)
+    files.write_in(work, ".step.stop", b"cancel")
+    assert target.read_bytes() == b"precious"
+    assert not (work / ".step.stop").is_symlink() and (work / ".step.stop").read_bytes() == b"cancel"
+    (tmp_path / "variant1").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(OSError):
+        files.write_in(tmp_path / "variant1", ".step.stop", b"cancel")
+    assert not (tmp_path / "elsewhere" / ".step.stop").exists()
+    (work / ".step.stop").unlink()
+    (work / ".step.stop").symlink_to(target)
+    files.remove_in(work, ".step.stop")
+    assert target.read_bytes() == b"precious" and not (work / ".step.stop").exists()

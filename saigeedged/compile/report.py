@@ -174,7 +174,7 @@ def _simulator_late(prep: Prepared, ctx: Context, emulation: Plan) -> Plan:
             raise
         if exc.code not in OVER and ctx.container is not None:
             with contextlib.suppress(Exception):  # best effort: what still answers is asked to end it
-                ctx.container("cubie").interrupt(prep.work_dir, "cancel")
+                ctx.container("cubie").interrupt(prep.work_dir, "cancel", later=True)
         return Plan(emulation.job, emulation.args, f"`pegasus inference` did not answer ({exc.code}: {exc.message})")
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from saigeedged import files as filesmod
 from saigeedged.adapters.docker import detached, stream
 from saigeedged.adapters.docker.api import ENGINE_ERRORS, ContainerRef, DockerAPI, NotFound
 from saigeedged.adapters.docker.lifecycle import Lifecycle, OnEvent
@@ -20,17 +22,21 @@ STOPFILE = ".step.stop"  # beside the pidfile: a cancel for this job's steps, ho
 VARIANT_DIRS = "variant"  # a sweep's variants run their steps in <work>/variantN/ (compile/variants.py)
 # by path: a busybox sh would run its own applet for a bare `timeout` (coreutils lives here on Ubuntu)
 TIMEOUT_BIN = "/usr/bin/timeout"
-# A pid from a pidfile ($p, the file's folder $d) is signalled only when it is one of that attempt's: digits, and a
-# process working in the attempt's folder (the wrapper and `timeout` run there). The pidfile lies in the folder the step
-# writes: a pid it put there (another job's step, the container's init; `1` made `kill -- -1`, every process) is skipped.
-_OURS = 'case $p in ""|*[!0-9]*) continue ;; esac; [ "/proc/$p/cwd" -ef "$d" ] || continue; '
-# $0 and every further argument: pidfiles of one attempt's folders (its own, its variants'); the stop file is touched
-# inside the container too, by the path the container sees
-_KILL = 'for f in "$0" "$@"; do touch "${f%.pid}.stop" 2>/dev/null; d=${f%/*}; for p in $(cat "$f" 2>/dev/null); do ' \
-        + _OURS + 'kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; done; rm -f "$f"; done'
-# $0 and every further argument: pidfiles of attempts to end
-_REAP = 'for f in "$0" "$@"; do if [ -f "$f" ]; then d=${f%/*}; for p in $(cat "$f"); do ' + _OURS + \
-        'kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done; fi; rm -rf "${f%/*}"; done; true'
+# Each pidfile $f is read in its folder, entered by `cd -P` only when that folder's parent is the one its path names (a
+# folder a step replaced by a link, to another job's, is skipped), in a subshell. A pid from it ($p) is signalled only
+# when it is one of that attempt's: digits, and a process working in that very folder (the wrapper and `timeout` run
+# there). The pidfile lies in the folder the step writes: a pid it put there (another job's step, the container's
+# init; `1` made `kill -- -1`, every process) is skipped.
+_HERE = 'd=${f%/*}; cd -P "$d" 2>/dev/null && [ .. -ef "${d%/*}" ] || exit 0; '
+_OURS = 'case $p in ""|*[!0-9]*) continue ;; esac; [ "/proc/$p/cwd" -ef . ] || continue; '
+# $0 and every further argument: pidfiles of one attempt's folders (its own, its variants'); the stop file is made
+# inside the container too, by the path the container sees (not through a link a step put there)
+_KILL = (f'for f in "$0" "$@"; do ({_HERE}[ -L {STOPFILE} ] || touch {STOPFILE} 2>/dev/null; '
+         f'for p in $(cat {PIDFILE} 2>/dev/null); do {_OURS}'
+         f'kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null; done; rm -f {PIDFILE}); done')
+# $0 and every further argument: pidfiles of attempts to end (their folders removed after)
+_REAP = (f'for f in "$0" "$@"; do ({_HERE}for p in $(cat {PIDFILE} 2>/dev/null); do {_OURS}'
+         f'kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done); rm -rf "${{f%/*}}"; done; true')
 Sink = Callable[[bytes], None]
 
 
@@ -194,20 +200,22 @@ class Container(Lifecycle):
                     return True
         return True
 
-    def interrupt(self, workdir: Path, reason: str) -> None:
+    def interrupt(self, workdir: Path, reason: str, later: bool = False) -> None:
         """Kill the running step of the job in `workdir` (a cancel), or of one of its variants (a sweep's, each in a
         folder of its own under it), and keep its later steps from running (the stop file stays until the work folder
-        is removed); run_step raises CANCELLED by the worker's own reason."""
-        try:
-            (workdir / STOPFILE).write_text(reason)
-        except OSError:  # no work folder yet: the worker's own flag stops the job before its first step
-            pass
+        is removed); run_step raises CANCELLED by the worker's own reason. `later`: its later steps may still run
+        (a step given up on, not the job): the stop file is removed once the kill has run."""
+        with contextlib.suppress(OSError):  # no work folder yet: the worker's own flag stops the job before its first step
+            filesmod.write_in(workdir, STOPFILE, reason.encode())
         try:
             ctr = self.docker.containers.get(self.spec.name)
             self._exec(ctr, ["sh", "-c", _KILL, *[str(f / PIDFILE) for f in folders(workdir)]], "/", None,
                        lambda _: None)
         except ENGINE_ERRORS:
             pass
+        if later:
+            with contextlib.suppress(OSError):
+                filesmod.remove_in(workdir, STOPFILE)
 
     def reap(self, workdirs: Sequence[Path]) -> None:
         """Kill the steps of these attempts' work dirs by their pidfiles (attempts requeued elsewhere, or ended by a

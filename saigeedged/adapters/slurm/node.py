@@ -213,10 +213,10 @@ class NodeContainer(Container):
         raise SaigeError("ENGINE_LOST", f"node {self.node or '?'} no longer runs attempt {job.attempt} ({seen}): "
                          "Slurm requeued it off a lost node, or it ended", step=job.step)
 
-    def interrupt(self, workdir: Path, reason: str) -> None:
+    def interrupt(self, workdir: Path, reason: str, later: bool = False) -> None:
         """A cancel ends the attempt's cluster job: its agent's TERM kills the step on the node."""
         try:
-            (workdir / STOPFILE).write_text(reason)
+            filesmod.write_in(workdir, STOPFILE, reason.encode())
         except OSError:
             pass
         job = self.current()[0]
