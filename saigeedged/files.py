@@ -14,7 +14,7 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -82,28 +82,31 @@ def atomic_write(dest: Path, fill: Callable[[BinaryIO], object], *, exclusive: b
     return True
 
 
+@contextlib.contextmanager
+def _step_folder(folder: Path) -> Iterator[int]:
+    """A descriptor of `folder`, a folder a compiler step writes, never of a link a step put in its place (OSError)."""
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        yield dfd
+    finally:
+        os.close(dfd)
+
+
 def write_in(folder: Path, name: str, data: bytes) -> None:
     """A small file `name` in `folder`, a folder a compiler step writes: never written through a link a step put there
     (the file's, replaced; or the folder's: OSError). Not atomic: a marker, read whole or not at all."""
-    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
+    with _step_folder(folder) as dfd:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=dfd)
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666 & ~_UMASK, dir_fd=dfd)
         with os.fdopen(fd, "wb") as out:
             out.write(data)
-    finally:
-        os.close(dfd)
 
 
 def remove_in(folder: Path, name: str) -> None:
     """Remove `name` from `folder` (a link itself, never its target; nothing through a folder that is a link)."""
-    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=dfd)
-    finally:
-        os.close(dfd)
+    with _step_folder(folder) as dfd, contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dfd)
 
 
 def write_bytes(dest: Path, data: bytes, *, exclusive: bool = False, tmp: Path | None = None) -> bool:

@@ -140,7 +140,7 @@ def plan(prep: Prepared, art: Artifact, ctx: Context, key: str | None = None) ->
     if prep.entry.target != "cubie":
         return emulation
     if ctx.container is not None and simulate.missing(prep) is None \
-            and ctx.container("cubie").beside(prep.work_dir) is not None:
+            and ctx.container("cubie").beside() is not None:
         return Plan(emulation.job, emulation.args, simulator=True)
     return _simulator(prep, ctx, emulation)
 

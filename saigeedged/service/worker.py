@@ -254,7 +254,7 @@ class Worker(threading.Thread):
         left = None
         if compiled.planned.simulator:  # its call runs in the container beside this slot's next job
             active = self.containers.active
-            left = None if active is None or self.work is None else active.beside(self.work)
+            left = None if active is None else active.beside()
             if left is None:
                 return False
         event("job.finishing", job)

@@ -11,7 +11,7 @@ from pathlib import Path
 from saigeedged import files as filesmod
 from saigeedged.adapters.docker import detached, stream
 from saigeedged.adapters.docker.api import ENGINE_ERRORS, ContainerRef, DockerAPI, NotFound
-from saigeedged.adapters.docker.lifecycle import Lifecycle, OnEvent
+from saigeedged.adapters.docker.lifecycle import Lifecycle, OnEvent, image_of
 from saigeedged.adapters.docker.spec import Spec, exec_user
 from saigeedged.errors import SaigeError
 
@@ -147,8 +147,8 @@ class Container(Lifecycle):
         if reason is not None and reason != "stop":
             raise SaigeError("CANCELLED", f"step {shlex.join(argv[:3])} was stopped ({reason})", reason=reason)
 
-    def beside(self, workdir: Path) -> Container | None:
-        """This container for the job in `workdir` once its worker is done with it (the finishing stage's): a handle
+    def beside(self) -> Container | None:
+        """This container for its worker's job once the worker is done with it (the finishing stage's): a handle
         of its own, as the worker's book and cancel are its next job's (Left). None where a step cannot run without
         its worker (a Slurm node's)."""
         return Left(self)
@@ -249,7 +249,7 @@ class Left(Container):
                 ctr = self.docker.containers.get(self.spec.name)
             except NotFound:
                 raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} is gone") from None
-        image = ctr.attrs.get("ImageID", ctr.attrs.get("Image")) or None
+        image = image_of(ctr)
         moved = bool(self.image_id) and image != self.image_id
         if ctr.status != "running" or moved:
             raise SaigeError("CONTAINER_LOST", f"container {self.spec.name} is {ctr.status}"

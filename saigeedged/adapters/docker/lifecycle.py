@@ -27,6 +27,12 @@ START_HINT = "the engine cannot start it: `docker start NAME` shows why (network
 OnEvent = Callable[[str, dict[str, Any]], None]
 
 
+def image_of(ctr: ContainerRef) -> str | None:
+    """The id of the image a container runs: what docker-py's ctr.image.id is, without its two image inspections (this
+    runs before every step)."""
+    return ctr.attrs.get("ImageID", ctr.attrs.get("Image")) or None
+
+
 class Lifecycle:
     """One long-lived compiler container: found by name, created, started, recreated when it dies."""
 
@@ -116,8 +122,7 @@ class Lifecycle:
             if ctr.status != "created":  # a container that never ran is not restarted: container.created told it
                 self.on_event("container.restarted", {"container": self.spec.name})
             ctr.reload()
-        self.image_id = ctr.attrs.get("ImageID", ctr.attrs.get("Image")) or None  # what docker-py's ctr.image.id
-        # is, without its two image inspections (this runs before every step)
+        self.image_id = image_of(ctr)
         return ctr
 
     def _check_owner(self, ctr: ContainerRef) -> None:

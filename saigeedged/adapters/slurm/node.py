@@ -57,7 +57,7 @@ class NodeContainer(Container):
         self.cluster_id: int | None = None
         self.serving: tuple[str, int] | None = None  # the attempt whose agent is ready
 
-    def beside(self, workdir: Path) -> Container | None:
+    def beside(self) -> Container | None:
         """None: a step runs on the node of its attempt's cluster job, which its worker holds (Slurm's GRES)."""
         return None
 
