@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,10 @@ import pytest
 import yaml
 from factory import classifier, manifest, random_labels, valjson, yolox
 from harness import container_output, drop
+from realmodels import yolox_nano
 
 from saigeedged.cli import main as cli
-from saigeedged.compile import accuracy, calibration, evaluate, images
+from saigeedged.compile import accuracy, calibration, evaluate, images, report
 from saigeedged.compile.calibration import CalibSet, Sample
 from saigeedged.profiles import DETECTION_HEADS
 
@@ -146,6 +148,7 @@ def test_host_report_is_what_onnxruntime_gives(tmp_path: Path, config_path: Path
     assert rep["method"] == "int8" and rep["images"] == 12 and len(rep["worst_layers"]) == 10
     assert rep["layer_images"] == evaluate.LAYER_IMAGES < 12  # the per-layer table on a few images only
     assert rep["cost"]["seconds"] > 0 and rep["cost"]["peak_rss_bytes"] > 50 << 20  # the child's, onnxruntime loaded
+    assert rep["cost"]["nice"] == min(19, os.nice(0) + report.REPORT_NICE)  # the child yields the CPU to compiles
     assert rep["gate"]["passed"] and rep["task"]["labels"].startswith("the calibration file has no boxes")
     staged = {Path(p).name for p in (tmp_path / "data" / "images").iterdir()}
     assert set(rep["held_out"]) <= staged
@@ -179,6 +182,23 @@ def test_mlc_report_has_map_on_both_models(tmp_path: Path, config_path: Path) ->
     task = rep["task"]
     assert rep["images"] == 14 and task["metric"] == "mAP" and 0 < task["float"] <= 1
     assert task["drop"] == pytest.approx(task["float"] - task["compiled"], abs=1e-5)
+
+
+def test_the_next_host_job_compiles_while_the_report_is_made(daemon: Any, tmp_path: Path) -> None:
+    """A host job hands its report to the finishing stage after its quantize and §6c report: the next job starts before
+    the first one ends (its compile does not wait for the report), and both succeed with their reports, published."""
+    calib = valjson(tmp_path / "data", random_labels(40, 3))
+    fields = {"task": "detection", "num_classes": 3, "calib": str(calib), "n_samples": 8}
+    d = daemon()
+    drop(d.inbox, "first", yolox_nano(tmp_path / "first.onnx", 320), fields)
+    drop(d.inbox, "second", yolox_nano(tmp_path / "second.onnx", 320, seed=1), fields)
+    done = [d.wait_job(name, timeout=180) for name in ("first", "second")]
+    assert [j["state"] for j in done] == ["succeeded", "succeeded"], done
+    assert all(j["accuracy"]["method"] == "int8" and (d.outbox / j["bundle"]["path"]).is_file() for j in done)
+    order = [(e["event"], e["job_name"]) for e in d.events() if e.get("event") in ("job.started", "job.succeeded",
+                                                                                   "job.finishing")]
+    assert order.index(("job.finishing", "first")) < order.index(("job.started", "second")) \
+        < order.index(("job.succeeded", "first")), order
 
 
 def test_mixed_head_trips_the_gate_the_normal_detector_passes(daemon: Any, tmp_path: Path) -> None:

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import yaml
 from engineproxy import EngineProxy
-from factory import random_labels, valjson
+from factory import random_labels, valjson, yolox
 from harness import STANDIN_QUANTIZE, STANDIN_RELEASE, container_output, drop, wait_for, wait_for_quantize
 from realmodels import yolox_nano
 from simrefs import put_references, references
 
 from saigeedged.cli import main as cli
+from saigeedged.service.finishing import REPORTS_AT_ONCE
 
 pytestmark = pytest.mark.docker
 HOLD_INFERENCE = "/tmp/standin-hold-inference"  # the stand-in's `pegasus inference` runs on while it exists
@@ -84,6 +85,12 @@ def _fields(tmp_path: Path, **extra: Any) -> dict[str, Any]:
             "n_samples": 8, **extra}
 
 
+def _calls(ctr: Any) -> set[str]:
+    """The output folders of the simulator calls running in the container (each shows as several processes)."""
+    return {line.split("--output-dir ")[1].split()[0] for line in container_output(ctr, ["ps", "-o", "args"]).splitlines()
+            if INFERENCE in line and "--output-dir " in line}
+
+
 def _held_simulator(d: Any, docker_client: Any, settings: dict[str, Any], tmp_path: Path,
                     fields: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """A cubie job `first` whose simulator call is running, held in the container (its quantize is held until the hold
@@ -121,6 +128,36 @@ def test_the_simulator_call_runs_beside_the_next_jobs_steps(docker_config: Path,
         assert job["accuracy"]["method"] == "emulated"
         assert any("`pegasus inference` exited 1" in note for note in job["accuracy"]["notes"]), job["accuracy"]
     assert len([c for c in record if INFERENCE in c]) == 2, record
+
+
+def test_a_host_job_waiting_for_a_report_goes_back_to_the_queue_at_a_stop(
+        docker_config: Path, daemon: Any, docker_client: Any, tmp_path: Path) -> None:
+    """A host job is handed to the finishing stage too (its next job's compile never waits for its report). One that
+    waits there while the finishers make other jobs' reports (two cubie simulator calls, held) has nothing that runs on:
+    SIGTERM sends it back to the queue as a stop (not left running to count as a crash at the next start), while the
+    cubie jobs stay running, detached. After the restart all three succeed: the cubie jobs in attempt 1, the host job
+    compiled again."""
+    settings = yaml.safe_load(docker_config.read_text())
+    d = _cubie_daemon(daemon, docker_config)
+    fields = _fields(tmp_path)
+    ctr, first = _held_simulator(d, docker_client, settings, tmp_path, fields)
+    drop(d.inbox, "second", yolox(tmp_path / "second.onnx", size=(64, 64)), fields)
+    drop(d.inbox, "third", yolox(tmp_path / "third.onnx", size=(64, 64)), {**fields, "target": "host"})
+    wait_for(lambda: {"second", "third"} <= {e["job_name"] for e in d.events("job.finishing")}, 120,
+             "the second (cubie) and third (host) jobs handed over, the first job's simulator call held")
+    busy = min(2, REPORTS_AT_ONCE)  # the finishers, each on a held call: the host job waits for one
+    wait_for(lambda: len(_calls(ctr)) == busy, 60, "the held calls", lambda: container_output(ctr, ["ps", "-o", "args"]))
+    third = d.wait_job("third", ("running",))
+    d.signal(signal.SIGTERM)
+    assert d.proc.wait(30) == 0
+    assert d.status(third["job_id"])["state"] == "queued", d.status(third["job_id"])
+    assert d.status(first["job_id"])["state"] == "running"
+    d.start()
+    ctr.exec_run(["rm", "-f", HOLD_INFERENCE])
+    done = {name: d.wait_job(name, timeout=180) for name in ("first_untilreleased", "second", "third")}
+    assert {n: (j["state"], j["attempt"]) for n, j in done.items()} == {
+        "first_untilreleased": ("succeeded", 1), "second": ("succeeded", 1), "third": ("succeeded", 2)}, done
+    assert done["third"]["accuracy"]["method"] == "int8"
 
 
 def test_a_stop_during_the_simulator_call_follows_the_same_call_after_the_restart(

@@ -1,13 +1,16 @@
-"""The finishing stage (issue 25): a container job's accuracy report, bundle and publication, made after its last
-container step while its slot takes the next job; the container (SPEC §2's serial resource) never waits for the host.
+"""The finishing stage (issue 25): a job's accuracy report, bundle and publication, made after its last container
+step (a host job: after its quantize and §6c report) while its slot takes the next job; the container (SPEC §2's serial
+resource), or the host compile that is a host job's, never waits for a report.
 
 REPORTS_AT_ONCE reports at a time, taken in hand-over order: on a small compile host the container's steps leave a
 core idle while they wait (a stand-in compiler or a real one), and one report stage alone was the burst's bottleneck
 (bench/burst.py: a 640 report is a second of CPU a job, the job beside it half a second). Each report runs in its
-own bounded child, so two hold up to limits.child_memory_bytes each. A handed job stays `running` in the same attempt
-(the store's fence), so a cancel reaches it here, and a stop records it detached (its attempt record) like a step
-that runs on: the next start re-attaches it, which replays the ended container steps from their exit codes (or the
-cache) and makes the report again, never the compile (SPEC §15).
+own bounded child, so two hold up to limits.child_memory_bytes each, at a lower CPU priority than the compiles
+(report.REPORT_NICE). A handed job stays `running` in the same attempt (the store's fence), so a cancel reaches it
+here, and a stop records a container job detached (its attempt record) like a step that runs on: the next start
+re-attaches it, which replays the ended container steps from their exit codes (or the cache) and makes the report
+again, never the compile (SPEC §15). A host job has nothing that runs on: a stop sends it back to the queue as a stop
+in its worker does (its compile again, or the cache's).
 
 A cubie job's simulator call (`pegasus inference` over the held-out images, SPEC §17) is made here too, in the
 container the job was handed over with (Container.beside, adapters.docker.Beside): beside the next job's steps, as
@@ -26,6 +29,8 @@ from collections.abc import Callable
 from saigeedged.adapters.docker import Beside, Container
 from saigeedged.compile import pipeline
 from saigeedged.config import Config
+from saigeedged.engines import CONTAINER_TARGETS
+from saigeedged.errors import SaigeError
 from saigeedged.jobs import Job
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.slot import Slot
@@ -95,6 +100,14 @@ class Finisher(Worker):
         self.rehome(job)
 
     def stop(self) -> None:
+        if self.lead:  # host jobs still waiting go back to the queue as a stop, not left to count as a crash
+            with self.handed.lock:
+                hosts = [taken for taken in self.handed.jobs if taken[0].target not in CONTAINER_TARGETS]
+                for taken in hosts:
+                    self.handed.jobs.remove(taken)
+            for job, _, _ in hosts:
+                self._settle_now(job, SaigeError("CANCELLED", "the daemon stopped before its report was made",
+                                                 reason="stop", step=job.step))
         super().stop()  # the waiting jobs recorded detached first (owned), then forgotten: the next start has them
         if self.lead:
             with self.handed.lock:

@@ -17,7 +17,6 @@ from saigeedged.adapters.joblog import JobLog
 from saigeedged.compile import ahead, pipeline
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
-from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import RUNNING, SUCCEEDED, Attempt, Job, Superseded, end_attempt, entry_from_doc, remaining_s
 from saigeedged.service import room
@@ -246,8 +245,9 @@ class Worker(threading.Thread):
             event("job.quantization_flagged", job, "warning", outputs=",".join(result.report["flagged"]))
 
     def _hand_off(self, job: Job, compiled: pipeline.Compiled) -> bool:
-        """Give a container job whose report is still to make to the finishing stage (True), so this slot is free."""
-        if self.finisher is None or compiled.planned is None or job.target not in CONTAINER_TARGETS:
+        """Give a job whose report is still to make to the finishing stage (True), so this slot is free: a container
+        job's next compile, or a host job's (its compile is the host's own serial work), never waits for a report."""
+        if self.finisher is None or compiled.planned is None:
             return False
         if self.attempt is None or not self.jobs.still_current(self.attempt):
             raise Superseded(f"{job.job_id}: attempt {job.attempt} is not the store's any more")
