@@ -17,7 +17,7 @@ from realmodels import yolox_nano
 from simrefs import put_references, references
 
 from saigeedged.cli import main as cli
-from saigeedged.service.finishing import REPORTS_AT_ONCE
+from saigeedged.service.finishing import REPORTS_AT_ONCE, WAITING_MAX
 
 pytestmark = pytest.mark.docker
 HOLD_INFERENCE = "/tmp/standin-hold-inference"  # the stand-in's `pegasus inference` runs on while it exists
@@ -130,34 +130,43 @@ def test_the_simulator_call_runs_beside_the_next_jobs_steps(docker_config: Path,
     assert len([c for c in record if INFERENCE in c]) == 2, record
 
 
-def test_a_host_job_waiting_for_a_report_goes_back_to_the_queue_at_a_stop(
+def test_host_jobs_waiting_for_a_report_are_bounded_cancelled_at_once_and_requeued_at_a_stop(
         docker_config: Path, daemon: Any, docker_client: Any, tmp_path: Path) -> None:
-    """A host job is handed to the finishing stage too (its next job's compile never waits for its report). One that
-    waits there while the finishers make other jobs' reports (two cubie simulator calls, held) has nothing that runs on:
-    SIGTERM sends it back to the queue as a stop (not left running to count as a crash at the next start), while the
-    cubie jobs stay running, detached. After the restart all three succeed: the cubie jobs in attempt 1, the host job
-    compiled again."""
+    """Host jobs are handed to the finishing stage too (the next compile never waits for a report). While the
+    finishers make other jobs' reports (two cubie simulator calls, held), host jobs wait there, at most WAITING_MAX
+    jobs in all: the next one makes its report in its worker and succeeds. A cancel of a waiting one ends it at once.
+    SIGTERM sends the other waiting host jobs back to the queue as a stop (nothing of theirs runs on; left running they
+    counted as crashes at the next start), the cubie jobs stay running, detached. After the restart all succeed: the
+    cubie jobs in attempt 1, the host jobs compiled again."""
     settings = yaml.safe_load(docker_config.read_text())
     d = _cubie_daemon(daemon, docker_config)
     fields = _fields(tmp_path)
     ctr, first = _held_simulator(d, docker_client, settings, tmp_path, fields)
     drop(d.inbox, "second", yolox(tmp_path / "second.onnx", size=(64, 64)), fields)
-    drop(d.inbox, "third", yolox(tmp_path / "third.onnx", size=(64, 64)), {**fields, "target": "host"})
-    wait_for(lambda: {"second", "third"} <= {e["job_name"] for e in d.events("job.finishing")}, 120,
-             "the second (cubie) and third (host) jobs handed over, the first job's simulator call held")
-    busy = min(2, REPORTS_AT_ONCE)  # the finishers, each on a held call: the host job waits for one
+    wait_for(lambda: "second" in {e["job_name"] for e in d.events("job.finishing")}, 120, "the second job handed over")
+    busy = min(2, REPORTS_AT_ONCE)  # the finishers, each on a held call; the cubie job no finisher took waits
     wait_for(lambda: len(_calls(ctr)) == busy, 60, "the held calls", lambda: container_output(ctr, ["ps", "-o", "args"]))
-    third = d.wait_job("third", ("running",))
+    hosts = [f"host{i}" for i in range(WAITING_MAX - (2 - busy) + 1)]
+    for name in hosts:
+        drop(d.inbox, name, yolox(tmp_path / f"{name}.onnx", size=(64, 64)), {**fields, "target": "host"})
+        d.wait_job(name, ("running", "succeeded"), timeout=120)  # taken one after the other, in order
+    last = d.wait_job(hosts[-1], timeout=120)  # the stage is full: its report made by its worker
+    assert last["state"] == "succeeded" and last["accuracy"]["method"] == "int8", last
+    handed = {e["job_name"] for e in d.events("job.finishing")}
+    assert set(hosts[:-1]) <= handed and hosts[-1] not in handed, handed
+    waiting = [d.wait_job(name, ("running",)) for name in hosts[:-1]]
+    assert cli.main(["cancel", waiting[0]["job_id"], "-c", str(d.config)]) == 0
+    assert d.wait_state(waiting[0]["job_id"], ("cancelled", "succeeded", "failed"), timeout=30)["state"] == "cancelled"
     d.signal(signal.SIGTERM)
     assert d.proc.wait(30) == 0
-    assert d.status(third["job_id"])["state"] == "queued", d.status(third["job_id"])
+    assert [d.status(j["job_id"])["state"] for j in waiting[1:]] == ["queued"] * len(waiting[1:])
     assert d.status(first["job_id"])["state"] == "running"
     d.start()
     ctr.exec_run(["rm", "-f", HOLD_INFERENCE])
-    done = {name: d.wait_job(name, timeout=180) for name in ("first_untilreleased", "second", "third")}
+    done = {name: d.wait_job(name, timeout=180) for name in ("first_untilreleased", "second", *hosts[1:-1])}
     assert {n: (j["state"], j["attempt"]) for n, j in done.items()} == {
-        "first_untilreleased": ("succeeded", 1), "second": ("succeeded", 1), "third": ("succeeded", 2)}, done
-    assert done["third"]["accuracy"]["method"] == "int8"
+        "first_untilreleased": ("succeeded", 1), "second": ("succeeded", 1),
+        **{n: ("succeeded", 2) for n in hosts[1:-1]}}, done
 
 
 def test_a_stop_during_the_simulator_call_follows_the_same_call_after_the_restart(

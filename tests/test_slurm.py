@@ -71,13 +71,18 @@ def test_cluster_runs_a_batch_job_and_teardown_leaves_nothing(tmp_path: Path, do
 
 
 def test_a_cubie_drop_compiles_on_a_node(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
-    """A cubie drop publishes its bundle; its pegasus steps ran in a node's container, placed by Slurm; check, status,
-    the dashboard and the metrics show the partition's nodes."""
+    """A cubie drop publishes its bundle; its pegasus steps ran in a node's container, placed by Slurm; a host drop
+    compiles on the daemon's host and its report is made in the finishing stage; check, status, the dashboard and the
+    metrics show the partition's nodes."""
     d = cluster_daemon(dashboard=True, metrics={"textfile": "metrics.prom"})
     d.drop("first")
     done = d.job("first")
     assert done["state"] == "succeeded", done
     assert (d.outbox / done["bundle"]["path"]).is_file()
+    d.drop("onhost", target="host")  # on the daemon's host, its report in the finishing stage (STATUS= shows it there)
+    host = d.job("onhost")
+    assert host["state"] == "succeeded" and host["accuracy"]["method"] == "int8", host
+    assert host["job_id"] in {e["job_id"] for e in d.events("job.finishing")}
     placed = d.events("job.placed")
     assert [e["job_id"] for e in placed] == [done["job_id"]]
     ran = [n for n in slurm_cluster.nodes.values() if any("first" in c for c in calls(n, d, "quantize"))]

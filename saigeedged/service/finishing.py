@@ -21,23 +21,31 @@ the node.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import deque
 from collections.abc import Callable
 
+import structlog
+
+from saigeedged import jobid
 from saigeedged.adapters.docker import Beside, Container
 from saigeedged.compile import pipeline
 from saigeedged.config import Config
 from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.errors import SaigeError
-from saigeedged.jobs import Job
+from saigeedged.jobs import CANCELLED, RUNNING, Attempt, Job, Superseded, end_attempt
 from saigeedged.service.lifecycle import Jobs, Places
-from saigeedged.service.slot import Slot
+from saigeedged.service.slot import Slot, remove_work, work_dir
 from saigeedged.service.worker import Worker
 
+log = structlog.get_logger()
 STAGE = "report"  # the stage's slots: no engine has this name and they take no target from the queue
 REPORTS_AT_ONCE = 2 if (os.cpu_count() or 1) > 1 else 1
+# handed jobs that may wait for a finisher: past it a worker makes its job's report itself. Reports at nice +10 beside
+# a burst of compiles fall behind; unbounded, the jobs (their work dirs, `running` for ever longer) piled up here
+WAITING_MAX = 4 * REPORTS_AT_ONCE
 
 
 class Handed:
@@ -54,6 +62,10 @@ class Handed:
             self.jobs.append((job, compiled, container))
         for finisher in self.finishers:
             finisher.wake.set()
+
+    def full(self) -> bool:
+        with self.lock:
+            return len(self.jobs) >= WAITING_MAX
 
     def pop(self) -> tuple[Job, pipeline.Compiled, Container | None] | None:
         with self.lock:
@@ -74,6 +86,13 @@ class Finisher(Worker):
         self.handed, self.lead, self.beside = handed, lead, containers
         self.rehome: Callable[[Job], None] = lambda job: None  # set by the pool: the job to a worker of its slot
         handed.finishers.append(self)
+
+    def _own(self, job: Job) -> Job:
+        """A handed job taken: cancelled while it waited (the main loop passed it to no worker), it ends so first."""
+        owned = super()._own(job)
+        if self.jobs.store.cancel_requested(job.job_id):
+            self.interrupt("cancel")
+        return owned
 
     def _take(self) -> tuple[Job | None, bool, pipeline.Compiled | None]:
         taken = self.handed.pop()
@@ -100,15 +119,50 @@ class Finisher(Worker):
         self.rehome(job)
 
     def stop(self) -> None:
-        if self.lead:  # host jobs still waiting go back to the queue as a stop, not left to count as a crash
-            with self.handed.lock:
-                hosts = [taken for taken in self.handed.jobs if taken[0].target not in CONTAINER_TARGETS]
-                for taken in hosts:
-                    self.handed.jobs.remove(taken)
-            for job, _, _ in hosts:
+        try:
+            if self.lead:
+                self._requeue_hosts()
+        finally:
+            super().stop()  # the waiting jobs recorded detached first (owned), then forgotten: the next start has them
+            if self.lead:
+                with self.handed.lock:
+                    self.handed.jobs.clear()
+
+    def _unhand(self, which: Callable[[Job], bool]) -> list[Job]:
+        """Take back the waiting jobs `which` picks (no finisher will make their reports)."""
+        with self.handed.lock:
+            taken = [t for t in self.handed.jobs if which(t[0])]
+            for t in taken:
+                self.handed.jobs.remove(t)
+        return [job for job, _, _ in taken]
+
+    def _requeue_hosts(self) -> None:
+        """Host jobs still waiting go back to the queue as a stop (their work dirs removed), not left running to count
+        as a crash at the next start: nothing of theirs runs on. One the store does not take now (state_dir full) is
+        left to the next start's recovery."""
+        for job in self._unhand(lambda job: job.target not in CONTAINER_TARGETS):
+            try:
                 self._settle_now(job, SaigeError("CANCELLED", "the daemon stopped before its report was made",
                                                  reason="stop", step=job.step))
-        super().stop()  # the waiting jobs recorded detached first (owned), then forgotten: the next start has them
-        if self.lead:
-            with self.handed.lock:
-                self.handed.jobs.clear()
+            except Exception as exc:  # a stop goes on whatever one job's settlement meets
+                log.warning("job.unsettled", job_id=job.job_id, job_name=job.name, message=str(exc))
+                continue
+            self._drop_work(job)
+
+    def cancel(self, job_id: str) -> list[Attempt]:
+        """`saigeedged cancel` of a job waiting for a finisher (the lead answers for those) ends it cancelled now:
+        nothing of it runs (its container steps ended, its simulator call is not made). Else as any worker's."""
+        for job in self._unhand(lambda job: job.job_id == job_id) if self.lead else []:
+            fence, stored = Attempt.of(job), self.jobs.store.get(job_id)
+            if stored is None or stored.state != RUNNING or Attempt.of(stored) != fence:
+                continue
+            error = SaigeError("CANCELLED", "cancelled while it waited for its report", reason="cancel", step=job.step)
+            end_attempt(stored, jobid.iso(jobid.utc_now()), error.code)
+            with contextlib.suppress(Superseded):
+                self.jobs.end(stored, CANCELLED, error, fence=fence)
+                self._drop_work(job)
+        return super().cancel(job_id)
+
+    def _drop_work(self, job: Job) -> None:
+        if not self.config.keep_work:
+            remove_work(work_dir(self.config.work_root, job))

@@ -147,7 +147,8 @@ class Ops(threading.Thread):
     def view(self) -> View:
         running = self.store.in_state(RUNNING)  # the rows, not the workers: one truth per page
         slots = self._slots(running)
-        slots.append(Slot("this host", "host", True, next((job for job in running if job.target == "host"), None)))
+        hosts = [job for job in running if job.target == "host"]  # the one compiling, not those in the finishing stage
+        slots.append(Slot("this host", "host", True, next((j for j in hosts if j.step != "bundle"), next(iter(hosts), None))))
         return View(jobid.iso(jobid.utc_now()), slots, running, self.store.head(QUEUED, dashboard.QUEUE_SHOWN),
                     self.store.recent(dashboard.RECENT), self.store.count(QUEUED))
 

@@ -180,8 +180,9 @@ class Pool:
         for worker in self.workers:
             job = worker.shown()
             if not worker.slot.targets:  # the finishing stage: shown while it holds a job, on that job's engine
-                if job is not None:
-                    views.append(SlotView(job.engine or self.engines[0].name, job.target, job))
+                if job is not None:  # a host job has no engine (its slot's is HOST_ENGINE; executor slurm has none)
+                    engine = job.engine or (self.engines[0].name if self.engines and job.target != "host" else HOST_ENGINE)
+                    views.append(SlotView(engine, job.target, job))
                 continue
             targets = (job.target,) if job is not None and not worker.slot.pooled else worker.slot.targets[:1]
             views.append(SlotView(worker.slot.engine_of(targets[0]), targets[0], job))

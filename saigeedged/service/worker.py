@@ -247,7 +247,7 @@ class Worker(threading.Thread):
     def _hand_off(self, job: Job, compiled: pipeline.Compiled) -> bool:
         """Give a job whose report is still to make to the finishing stage (True), so this slot is free: a container
         job's next compile, or a host job's (its compile is the host's own serial work), never waits for a report."""
-        if self.finisher is None or compiled.planned is None:
+        if self.finisher is None or compiled.planned is None or self.finisher.full():
             return False
         if self.attempt is None or not self.jobs.still_current(self.attempt):
             raise Superseded(f"{job.job_id}: attempt {job.attempt} is not the store's any more")
@@ -257,9 +257,12 @@ class Worker(threading.Thread):
             left = None if active is None else active.beside()
             if left is None:
                 return False
-        event("job.finishing", job)
-        self.finisher.hand(job, compiled, left)
-        self.handed_off = True
+        with self._lock:  # a stop or cancel that came first keeps the job here (the stage's stop may have swept already)
+            if self._reason is not None:
+                return False
+            event("job.finishing", job)
+            self.finisher.hand(job, compiled, left)
+            self.handed_off = True
         return True
 
     def _settle(self, job: Job, exc: SaigeError) -> None:
