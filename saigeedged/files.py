@@ -14,6 +14,7 @@ import re
 import shutil
 import stat
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -43,6 +44,21 @@ def fsync_path(path: Path) -> None:
 # this process's temp files being written now (this module owns the set): the start-up sweep of temp files a kill
 # left behind runs beside the daemon's first writes and must not take theirs (mkstemp names carry no pid)
 WRITING: set[Path] = set()
+# held while a temp file is made and entered in WRITING, and by the sweep while it checks and removes one: a temp file
+# is never seen made and not yet entered (the sweep took a status file's temp file in that gap, and the write failed)
+WRITING_LOCK = threading.Lock()
+
+
+def remove_leftover(path: Path) -> bool:
+    """Remove a temp file a killed writer left (True), unless this process writes it now or it is gone already."""
+    with WRITING_LOCK:
+        if path in WRITING:
+            return False
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+    return True
 
 
 def open_temp(dest: Path) -> tuple[int, Path]:
@@ -60,8 +76,9 @@ def atomic_write(dest: Path, fill: Callable[[BinaryIO], object], *, exclusive: b
     `exclusive`: never replace an existing `dest` (False then, the temp file removed). Any error removes the temp
     file and propagates.
     """
-    fd, tmp = open_temp(dest) if tmp is None else (os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), tmp)
-    WRITING.add(tmp)
+    with WRITING_LOCK:
+        fd, tmp = open_temp(dest) if tmp is None else (os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), tmp)
+        WRITING.add(tmp)
     try:
         with os.fdopen(fd, "wb") as out:
             fill(out)

@@ -273,6 +273,20 @@ def wait_for_quantize(ctr: Any) -> None:
     wait_for(lambda: STANDIN_QUANTIZE in container_output(ctr, ["ps", "-o", "args"]), 30, "the stand-in's quantize step")
 
 
+def reported_beside(d: Any, method: str, names: tuple[str, str] = ("first", "second")) -> list[dict[str, Any]]:
+    """Both jobs of daemon `d` succeed with their reports (`method`), published, and the second starts after the first
+    was handed to the finishing stage and before the first ends: its compile did not wait for that report."""
+    done = [d.wait_job(name, timeout=180) for name in names]
+    assert [j["state"] for j in done] == ["succeeded", "succeeded"], done
+    assert all(j["accuracy"]["method"] == method and (d.outbox / j["bundle"]["path"]).is_file() for j in done)
+    order = [(e["event"], e["job_name"]) for e in d.events() if e.get("event") in ("job.started", "job.succeeded",
+                                                                                   "job.finishing")]
+    first, second = names
+    assert order.index(("job.finishing", first)) < order.index(("job.started", second)) \
+        < order.index(("job.succeeded", first)), order
+    return done
+
+
 def container_output(ctr: Any, argv: list[str]) -> str:
     """The output of `argv` in a container (e.g. `ps`, or `cat` of a record): never empty when it succeeds."""
     def ask() -> tuple[int, str]:

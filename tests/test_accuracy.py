@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 import yaml
 from factory import classifier, manifest, random_labels, valjson, yolox
-from harness import container_output, drop
+from harness import container_output, drop, reported_beside
 from realmodels import yolox_nano
 
 from saigeedged.cli import main as cli
@@ -192,13 +192,7 @@ def test_the_next_host_job_compiles_while_the_report_is_made(daemon: Any, tmp_pa
     d = daemon()
     drop(d.inbox, "first", yolox_nano(tmp_path / "first.onnx", 320), fields)
     drop(d.inbox, "second", yolox_nano(tmp_path / "second.onnx", 320, seed=1), fields)
-    done = [d.wait_job(name, timeout=180) for name in ("first", "second")]
-    assert [j["state"] for j in done] == ["succeeded", "succeeded"], done
-    assert all(j["accuracy"]["method"] == "int8" and (d.outbox / j["bundle"]["path"]).is_file() for j in done)
-    order = [(e["event"], e["job_name"]) for e in d.events() if e.get("event") in ("job.started", "job.succeeded",
-                                                                                   "job.finishing")]
-    assert order.index(("job.finishing", "first")) < order.index(("job.started", "second")) \
-        < order.index(("job.succeeded", "first")), order
+    reported_beside(d, "int8")
 
 
 def test_mixed_head_trips_the_gate_the_normal_detector_passes(daemon: Any, tmp_path: Path) -> None:

@@ -171,3 +171,22 @@ def test_a_marker_is_never_written_through_a_link_a_step_put_there(tmp_path: Pat
     (work / ".step.stop").symlink_to(target)
     files.remove_in(work, ".step.stop")
     assert target.read_bytes() == b"precious" and not (work / ".step.stop").exists()
+
+
+def test_the_start_up_sweep_never_takes_a_temp_file_being_written(tmp_path: Path) -> None:
+    """The sweep of leftover temp files runs beside the daemon's first writes: one this process writes now stays (the
+    write completes), a leftover goes, one gone already is not reported removed."""
+    dest = tmp_path / "job.json"
+    during: list[list[bool]] = []
+
+    def fill(out: BinaryIO) -> None:
+        temps = [p for p in tmp_path.iterdir() if p.name.startswith(".job.json.")]
+        during.append([files.remove_leftover(p) for p in temps])  # what the sweep does meanwhile
+        out.write(b"{}")
+
+    files.atomic_write(dest, fill)
+    assert during == [[False]] and dest.read_bytes() == b"{}"
+    left = tmp_path / ".job.json.k1ll3d.tmp"
+    left.write_bytes(b"{")
+    assert files.remove_leftover(left) and not left.exists()
+    assert not files.remove_leftover(left)

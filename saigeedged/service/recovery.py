@@ -185,8 +185,7 @@ class Recovery:
             for folder, _, names in os.walk(self.outbox.root):
                 for name in names:
                     if name[0] == "." and files.TEMP_NAME.match(name) and not name.endswith(mine) and \
-                            Path(folder) / name not in files.WRITING:
-                        (Path(folder) / name).unlink(missing_ok=True)
+                            files.remove_leftover(Path(folder) / name):
                         log.info("outbox.temp_removed", path=str(Path(folder) / name))
 
         thread = threading.Thread(target=sweep, name="saigeedged-sweep", daemon=True)
