@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,23 @@ def test_a_refused_final_status_is_written_after_a_restart(daemon: Any, det_inpu
         assert d.stop() == 0
     d.start()
     assert d.wait_state(done["job_id"], ("succeeded",), timeout=30)["bundle"]
+
+
+def test_a_kill_between_a_jobs_end_and_its_status_file_is_caught_up_at_the_next_start(
+        daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """What a daemon killed while it ended a job leaves (the row succeeded and the log moved, the status file still
+    `running`: it writes the status file last) is made good by the next start: the status file says succeeded."""
+    d = daemon()
+    drop(d.inbox, "ending", det_inputs["onnx"], det_inputs["manifest"])
+    done = d.wait_job("ending")
+    assert done["state"] == "succeeded" and d.stop() == 0
+    path = d.outbox / "status" / f"{done['job_id']}.json"
+    path.write_text(json.dumps({**done, "state": "running", "step": "publish", "finished_at": None}))
+    with sqlite3.connect(d.state_dir / "saigeedged.db") as db:  # the mark its end wrote before the row, cleared last
+        assert db.execute("SELECT job_id FROM behind").fetchall() == []
+        db.execute("INSERT INTO behind (job_id, kind) VALUES (?, 'ending')", (done["job_id"],))
+    d.start()
+    assert d.wait_state(done["job_id"], ("succeeded",), timeout=30)["finished_at"] == done["finished_at"]
 
 
 def test_a_blocked_status_folder_neither_aborts_a_claim_nor_fails_its_jobs(daemon: Any,

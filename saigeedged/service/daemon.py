@@ -96,6 +96,7 @@ class Daemon:
             self.recovery.lost_statuses()
         leftover = sorted(self.places.logs.glob("*.log"))
         self.jobs.strand([j.job_id for p in leftover if (j := self.store.get(p.stem)) and j.state in TERMINAL])
+        self.jobs.ended_unwritten()
 
     def _resumable(self, job: Job) -> bool:
         """A container job the last daemon left running goes on in its attempt (its step outlives daemons, SPEC §15),

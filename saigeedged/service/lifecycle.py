@@ -78,6 +78,8 @@ class _JobLock:
         self.lock = threading.RLock()
 
 
+ENDING = "ending"  # a behind mark: the job is being ended, its status file not yet written (Jobs._end)
+
 class Jobs:
     """Job transitions with their side effects: the row, the status file, the journal event.
 
@@ -278,7 +280,9 @@ class Jobs:
         # sender seeing a shell's cancel) reads what the status file will say
         job.error = error.as_dict(error.fields.get("step")) if error else None
         # the row first: `expect` and the fence are checked before anything moves, and a crash once the inputs are
-        # deleted does not run the job again
+        # deleted does not run the job again. Marked `ending` until its status file says so: a daemon killed in
+        # between (the row ended, its log moved, the status file still `running`) has the next start write it
+        self.store.mark_behind(job.job_id, ENDING)
         with self._writing:
             self.store.save(job, expect, fence)
         self.move_log(job)
@@ -294,6 +298,16 @@ class Jobs:
             self.store.mark_behind(job.job_id, "event")
         self.save(job, expect=state if fence else None, fence=fence, touch=False)  # still this attempt's end (a retry
         # may follow)
+        self.store.mark_behind(job.job_id, ENDING, False)
+
+    def ended_unwritten(self) -> None:
+        """At start: jobs the last daemon ended whose status file it may not have written (killed in between) have it
+        written by the catch-up; an end that did not happen (its row still running) is the recovery's."""
+        for job_id in self.store.behind(ENDING):
+            job = self.store.get(job_id)
+            if job is not None and job.state in TERMINAL:
+                self.store.mark_behind(job_id, "status")
+            self.store.mark_behind(job_id, ENDING, False)
 
     def abandon(self, job: Job, exc: Exception, attempt: Attempt | None) -> None:
         """Mark a job that hit a bug failed (INTERNAL) so the queue moves on, fenced by `attempt`, the one its worker
