@@ -11,9 +11,9 @@ import errno
 import hashlib
 import os
 import re
+import secrets
 import shutil
 import stat
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +23,7 @@ OWN_DIR = ".saigeedged"  # the daemon's own folder in the inbox: <inbox>/.saigee
 # temp files' names: .<name>.<8 of mkstemp's letters>.tmp (and .<name>.<pid>.tmp, as releases before made them)
 TEMP_NAME = re.compile(r"^\..+\.(\d+|[a-z0-9_]{8})\.tmp$")
 _UMASK = os.umask(0o022)
-os.umask(_UMASK)  # read once, at import (one thread then): mkstemp's 0600 is widened to what open() would give
+os.umask(_UMASK)  # read once, at import (one thread then): the mode open() would give a new file
 NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK})  # shares without hard links
 
 
@@ -42,31 +42,49 @@ def fsync_path(path: Path) -> None:
 
 
 # this process's temp files being written now (this module owns the set): the start-up sweep of temp files a kill
-# left behind runs beside the daemon's first writes and must not take theirs (mkstemp names carry no pid)
+# left behind runs beside the daemon's first writes and must not take theirs. A name is entered (under the lock, no I/O
+# there) before its file is made (O_EXCL), so the sweep never sees one of ours unentered: it took a status file's temp
+# file in the gap mkstemp-then-enter left, and the write failed
 WRITING: set[Path] = set()
-# held while a temp file is made and entered in WRITING, and by the sweep while it checks and removes one: a temp file
-# is never seen made and not yet entered (the sweep took a status file's temp file in that gap, and the write failed)
 WRITING_LOCK = threading.Lock()
 
 
 def remove_leftover(path: Path) -> bool:
-    """Remove a temp file a killed writer left (True), unless this process writes it now or it is gone already."""
+    """Remove a temp file a killed writer left (True), unless this process writes it now or it is gone already. Safe
+    outside the lock: a name of ours that is not entered yet cannot be made while the leftover holds it (O_EXCL)."""
     with WRITING_LOCK:
         if path in WRITING:
             return False
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            return False
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
     return True
+
+
+def _enter(tmp: Path) -> bool:
+    with WRITING_LOCK:
+        if tmp in WRITING:
+            return False
+        WRITING.add(tmp)
+        return True
 
 
 def open_temp(dest: Path) -> tuple[int, Path]:
     """A new temp file beside `dest`, `.<name>.<random>.tmp`: unique per call, so two threads writing one name never
-    share it; hidden from the inbox scan; a long name cut so it fits NAME_MAX. Mode as open() would create it."""
-    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name[:200]}.", suffix=".tmp")
-    os.fchmod(fd, 0o666 & ~_UMASK)  # a status file or a bundle on a share is read by others (mkstemp makes 0600)
-    return fd, Path(name)
+    share it; hidden from the inbox scan; a long name cut so it fits NAME_MAX; entered in WRITING before it is made.
+    Mode as open() would create it."""
+    while True:
+        tmp = dest.parent / f".{dest.name[:200]}.{secrets.token_hex(4)}.tmp"
+        if not _enter(tmp):
+            continue
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:  # a leftover of that name (or another process's): another name
+            WRITING.discard(tmp)
+        except BaseException:
+            WRITING.discard(tmp)
+            raise
 
 
 def atomic_write(dest: Path, fill: Callable[[BinaryIO], object], *, exclusive: bool = False,
@@ -76,9 +94,15 @@ def atomic_write(dest: Path, fill: Callable[[BinaryIO], object], *, exclusive: b
     `exclusive`: never replace an existing `dest` (False then, the temp file removed). Any error removes the temp
     file and propagates.
     """
-    with WRITING_LOCK:
-        fd, tmp = open_temp(dest) if tmp is None else (os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), tmp)
-        WRITING.add(tmp)
+    if tmp is None:
+        fd, tmp = open_temp(dest)
+    else:
+        _enter(tmp)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        except BaseException:
+            WRITING.discard(tmp)
+            raise
     try:
         with os.fdopen(fd, "wb") as out:
             fill(out)

@@ -37,19 +37,28 @@ def test_a_refused_final_status_is_written_after_a_restart(daemon: Any, det_inpu
 
 def test_a_kill_between_a_jobs_end_and_its_status_file_is_caught_up_at_the_next_start(
         daemon: Any, det_inputs: dict[str, Any]) -> None:
-    """What a daemon killed while it ended a job leaves (the row succeeded and the log moved, the status file still
-    `running`: it writes the status file last) is made good by the next start: the status file says succeeded."""
+    """What a daemon killed while it ended a job leaves (the row succeeded and the log moved, the inputs not yet
+    deleted, the status file still `running`: it writes the status file last) is made good by the next start: the
+    inputs are deleted and the status file says succeeded."""
     d = daemon()
     drop(d.inbox, "ending", det_inputs["onnx"], det_inputs["manifest"])
     done = d.wait_job("ending")
     assert done["state"] == "succeeded" and d.stop() == 0
     path = d.outbox / "status" / f"{done['job_id']}.json"
     path.write_text(json.dumps({**done, "state": "running", "step": "publish", "finished_at": None}))
-    with sqlite3.connect(d.state_dir / "saigeedged.db") as db:  # the mark its end wrote before the row, cleared last
+    db = sqlite3.connect(d.state_dir / "saigeedged.db")
+    try:  # the mark written with the ended row, cleared with the status file; the kill came before the inputs went
         assert db.execute("SELECT job_id FROM behind").fetchall() == []
-        db.execute("INSERT INTO behind (job_id, kind) VALUES (?, 'ending')", (done["job_id"],))
+        with db:
+            db.execute("INSERT INTO behind (job_id, kind) VALUES (?, 'ending')", (done["job_id"],))
+        claim = Path(db.execute("SELECT claim_dir FROM jobs WHERE job_id = ?", (done["job_id"],)).fetchone()[0])
+    finally:
+        db.close()
+    claim.mkdir(parents=True)
+    shutil.copyfile(det_inputs["onnx"], claim / "ending.onnx")
     d.start()
     assert d.wait_state(done["job_id"], ("succeeded",), timeout=30)["finished_at"] == done["finished_at"]
+    assert not claim.exists()  # a succeeded job's inputs deleted before its status file says so
 
 
 def test_a_blocked_status_folder_neither_aborts_a_claim_nor_fails_its_jobs(daemon: Any,

@@ -44,7 +44,10 @@ from saigeedged.jobs import (
 )
 from saigeedged.records import AttemptRecord
 
-__all__ = ["FINAL", "SCHEMA_VERSION", "CorruptDatabase", "EngineState", "NewerDatabase", "Store", "StoreFull"]
+__all__ = ["ENDING", "FINAL", "SCHEMA_VERSION", "CorruptDatabase", "EngineState", "NewerDatabase", "Store", "StoreFull"]
+
+ENDING = "ending"  # a `behind` kind: an ended row whose status file is not written yet (Store.save, Jobs._end)
+
 
 @dataclass(frozen=True)
 class EngineState:
@@ -165,6 +168,9 @@ class Store(History, AttemptRecords):
                                   *args)).rowcount
             if not changed:
                 raise Superseded(f"job {job.job_id} is on another attempt than {fence}")
+            if job.state in TERMINAL and stored != job.state:  # its status file is still to write (Jobs._end): a
+                # daemon killed before it has the next start write it (Jobs.ended_unwritten); no mark if the fence fails
+                db.execute("INSERT OR IGNORE INTO behind (job_id, kind) VALUES (?, ?)", (job.job_id, ENDING))
             if job.state in TERMINAL:  # nothing resumes an ended job: its records keep only what a reap needs
                 db.execute("UPDATE attempts SET doc = json_remove(doc, '$.prepared', '$.steps') WHERE job_id = ? "
                            "AND (json_type(doc, '$.prepared') IS NOT NULL OR json_type(doc, '$.steps') IS NOT NULL)",
@@ -273,6 +279,11 @@ class Store(History, AttemptRecords):
                 db.execute("INSERT OR IGNORE INTO behind (job_id, kind) VALUES (?, ?)", (job_id, kind))
             else:
                 db.execute("DELETE FROM behind WHERE job_id = ? AND kind = ?", (job_id, kind))
+
+    def status_written(self, job_id: str) -> None:
+        """The job's status file says what its row does: no mark of one still to write (refused, or an end's)."""
+        with self._tx() as db:
+            db.execute("DELETE FROM behind WHERE job_id = ? AND kind IN ('status', ?)", (job_id, ENDING))
 
     def behind(self, kind: str) -> list[str]:
         return [str(r[0]) for r in self._rows("SELECT job_id FROM behind WHERE kind = ? ORDER BY job_id", (kind,))]

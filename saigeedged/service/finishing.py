@@ -21,7 +21,6 @@ the node.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections import deque
@@ -128,19 +127,19 @@ class Finisher(Worker):
                 with self.handed.lock:
                     self.handed.jobs.clear()
 
-    def _unhand(self, which: Callable[[Job], bool]) -> list[Job]:
+    def _unhand(self, which: Callable[[Job], bool]) -> list[tuple[Job, pipeline.Compiled, Container | None]]:
         """Take back the waiting jobs `which` picks (no finisher will make their reports)."""
         with self.handed.lock:
             taken = [t for t in self.handed.jobs if which(t[0])]
             for t in taken:
                 self.handed.jobs.remove(t)
-        return [job for job, _, _ in taken]
+        return taken
 
     def _requeue_hosts(self) -> None:
         """Host jobs still waiting go back to the queue as a stop (their work dirs removed), not left running to count
         as a crash at the next start: nothing of theirs runs on. One the store does not take now (state_dir full) is
         left to the next start's recovery."""
-        for job in self._unhand(lambda job: job.target not in CONTAINER_TARGETS):
+        for job, _, _ in self._unhand(lambda job: job.target not in CONTAINER_TARGETS):
             try:
                 self._settle_now(job, SaigeError("CANCELLED", "the daemon stopped before its report was made",
                                                  reason="stop", step=job.step))
@@ -151,16 +150,25 @@ class Finisher(Worker):
 
     def cancel(self, job_id: str) -> list[Attempt]:
         """`saigeedged cancel` of a job waiting for a finisher (the lead answers for those) ends it cancelled now:
-        nothing of it runs (its container steps ended, its simulator call is not made). Else as any worker's."""
-        for job in self._unhand(lambda job: job.job_id == job_id) if self.lead else []:
+        nothing of it runs (its container steps ended, its simulator call is not made). One whose end the store does
+        not take now (state_dir full) waits on: the main loop asks again, a finisher that takes it ends it (_own)."""
+        for taken in self._unhand(lambda job: job.job_id == job_id) if self.lead else []:
+            job = taken[0]
             fence, stored = Attempt.of(job), self.jobs.store.get(job_id)
             if stored is None or stored.state != RUNNING or Attempt.of(stored) != fence:
                 continue
             error = SaigeError("CANCELLED", "cancelled while it waited for its report", reason="cancel", step=job.step)
             end_attempt(stored, jobid.iso(jobid.utc_now()), error.code)
-            with contextlib.suppress(Superseded):
+            try:
                 self.jobs.end(stored, CANCELLED, error, fence=fence)
-                self._drop_work(job)
+            except Superseded:
+                continue
+            except Exception as exc:
+                log.warning("job.unsettled", job_id=job_id, job_name=job.name, message=str(exc))
+                with self.handed.lock:
+                    self.handed.jobs.appendleft(taken)
+                continue
+            self._drop_work(job)
         return super().cancel(job_id)
 
     def _drop_work(self, job: Job) -> None:

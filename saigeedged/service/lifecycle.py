@@ -15,7 +15,7 @@ import structlog
 from saigeedged import files, jobid
 from saigeedged.adapters.events import event
 from saigeedged.adapters.outbox import Outbox
-from saigeedged.adapters.store import Store
+from saigeedged.adapters.store import ENDING, Store
 from saigeedged.errors import SaigeError
 from saigeedged.intake import ownfolders
 from saigeedged.jobs import (
@@ -78,7 +78,6 @@ class _JobLock:
         self.lock = threading.RLock()
 
 
-ENDING = "ending"  # a behind mark: the job is being ended, its status file not yet written (Jobs._end)
 
 class Jobs:
     """Job transitions with their side effects: the row, the status file, the journal event.
@@ -165,7 +164,7 @@ class Jobs:
                           message=exc.message)
                 self.store.mark_behind(job.job_id, "status")
         else:
-            self.store.mark_behind(job.job_id, "status", False)
+            self.store.status_written(job.job_id)
 
     def move_log(self, job: Job) -> None:
         """The ended job's log from state_dir to the outbox (later, by catch_up(), if the outbox refuses it)."""
@@ -198,7 +197,7 @@ class Jobs:
             job = self.store.get(job_id)
             if job is not None:
                 self.outbox.write_status(job)
-            self.store.mark_behind(job_id, "status", False)
+            self.store.status_written(job_id)
 
     def _log_again(self, job_id: str) -> None:
         job = self.store.get(job_id)
@@ -280,9 +279,9 @@ class Jobs:
         # sender seeing a shell's cancel) reads what the status file will say
         job.error = error.as_dict(error.fields.get("step")) if error else None
         # the row first: `expect` and the fence are checked before anything moves, and a crash once the inputs are
-        # deleted does not run the job again. Marked `ending` until its status file says so: a daemon killed in
-        # between (the row ended, its log moved, the status file still `running`) has the next start write it
-        self.store.mark_behind(job.job_id, ENDING)
+        # deleted does not run the job again. The row is marked `ending` with it (Store.save) until its status file
+        # says so: a daemon killed in between (the row ended, its log moved, the status file still `running`) has the
+        # next start write it
         with self._writing:
             self.store.save(job, expect, fence)
         self.move_log(job)
@@ -298,7 +297,6 @@ class Jobs:
             self.store.mark_behind(job.job_id, "event")
         self.save(job, expect=state if fence else None, fence=fence, touch=False)  # still this attempt's end (a retry
         # may follow)
-        self.store.mark_behind(job.job_id, ENDING, False)
 
     def ended_unwritten(self) -> None:
         """At start: jobs the last daemon ended whose status file it may not have written (killed in between) have it
@@ -306,6 +304,11 @@ class Jobs:
         for job_id in self.store.behind(ENDING):
             job = self.store.get(job_id)
             if job is not None and job.state in TERMINAL:
+                try:
+                    self.settle_inputs(job)  # the kill may have come before: deleted, or under failed/, first
+                except OSError as exc:
+                    log.error("inputs.settle_failed", job_id=job_id, job_name=job.name, error_code="INTERNAL",
+                              message=f"{job.claim_dir}: {exc}")
                 self.store.mark_behind(job_id, "status")
             self.store.mark_behind(job_id, ENDING, False)
 

@@ -147,8 +147,9 @@ class Ops(threading.Thread):
     def view(self) -> View:
         running = self.store.in_state(RUNNING)  # the rows, not the workers: one truth per page
         slots = self._slots(running)
-        hosts = [job for job in running if job.target == "host"]  # the one compiling, not those in the finishing stage
-        slots.append(Slot("this host", "host", True, next((j for j in hosts if j.step != "bundle"), next(iter(hosts), None))))
+        hosts = [job for job in running if job.target == "host"]  # the one compiling (the last taken), not those the
+        # finishing stage holds
+        slots.append(Slot("this host", "host", True, max(hosts, key=lambda j: j.started_at or "", default=None)))
         return View(jobid.iso(jobid.utc_now()), slots, running, self.store.head(QUEUED, dashboard.QUEUE_SHOWN),
                     self.store.recent(dashboard.RECENT), self.store.count(QUEUED))
 
