@@ -56,15 +56,16 @@ class Handed:
         self.lock = threading.Lock()
         self.finishers: list[Finisher] = []
 
-    def hand(self, job: Job, compiled: pipeline.Compiled, container: Container | None = None) -> None:
-        with self.lock:
+    def hand(self, job: Job, compiled: pipeline.Compiled, container: Container | None = None,
+             taken: Callable[[], None] = lambda: None) -> bool:
+        with self.lock:  # the check and the append at once: workers of several slots never pass the cap together
+            if len(self.jobs) >= WAITING_MAX:
+                return False
+            taken()  # (before any finisher can take it: its `job.finishing` comes before the finisher's steps)
             self.jobs.append((job, compiled, container))
         for finisher in self.finishers:
             finisher.wake.set()
-
-    def full(self) -> bool:
-        with self.lock:
-            return len(self.jobs) >= WAITING_MAX
+        return True
 
     def pop(self) -> tuple[Job, pipeline.Compiled, Container | None] | None:
         with self.lock:

@@ -21,11 +21,10 @@ class Ahead(Protocol):
 class Finishing(Protocol):
     """What a worker asks of the finishing stage: a job's report, bundle and publication, off its slot."""
 
-    def full(self) -> bool:
-        """Jobs enough wait for a finisher already: the worker makes this one's report itself (the stage's backlog,
-        and the work dirs it keeps, stay bounded in a burst)."""
-
-    def hand(self, job: Job, compiled: pipeline.Compiled, container: Container | None = None) -> None:
+    def hand(self, job: Job, compiled: pipeline.Compiled, container: Container | None = None,
+             taken: Callable[[], None] = lambda: None) -> bool:
         """Take `job` after its last container step (a host job: after its compile): its report, bundle, publication
         and end are the stage's; `container` (Container.beside): where a container call of its report (cubie's
-        simulator) is still to run."""
+        simulator) is still to run; `taken()` is called once it is taken, before a finisher can start on it. False:
+        jobs enough wait for a finisher already, the worker makes this one's report itself (the stage's backlog, and
+        the work dirs it keeps, stay bounded in a burst)."""

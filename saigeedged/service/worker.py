@@ -247,7 +247,7 @@ class Worker(threading.Thread):
     def _hand_off(self, job: Job, compiled: pipeline.Compiled) -> bool:
         """Give a job whose report is still to make to the finishing stage (True), so this slot is free: a container
         job's next compile, or a host job's (its compile is the host's own serial work), never waits for a report."""
-        if self.finisher is None or compiled.planned is None or self.finisher.full():
+        if self.finisher is None or compiled.planned is None:
             return False
         if self.attempt is None or not self.jobs.still_current(self.attempt):
             raise Superseded(f"{job.job_id}: attempt {job.attempt} is not the store's any more")
@@ -258,10 +258,9 @@ class Worker(threading.Thread):
             if left is None:
                 return False
         with self._lock:  # a stop or cancel that came first keeps the job here (the stage's stop may have swept already)
-            if self._reason is not None:
+            if self._reason is not None or not self.finisher.hand(job, compiled, left,
+                                                                   lambda: event("job.finishing", job)):
                 return False
-            event("job.finishing", job)
-            self.finisher.hand(job, compiled, left)
             self.handed_off = True
         return True
 
