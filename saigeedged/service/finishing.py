@@ -34,7 +34,7 @@ from saigeedged.compile import pipeline
 from saigeedged.config import Config
 from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.errors import SaigeError
-from saigeedged.jobs import CANCELLED, RUNNING, Attempt, Job, Superseded, end_attempt
+from saigeedged.jobs import CANCELLED, Attempt, Job, Superseded, end_attempt
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.slot import Slot, remove_work, work_dir
 from saigeedged.service.worker import Worker
@@ -155,13 +155,13 @@ class Finisher(Worker):
         not take now (state_dir full) waits on: the main loop asks again, a finisher that takes it ends it (_own)."""
         for taken in self._unhand(lambda job: job.job_id == job_id) if self.lead else []:
             job = taken[0]
-            fence, stored = Attempt.of(job), self.jobs.store.get(job_id)
-            if stored is None or stored.state != RUNNING or Attempt.of(stored) != fence:
+            stored = self._stored_running(job)
+            if stored is None:
                 continue
             error = SaigeError("CANCELLED", "cancelled while it waited for its report", reason="cancel", step=job.step)
             end_attempt(stored, jobid.iso(jobid.utc_now()), error.code)
             try:
-                self.jobs.end(stored, CANCELLED, error, fence=fence)
+                self.jobs.end(stored, CANCELLED, error, fence=Attempt.of(job))
             except Superseded:
                 continue
             except Exception as exc:

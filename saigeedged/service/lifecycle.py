@@ -78,7 +78,6 @@ class _JobLock:
         self.lock = threading.RLock()
 
 
-
 class Jobs:
     """Job transitions with their side effects: the row, the status file, the journal event.
 
@@ -252,6 +251,13 @@ class Jobs:
             return
         self.relocate([j for j in sharing if j.state != SUCCEEDED], self.places.failed / claim.name)
 
+    def _settle_inputs_of_end(self, job: Job) -> None:
+        try:
+            self.settle_inputs(job)
+        except OSError as exc:  # the inputs stay where they are; the job's end is still written
+            log.error("inputs.settle_failed", job_id=job.job_id, job_name=job.name, error_code="INTERNAL",
+                      message=f"{job.claim_dir}: {exc}")
+
     def relocate(self, jobs: list[Job], dest: Path) -> None:
         """Move the jobs' claimed folder (they share one) to `dest` and point their rows at it."""
         claim = Path(jobs[0].claim_dir)
@@ -285,11 +291,7 @@ class Jobs:
         with self._writing:
             self.store.save(job, expect, fence)
         self.move_log(job)
-        try:
-            self.settle_inputs(job)
-        except OSError as exc:  # the inputs stay where they are; the job's end is still written
-            log.error("inputs.settle_failed", job_id=job.job_id, job_name=job.name, error_code="INTERNAL",
-                      message=f"{job.claim_dir}: {exc}")
+        self._settle_inputs_of_end(job)
         if announce:
             event(ENDED[state], job, "info" if state == SUCCEEDED else "warning",
                   message=error.message.splitlines()[0] if error else None)
@@ -304,11 +306,7 @@ class Jobs:
         for job_id in self.store.behind(ENDING):
             job = self.store.get(job_id)
             if job is not None and job.state in TERMINAL:
-                try:
-                    self.settle_inputs(job)  # the kill may have come before: deleted, or under failed/, first
-                except OSError as exc:
-                    log.error("inputs.settle_failed", job_id=job_id, job_name=job.name, error_code="INTERNAL",
-                              message=f"{job.claim_dir}: {exc}")
+                self._settle_inputs_of_end(job)  # the kill may have come before: deleted, or under failed/, first
                 self.store.mark_behind(job_id, "status")
             self.store.mark_behind(job_id, ENDING, False)
 

@@ -347,15 +347,20 @@ class Worker(threading.Thread):
     def _settle_now(self, job: Job, exc: SaigeError) -> Attempt | None:
         """Settle the attempt `job` is on from another thread (the monitor's, the main loop's), from the row as stored
         (the worker's own copy is its thread's); None when the store names another attempt already."""
-        fence = Attempt.of(job)
-        stored = self.jobs.store.get(job.job_id)
-        if stored is None or stored.state != RUNNING or Attempt.of(stored) != fence:
+        stored = self._stored_running(job)
+        if stored is None:
             return None
         try:
             self._settle(stored, exc)
         except Superseded:
             return None
-        return fence
+        return Attempt.of(job)
+
+    def _stored_running(self, job: Job) -> Job | None:
+        """The row of `job` as stored, while it is still running on the attempt `job` is on; else None."""
+        stored = self.jobs.store.get(job.job_id)
+        return stored if stored is not None and stored.state == RUNNING and Attempt.of(stored) == Attempt.of(job) \
+            else None
 
     def _keep_running(self, job: Job, exc: SaigeError) -> None:
         """The engine is unreachable and the job's step may run on: it stays running (the reason in its status file,
