@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from conftest import write_config
 
-from saigeedged.compile import child
+from saigeedged import config as configmod
+from saigeedged.adapters.joblog import JobLog
+from saigeedged.compile import child, report
+from saigeedged.compile.backends import Context
 from saigeedged.errors import SaigeError
 
 
@@ -34,6 +39,20 @@ def blas_threads() -> int:
     lib = ctypes.CDLL(path)
     names = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads")
     return int(next(getattr(lib, n) for n in names if hasattr(lib, n))())
+
+
+def idle_report(seconds: float) -> dict[str, Any]:
+    """A report child that waits without working, as one starved by the compiles beside it does."""
+    time.sleep(seconds)
+    return {"notes": [], "idled": seconds}
+
+
+def busy_report(pidfile: str) -> None:
+    """A report child that works and never ends."""
+    with open(pidfile, "w") as fh:
+        fh.write(str(os.getpid()))
+    while True:
+        pass
 
 
 def gone(pid: int) -> bool:
@@ -162,3 +181,28 @@ def test_the_daemon_compiles_under_an_address_space_limit(daemon: Any, det_input
     drop(d.inbox, "det", det_inputs["onnx"], det_inputs["manifest"])
     done = d.wait_job("det", timeout=120)
     assert done["state"] == "succeeded", done
+
+
+def test_a_report_is_bounded_by_the_cpu_it_uses_not_by_the_time_compiles_take_from_it(tmp_path: Path) -> None:
+    """The report child runs at nice +10: its wall time is what the compiles beside it leave it (CI's loaded machine
+    starved a 0.3 s report past a 2 s limits.step_timeout_s, and a job that compiled failed TIMEOUT). It may take
+    longer than step_timeout_s while it does not work; step_timeout_s bounds the CPU-seconds it uses (TIMEOUT naming
+    them, the child gone), and the job's deadline its wall time."""
+    config = configmod.load(write_config(tmp_path, limits={"step_timeout_s": 1}))
+    ctx = Context(log=JobLog(tmp_path / "j.log"), step=lambda name: None, config=config,
+                  deadline=time.monotonic() + 300)
+    prep: Any = SimpleNamespace(held_out=["img0001.jpg"], entry=SimpleNamespace(eval_samples=1))
+    made = report.made(prep, report.Plan(idle_report, (3.0,)), ctx)
+    assert made["idled"] == 3.0 and made["cost"]["seconds"] >= 3.0
+    assert made["cost"]["nice"] == os.nice(0) + report.REPORT_NICE
+
+    pidfile = tmp_path / "pid"
+    with pytest.raises(SaigeError) as err:
+        report.made(prep, report.Plan(busy_report, (str(pidfile),)), ctx)
+    assert err.value.code == "TIMEOUT" and "1 CPU-seconds (limits.step_timeout_s)" in err.value.message
+    assert gone(int(pidfile.read_text()))
+
+    ctx.deadline = time.monotonic() + 2
+    with pytest.raises(SaigeError) as err:
+        report.made(prep, report.Plan(idle_report, (120.0,)), ctx)
+    assert err.value.code == "TIMEOUT"

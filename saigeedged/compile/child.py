@@ -27,6 +27,7 @@ PRELOAD = ["saigeedged.compile.onethread", "saigeedged.compile.backends.host", "
            "saigeedged.compile.backends.mobilint"]
 # how a child dies of its memory bound outside Python: C++ bad_alloc aborts, a NULL from malloc faults, the OOM
 # killer kills (a SIGTERM of a stopping unit is not one of them)
+CPU_KILL_AFTER_S = 5  # past its CPU bound a child that outlived SIGXCPU is SIGKILLed this many CPU-seconds later
 OUT_OF_MEMORY = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGKILL})
 
 
@@ -44,8 +45,21 @@ def _bound(memory_bytes: int) -> Bound:
     return Bound(want, False) if hard == resource.RLIM_INFINITY or hard >= want else Bound(hard, True)
 
 
-def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any], memory_bytes: int | None) -> None:
+def _cpu_bound(cpu_s: int) -> None:
+    """RLIMIT_CPU of `cpu_s` CPU-seconds (all its threads): SIGXCPU ends the child there (Python leaves its default
+    action, terminate), SIGKILL a few seconds later; never above the hard limit the service runs under (LimitCPU=)."""
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    if hard == resource.RLIM_INFINITY:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + CPU_KILL_AFTER_S))
+    else:
+        resource.setrlimit(resource.RLIMIT_CPU, (min(cpu_s, hard), hard))
+
+
+def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any], memory_bytes: int | None,
+          cpu_s: int | None) -> None:
     try:
+        if cpu_s is not None:
+            _cpu_bound(cpu_s)
         if memory_bytes is not None:
             bound = _bound(memory_bytes)
             resource.setrlimit(resource.RLIMIT_AS, (bound.limit, bound.limit))
@@ -58,8 +72,13 @@ def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any], memory_
 
 
 def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: float,
-        interrupted: Callable[[], str | None], memory: tuple[int, Code] | None = None) -> Any:
+        interrupted: Callable[[], str | None], memory: tuple[int, Code] | None = None,
+        cpu: tuple[int, str] | None = None) -> Any:
     """fn(*args) in a child forked from a server with onnxruntime loaded; its result or its exception.
+
+    `cpu` = (CPU-seconds, the setting that gave them): the child may use that much CPU (TIMEOUT past it, naming the
+    setting), for work at a low priority whose wall time is what other work leaves it (`timeout_s` then bounds only
+    a child that waits without working).
 
     `memory` = (bytes, code): the child may map that much more; work that needs more fails with `code` (ONNX_INVALID
     for an input too big to validate, OUT_OF_MEMORY for work on valid inputs) naming the bound that struck (see
@@ -71,13 +90,13 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     parent, child = context.Pipe(duplex=False)
-    proc = context.Process(target=_main, args=(child, fn, args, memory[0] if memory else None),
+    proc = context.Process(target=_main, args=(child, fn, args, memory[0] if memory else None, cpu[0] if cpu else None),
                            name=f"saigeedged-{label}", daemon=True)
     with _hangup_blocked():
         proc.start()
     child.close()
     try:
-        ok, value, bound = _wait(parent, proc, label, timeout_s, interrupted, memory)
+        ok, value, bound = _wait(parent, proc, label, timeout_s, interrupted, memory, cpu)
     finally:
         if proc.is_alive():
             proc.kill()
@@ -90,7 +109,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
 
 
 def _wait(parent: Connection, proc: Any, label: str, timeout_s: float, interrupted: Callable[[], str | None],
-          memory: tuple[int, Code] | None) -> tuple[bool, Any, Bound | None]:
+          memory: tuple[int, Code] | None, cpu: tuple[int, str] | None) -> tuple[bool, Any, Bound | None]:
     """The child's (ok, result or exception) and the memory bound it set; stop, cancel, timeout and death raise."""
     deadline = time.monotonic() + timeout_s
     bound = Bound(memory[0], False) if memory else None
@@ -100,7 +119,7 @@ def _wait(parent: Connection, proc: Any, label: str, timeout_s: float, interrupt
                 message = parent.recv()
             except EOFError:  # it died without an answer: killed by a signal (its memory bound, a crash) or exited
                 proc.join(EXIT_WAIT_S)
-                raise _died(label, proc.exitcode, memory, bound) from None
+                raise _died(label, proc.exitcode, memory, bound, cpu) from None
             if not isinstance(message, Bound):
                 return message[0], message[1], bound
             bound = message  # the address-space limit the child set, before any work
@@ -111,12 +130,15 @@ def _wait(parent: Connection, proc: Any, label: str, timeout_s: float, interrupt
         if time.monotonic() > deadline:
             raise SaigeError("TIMEOUT", f"{label} ran longer than {timeout_s:.0f}s and was killed")
         if not proc.is_alive() and not parent.poll():
-            raise _died(label, proc.exitcode, memory, bound)
+            raise _died(label, proc.exitcode, memory, bound, cpu)
 
 
-def _died(label: str, exitcode: int | None, memory: tuple[int, Code] | None, bound: Bound | None) -> SaigeError:
+def _died(label: str, exitcode: int | None, memory: tuple[int, Code] | None, bound: Bound | None,
+          cpu: tuple[int, str] | None) -> SaigeError:
     """A child killed by a signal under a memory bound ran out of it: C++ allocators abort or fault at RLIMIT_AS, the
-    OOM killer SIGKILLs (at the unit's MemoryMax= when the daemon's cgroup has one)."""
+    OOM killer SIGKILLs (at the unit's MemoryMax= when the daemon's cgroup has one). SIGXCPU: its CPU bound."""
+    if cpu is not None and exitcode == -signal.SIGXCPU:
+        return SaigeError("TIMEOUT", f"{label} used more than {cpu[0]} CPU-seconds ({cpu[1]}) and was killed")
     if memory is None or bound is None or exitcode is None or -exitcode not in OUT_OF_MEMORY:
         return SaigeError("CHILD_LOST", f"{label} died with exit code {exitcode}")  # killed: a loss, retried like one
     if -exitcode == signal.SIGKILL:

@@ -191,7 +191,7 @@ def made(prep: Prepared, planned: Plan, ctx: Context) -> dict[str, Any]:
     steps), then the bounded child, host work only (a finishing stage runs it off the container's path)."""
     if planned.simulator:
         planned = _simulator_late(prep, ctx, planned)
-    result: dict[str, Any] = ctx.in_child(costed, (planned.job, planned.args), "accuracy")
+    result: dict[str, Any] = ctx.in_background(costed, (planned.job, planned.args), "accuracy")
     if planned.fallback:
         result["notes"].append(planned.fallback)
     held = len(prep.held_out)

@@ -63,6 +63,17 @@ class Context:
         return child.run(fn, args, label, self.step_timeout(), self.interrupted,
                          (self.config.limits.child_memory_bytes, "OUT_OF_MEMORY"))
 
+    def in_background(self, fn: Callable[..., Any], args: Sequence[Any], label: str) -> Any:
+        """fn(*args) in a compile child that yields the CPU to compiles (the report, at report.REPORT_NICE): its wall
+        time is what the compiles beside it leave it, so limits.step_timeout_s bounds the CPU-seconds it uses, and
+        only the job's deadline its wall time; memory, stop and cancel as in_child."""
+        limits = self.config.limits
+        wall = limits.job_timeout_s if self.deadline is None else self.deadline - time.monotonic()
+        if wall <= 0:
+            raise SaigeError("TIMEOUT", "the job ran longer than limits.job_timeout_s")
+        return child.run(fn, args, label, wall, self.interrupted, (limits.child_memory_bytes, "OUT_OF_MEMORY"),
+                         (limits.step_timeout_s, "limits.step_timeout_s"))
+
 
 class Backend(Protocol):
     def steps(self, entry: Entry) -> list[str]: ...
