@@ -281,3 +281,28 @@ def test_a_queued_job_cancelled_by_the_cli_gets_its_log_and_journal_event_while_
     jobs.catch_up()
     assert jobs.outbox.read_status("a-1")["state"] == CANCELLED  # type: ignore[index]
     assert not jobs.behind()
+
+
+def test_a_host_job_with_an_unreadable_record_is_requeued_by_a_stop_never_detached(tmp_path: Path) -> None:
+    """An unreadable attempt record means a container step may run on (SPEC §15: never run twice): a cubie job stopped
+    so is left running, detached, for the next start. A host job runs no container step: it goes back to the queue
+    (before, it was detached too; in the finishing stage, held for a slot that serves no host job and failed INTERNAL)."""
+    from saigeedged.adapters.docker import Containers
+    from saigeedged.service.worker import Worker
+
+    config = configmod.load(write_config(tmp_path))
+    jobs = lifecycle(tmp_path)
+    worker = Worker(config, jobs, Containers(config), jobs.places)
+    states = {}
+    for target in ("cubie", "host"):
+        jobs.add(job(f"{target}-1", target))
+        taken = jobs.take(f"{target}-1", "local", f"/w/{target}-1/attempt1")
+        assert taken is not None
+        with sqlite3.connect(tmp_path / "state" / "q.db") as db:
+            db.execute("UPDATE attempts SET doc = json_set(doc, '$.version', 99) WHERE job_id = ?", (taken.job_id,))
+        worker.attempt = Attempt.of(taken)
+        worker._settle(taken, SaigeError("CANCELLED", "the daemon is stopping", reason="stop"))
+        stored = jobs.store.get(taken.job_id)
+        assert stored is not None
+        states[target] = stored.state
+    assert states == {"cubie": "running", "host": "queued"}

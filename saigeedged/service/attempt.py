@@ -12,6 +12,7 @@ from saigeedged.adapters.joblog import JobLog
 from saigeedged.adapters.store import Store, StoreFull
 from saigeedged.compile import ahead, resume
 from saigeedged.compile.inputs import Prepared
+from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.errors import SaigeError
 from saigeedged.jobs import Attempt, Job, Superseded
 from saigeedged.records import AttemptRecord, UnreadableRecord
@@ -31,7 +32,10 @@ class Facts:
             return None
 
     def step_may_run(self, job: Job) -> bool:
-        """May a container step of the job's attempt be running? (No record, or one unreadable: it may.)"""
+        """May a container step of the job's attempt be running? (A host job runs none; no record, or one unreadable:
+        it may.)"""
+        if job.target not in CONTAINER_TARGETS:
+            return False
         record = self.of(job)
         return record is None or record.started
 
