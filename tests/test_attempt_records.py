@@ -306,3 +306,37 @@ def test_a_host_job_with_an_unreadable_record_is_requeued_by_a_stop_never_detach
         assert stored is not None
         states[target] = stored.state
     assert states == {"cubie": "running", "host": "queued"}
+
+
+def test_a_cancel_of_a_held_job_keeps_no_work_dir_of_the_job_its_worker_runs(tmp_path: Path) -> None:
+    """`saigeedged cancel` of a job held for its engine (its step may run on: its work dir stays for the monitor's reap)
+    is settled from the main loop's thread: the job the worker runs meanwhile keeps its own fate (before, its work dir
+    was kept too, until the next start), and a cancel of the job the worker runs, stuck in an engine call, keeps it."""
+    from saigeedged.adapters.docker import Containers
+    from saigeedged.service import worker as workermod
+
+    config = configmod.load(write_config(tmp_path))
+    jobs = lifecycle(tmp_path)
+    worker = workermod.Worker(config, jobs, Containers(config), jobs.places)
+    for job_id in ("held-1", "runs-1"):
+        jobs.add(job(job_id))
+        assert jobs.take(job_id, "local", f"/w/{job_id}/attempt1") is not None
+    with sqlite3.connect(tmp_path / "state" / "q.db") as db:  # unreadable: its step may run on
+        db.execute("UPDATE attempts SET doc = json_set(doc, '$.version', 99) WHERE job_id = 'held-1'")
+    held, runs = jobs.store.get("held-1"), jobs.store.get("runs-1")
+    assert held is not None and runs is not None
+    worker.adopt(held)
+    worker._own(runs)
+    assert worker.cancel("held-1") == [Attempt.of(held)]
+    assert jobs.store.get("held-1").state == CANCELLED  # type: ignore[union-attr]
+    assert not worker.kept
+
+    class Stuck:  # the worker's engine call that does not return
+        def busy_s(self) -> float:
+            return workermod.CANCEL_GRACE_S + 1
+
+    worker.containers.active = Stuck()  # type: ignore[assignment]
+    with sqlite3.connect(tmp_path / "state" / "q.db") as db:
+        db.execute("UPDATE attempts SET doc = json_set(doc, '$.version', 99) WHERE job_id = 'runs-1'")
+    assert worker.cancel("runs-1") == [Attempt.of(runs)]
+    assert jobs.store.get("runs-1").state == CANCELLED and worker.kept  # type: ignore[union-attr]

@@ -177,7 +177,8 @@ class Worker(threading.Thread):
             except OSError as exc:  # state_dir full (waited out), else a bug for the run loop's guard
                 if not room.full(exc):
                     raise
-                self._settle(job, SaigeError("INTERNAL", f"state_dir is full: {exc}", state_full=True))
+                self.kept = self._settle(job, SaigeError("INTERNAL", f"state_dir is full: {exc}", state_full=True)) \
+                    or self.kept
                 return
             try:
                 if handed is None:
@@ -192,7 +193,7 @@ class Worker(threading.Thread):
                 with contextlib.suppress(Superseded):
                     joblog.line(f"### {exc.code}: {exc.message}")
                 joblog.close()
-                self._settle(job, exc)
+                self.kept = self._settle(job, exc) or self.kept
         except Superseded as exc:  # the store names another attempt now (moved, cancelled): this one writes nothing
             log.info("job.superseded", job_id=job.job_id, job_name=job.name, message=str(exc))
             self.kept = True  # whatever still runs there is the monitor's to reap
@@ -264,21 +265,21 @@ class Worker(threading.Thread):
             self.handed_off = True
         return True
 
-    def _settle(self, job: Job, exc: SaigeError) -> None:
+    def _settle(self, job: Job, exc: SaigeError) -> bool:
         """Settle an attempt that did not succeed as decision.decide says; every write is fenced by the job's attempt
-        (Superseded when the store names another one)."""
+        (Superseded when the store names another one). True: its work dir stays (a step runs on in it, the monitor
+        reaps it, or state_dir was full)."""
         fence = Attempt.of(job)
         # started: a container step may run, or what the attempt runs in outlives the daemon (a queued cluster job)
         full = bool(exc.fields.get("state_full"))
         started = self.facts.step_may_run(job) or bool(exc.fields.get("detached"))
         done = decide(exc.code, exc.fields.get("reason"), exc.retryable, bool(exc.fields.get("exhausted")),
                       job.attempt, self.config.limits.max_attempts, started, full)
+        kept = full or exc.code == "DOCKER_UNAVAILABLE"  # the latter: whatever may still run there is the monitor's
         if full:  # not the job's fault: it goes on (or back to the queue) once state_dir has room again
-            self.kept = True
             room.wait_for_disk(self.config.work_root, self.jobs.store.wait_for_room, exc.message)
         if exc.code == "DOCKER_UNAVAILABLE":
             self.slot.on_lost(exc.message)
-            self.kept = True  # whatever may still run there is the monitor's to reap
         # given up: an attempt that cannot go on, or one that ends by a cancel or timeout whose kill may not have
         # reached its step (a cancel that came while a re-attached attempt replayed its ended steps ends the job before
         # the running one is attached): the monitor kills what still runs there. On a Slurm partition the cancel's
@@ -287,24 +288,24 @@ class Worker(threading.Thread):
         local = self.config.executor.kind == "local"
         killed_late = done.action == END and exc.code in ("CANCELLED", "TIMEOUT") and started
         if local and (exc.fields.get("unresumable") or killed_late):
-            self.kept = True
+            kept = True
             self.facts.give_up(job)
         if done.action == DETACH:
             self.facts.detach(job)
-            self.kept = True
             event("job.detached", job, attempt=job.attempt)
-            return
+            return True
         if done.action == HOLD:
             self._keep_running(job, exc)
-            return
+            return True
         end_attempt(job, jobid.iso(jobid.utc_now()), exc.code)
         if done.action == END:
             self.jobs.end(job, done.reason, exc, fence=fence)
-            return
+            return kept
         if done.recreate:
             self.containers.container(job.target).recreate()  # it died under the job: made afresh
         self.jobs.requeue(job, done.reason, None if done.reason == "stop" else exc, spend_attempt=done.spend,
                           fence=fence)
+        return kept
 
     def lose(self, reason: str, elsewhere: Callable[[str], bool]) -> list[Attempt]:
         """The engine is down: the jobs of this worker that wait on it and whose target another ready engine serves
@@ -351,9 +352,12 @@ class Worker(threading.Thread):
         if stored is None:
             return None
         try:
-            self._settle(stored, exc)
+            kept = self._settle(stored, exc)
         except Superseded:
             return None
+        with self._lock:  # the work dir of the job this worker runs stays; a held job's is not the current one's
+            if kept and self.current is not None and Attempt.of(self.current) == Attempt.of(job):
+                self.kept = True
         return Attempt.of(job)
 
     def _stored_running(self, job: Job) -> Job | None:
