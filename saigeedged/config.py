@@ -93,6 +93,16 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "mobilint.device": ("auto", "cpu", "gpu"),
     "defaults.calibration_method": ("ema", "minmax", "kl", "normal", "auto"),
 }
+YEAR_S = 365 * 24 * 3600
+# (least, most) of numeric keys whose values outside would break what uses them (a negative timeout, a CPU bound
+# past what setrlimit takes, a job never tried)
+RANGES: dict[str, tuple[int | float, int | float]] = {
+    "limits.step_timeout_s": (1, YEAR_S),
+    "limits.job_timeout_s": (1, YEAR_S),
+    "limits.max_attempts": (1, 1000),
+    "limits.engine_timeout_s": (0.1, 24 * 3600),
+    "limits.publish_patience_s": (0, YEAR_S),
+}
 
 
 ENV_PREFIX = "SAIGE_CUBIE_"  # the guide's overrides: SAIGE_CUBIE_<KEY> for each cubie key, SAIGE_CUBIE_KEEP_WORK=1
@@ -259,6 +269,10 @@ def _check_type(name: str, value: Any, default: Any) -> Any:
         kind = "a number" if isinstance(default, float) else expected[0].__name__  # a float key takes an int too
         raise SaigeError("MANIFEST_INVALID", f"config: `{name}` must be {kind}, got {safeyaml.shown(value)}",
                          hint="see config/saigeedged.yml")
+    if name in RANGES and not RANGES[name][0] <= value <= RANGES[name][1]:
+        least, most = RANGES[name]
+        raise SaigeError("MANIFEST_INVALID", f"config: `{name}` must be between {least} and {most}, "
+                         f"got {safeyaml.shown(value)}", hint="see config/saigeedged.yml")
     if name in CHOICES and value not in CHOICES[name]:
         raise SaigeError("MANIFEST_INVALID", f"config: `{name}` must be one of {', '.join(CHOICES[name])}, "
                          f"got {safeyaml.shown(value)}",

@@ -49,6 +49,17 @@ RANGES = {
     "max_map_drop negative": (b"accuracy: {max_map_drop: -0.1}\n", "`accuracy.max_map_drop` must be a number in [0, 1]"),
     "eval_samples negative": (b"defaults: {eval_samples: -1}\n", "`defaults.eval_samples` must be >= 0, got -1"),
     "eval_samples huge": (b"defaults: {eval_samples: 99999999999}\n", "`defaults.eval_samples` is out of range"),
+    # limits a negative or huge value of broke: the report's CPU bound (setrlimit raised, the job failed INTERNAL), a
+    # job never tried, an engine call with no time at all
+    "step_timeout_s negative": (b"limits: {step_timeout_s: -1}\n",
+                                "`limits.step_timeout_s` must be between 1 and 31536000, got -1"),
+    "step_timeout_s huge": (b"limits: {step_timeout_s: 9223372036854775808}\n",
+                            "`limits.step_timeout_s` must be between 1 and 31536000"),
+    "job_timeout_s 0": (b"limits: {job_timeout_s: 0}\n", "`limits.job_timeout_s` must be between 1 and 31536000, got 0"),
+    "max_attempts 0": (b"limits: {max_attempts: 0}\n", "`limits.max_attempts` must be between 1 and 1000, got 0"),
+    "engine_timeout_s nan": (b"limits: {engine_timeout_s: .nan}\n", "`limits.engine_timeout_s` must be between 0.1"),
+    "publish_patience_s negative": (b"limits: {publish_patience_s: -5}\n",
+                                    "`limits.publish_patience_s` must be between 0 and 31536000, got -5"),
 }
 CASES: list[tuple[str, Callable[[Path], Path], str, str]] = [
     ("directory", a_directory, "INPUT_NOT_FOUND", "is a directory"),

@@ -45,21 +45,24 @@ def _bound(memory_bytes: int) -> Bound:
     return Bound(want, False) if hard == resource.RLIM_INFINITY or hard >= want else Bound(hard, True)
 
 
-def _cpu_bound(cpu_s: int) -> None:
-    """RLIMIT_CPU of `cpu_s` CPU-seconds (all its threads): SIGXCPU ends the child there (Python leaves its default
-    action, terminate), SIGKILL a few seconds later; never above the hard limit the service runs under (LimitCPU=)."""
+def _cpu_limits(cpu_s: int) -> tuple[int, int]:
+    """The (soft, hard) RLIMIT_CPU of a child allowed `cpu_s` CPU-seconds (all its threads): SIGXCPU at the soft limit
+    ends it (Python leaves its default action), SIGKILL CPU_KILL_AFTER_S later one that outlived it. Under a finite hard
+    limit of the service (LimitCPU=, ulimit -t: only root may raise it) the soft one stays a second below it, so that
+    SIGXCPU, not SIGKILL (which reads as the OOM killer's), always ends it."""
     hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
     if hard == resource.RLIM_INFINITY:
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + CPU_KILL_AFTER_S))
-    else:
-        resource.setrlimit(resource.RLIMIT_CPU, (min(cpu_s, hard), hard))
+        return cpu_s, cpu_s + CPU_KILL_AFTER_S
+    return max(1, min(cpu_s, hard - 1)), hard
 
 
 def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any], memory_bytes: int | None,
-          cpu_s: int | None) -> None:
+          cpu_limits: tuple[int, int] | None) -> None:
     try:
-        if cpu_s is not None:
-            _cpu_bound(cpu_s)
+        if cpu_limits is not None:
+            resource.setrlimit(resource.RLIMIT_CPU, cpu_limits)
+            resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))  # SIGXCPU
+            # dumps core by default: no core file of a process with onnxruntime mapped for a report over its time
         if memory_bytes is not None:
             bound = _bound(memory_bytes)
             resource.setrlimit(resource.RLIMIT_AS, (bound.limit, bound.limit))
@@ -78,7 +81,7 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
 
     `cpu` = (CPU-seconds, the setting that gave them): the child may use that much CPU (TIMEOUT past it, naming the
     setting), for work at a low priority whose wall time is what other work leaves it (`timeout_s` then bounds only
-    a child that waits without working).
+    a child that waits without working). A lower hard limit of the service's takes its place (_cpu_limits).
 
     `memory` = (bytes, code): the child may map that much more; work that needs more fails with `code` (ONNX_INVALID
     for an input too big to validate, OUT_OF_MEMORY for work on valid inputs) naming the bound that struck (see
@@ -90,7 +93,10 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     parent, child = context.Pipe(duplex=False)
-    proc = context.Process(target=_main, args=(child, fn, args, memory[0] if memory else None, cpu[0] if cpu else None),
+    cpu_limits = _cpu_limits(cpu[0]) if cpu else None
+    if cpu is not None and cpu_limits is not None and cpu_limits[0] < cpu[0]:
+        cpu = (cpu_limits[0], f"the service's hard RLIMIT_CPU ({cpu_limits[1]} s), below {cpu[1]}")
+    proc = context.Process(target=_main, args=(child, fn, args, memory[0] if memory else None, cpu_limits),
                            name=f"saigeedged-{label}", daemon=True)
     with _hangup_blocked():
         proc.start()

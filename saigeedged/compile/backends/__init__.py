@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,14 +66,16 @@ class Context:
 
     def in_background(self, fn: Callable[..., Any], args: Sequence[Any], label: str) -> Any:
         """fn(*args) in a compile child that yields the CPU to compiles (the report, at report.REPORT_NICE): its wall
-        time is what the compiles beside it leave it, so limits.step_timeout_s bounds the CPU-seconds it uses, and
-        only the job's deadline its wall time; memory, stop and cancel as in_child."""
+        time is what the compiles beside it leave it, so it is bounded by the CPU it uses, limits.step_timeout_s on
+        every core this process may use (what the step's wall-time bound allowed it on an idle host), and only the
+        job's deadline bounds its wall time; memory, stop and cancel as in_child."""
         limits = self.config.limits
         wall = limits.job_timeout_s if self.deadline is None else self.deadline - time.monotonic()
         if wall <= 0:
             raise SaigeError("TIMEOUT", "the job ran longer than limits.job_timeout_s")
+        cores = len(os.sched_getaffinity(0))
         return child.run(fn, args, label, wall, self.interrupted, (limits.child_memory_bytes, "OUT_OF_MEMORY"),
-                         (limits.step_timeout_s, "limits.step_timeout_s"))
+                         (limits.step_timeout_s * cores, f"limits.step_timeout_s on {cores} cores"))
 
 
 class Backend(Protocol):
