@@ -233,10 +233,13 @@ def test_gate_reads_the_mean_over_the_held_out_images() -> None:
     assert report.judge(noisy, gate) == ["out mean cosine 0.9400 < 0.95", "decoded scores mean cosine 0.9300 < 0.95"]
 
 
-def test_report_shows_in_status_dashboard_and_table() -> None:
-    """A job's accuracy is in its status file, its dashboard row and the printed table with the gate's verdict."""
+def test_report_shows_in_status_dashboard_and_table(config_path: Path, capsys: Any) -> None:
+    """A job's accuracy is in its status file, its dashboard row and the printed table with the gate's verdict, which
+    `saigeedged status JOB` prints line by line (it printed one line of literal `\\n`s)."""
     from saigeedged import accuracytable
+    from saigeedged import config as configmod
     from saigeedged.adapters import dashboard, outbox
+    from saigeedged.adapters.store import Store
     from saigeedged.jobs import Job
 
     acc = {"method": "emulated", "images": 3, "outputs": {"out": {"cosine": 0.91, "cosine_mean": 0.95, "max_abs_error": 2.0}},
@@ -251,6 +254,13 @@ def test_report_shows_in_status_dashboard_and_table() -> None:
     assert any("FAILED: out cosine 0.9100 < 0.95" in line for line in lines)
     row = dashboard._recent([job])
     assert "BELOW THE GATE, cosine ≥ 0.8000" in row and "left at default quantization" in row
+    state_dir = configmod.load(config_path).state_dir
+    state_dir.mkdir(parents=True)
+    Store(state_dir / "saigeedged.db").add(job)
+    capsys.readouterr()
+    assert cli.main(["status", "j-1", "-c", str(config_path)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1:1 + len(lines)] == lines
 
 
 @pytest.mark.docker

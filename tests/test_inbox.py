@@ -67,6 +67,28 @@ def test_orphan_and_invalid_manifests(tmp_path: Path) -> None:
     assert isinstance(ghost, Rejected) and ghost.error.code == "INPUT_NOT_FOUND" and "ghost.onnx" in ghost.error.message
 
 
+def test_an_unparsable_manifest_takes_its_settled_sibling_onnx_to_failed(tmp_path: Path) -> None:
+    """A drop is `<stem>.onnx` + `<stem>.yml` (SPEC §3): a settled manifest that does not parse is rejected with its
+    settled sibling ONNX, both for failed/ (SPEC §8); the ONNX stayed in the inbox for good. A sibling still being
+    written stays (it may be a new drop's); another manifest's ONNX is never taken."""
+    s = scanner(tmp_path, settle=1)
+    yolox(tmp_path / "typo.onnx")
+    write(tmp_path / "typo.yml", {**M, "num_clases": 3})
+    yolox(tmp_path / "arriving.onnx")
+    (tmp_path / "arriving.yml").write_text("task: [")
+    yolox(tmp_path / "other.onnx")
+    (tmp_path / "lone.yml").write_text("onnx: other.onnx\ntask: [")
+    assert s.scan(0.0) == []
+    with (tmp_path / "arriving.onnx").open("ab") as fh:
+        fh.write(b"\0")
+    found = {r.manifest.name: r for r in s.scan(1.0)}
+    assert all(isinstance(r, Rejected) and r.error.code == "MANIFEST_INVALID" for r in found.values())
+    assert {name: r.files for name, r in found.items()} == {
+        "typo.yml": [tmp_path / "typo.yml", tmp_path / "typo.onnx"],
+        "arriving.yml": [tmp_path / "arriving.yml"],
+        "lone.yml": [tmp_path / "lone.yml"]}
+
+
 def test_ignored_names_symlinks_and_own_dir(tmp_path: Path) -> None:
     """Hidden/temp names, symlinks and the .saigeedged folder are never considered; a lone ONNX waits forever."""
     s = scanner(tmp_path, settle=0, orphan=0)

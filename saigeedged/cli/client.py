@@ -67,13 +67,16 @@ def _submitted_manifest(manifest: Path, model: Path, request_id: str) -> tuple[s
     return stem, own, yaml.safe_dump(data, sort_keys=False).encode()
 
 
-def _find_status(outbox: Outbox, stem: str, request_id: str) -> dict[str, Any] | None:
+def _find_status(outbox: Outbox, stem: str, own: str, request_id: str) -> dict[str, Any] | None:
+    """The status of this submission: the job that carries its request id, or the failed job of its manifest when the
+    daemon could not read one from it (a manifest that does not parse is named after its file, `<own>.yml`)."""
     folder = outbox.root / "status"
     if not folder.is_dir():
         return None
-    for path in folder.glob(f"{stem}-*.json"):
+    for path in [*folder.glob(f"{stem}-*.json"), *folder.glob(f"{safe_stem(own)}-*.json")]:
         doc = outbox.read_status(path.stem)
-        if doc and doc.get("request_id") == request_id:
+        if doc and (doc.get("request_id") == request_id or doc.get("request_id") is None
+                    and (doc.get("inputs") or {}).get("manifest") == f"{own}.yml"):
             return doc
     return None
 
@@ -101,7 +104,7 @@ def submit(config: Config, args: argparse.Namespace, out: TextIO) -> int:
     claim_deadline = min(deadline, start + CLAIM_WAIT_S)
     doc = None
     while doc is None and time.monotonic() < claim_deadline:
-        doc = _find_status(outbox, stem, request_id)
+        doc = _find_status(outbox, stem, own, request_id)
         if doc is None:
             time.sleep(WAIT_POLL_S)
     if doc is None:
@@ -143,7 +146,7 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
             doc = status_doc(job)
         print(json.dumps(doc, indent=1) if as_json else _row(job), file=out)
         if doc.get("accuracy") and not as_json:
-            print(printable("\n".join(accuracytable.table(doc["accuracy"]))), file=out)
+            print("\n".join(printable(line) for line in accuracytable.table(doc["accuracy"])), file=out)
         if not as_json:
             print("\n".join(attempt_lines(job)), file=out)
         return 0

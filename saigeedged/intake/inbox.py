@@ -184,7 +184,8 @@ class Scanner:
         stable = self._stable(path, files[path], now)
         entries = self._load(path, files[path])
         if isinstance(entries, SaigeError):
-            return Rejected(path, entries, [path]) if stable else None
+            sibling = self._sibling(path, files, now)  # looked at every scan: its settle clock runs with the manifest's
+            return Rejected(path, entries, [path, *sibling]) if stable else None
         waiting = [e for e in entries if not self._complete(e, files, now)]
         if not waiting:
             onnx = sorted({e.onnx for e in entries if e.onnx in files})
@@ -200,6 +201,13 @@ class Scanner:
             error = SaigeError("INPUT_NOT_FOUND", f"{entry.onnx.name} named by {path.name} did not appear within "
                                f"{self.orphan_timeout_s:.0f}s (orphan_timeout_s)")
         return Rejected(path, error, [path] + [e.onnx for e in entries if e.onnx in files])
+
+    def _sibling(self, manifest: Path, files: dict[Path, Signature], now: float) -> list[Path]:
+        """The settled `<stem>.onnx` beside a manifest that does not parse: the rest of its drop (SPEC §3), which goes
+        to failed/ with it instead of staying in the inbox for good. One still being written is left: it may be a new
+        drop's."""
+        onnx = manifest.with_suffix(".onnx")
+        return [onnx] if onnx in files and self._stable(onnx, files[onnx], now) else []
 
     def _complete(self, entry: Entry, files: dict[Path, Signature], now: float) -> bool:
         """Settled manifest + ONNX, or an ONNX whose digest matches `sha256:` (no wait)."""
