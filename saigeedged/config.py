@@ -97,11 +97,22 @@ YEAR_S = 365 * 24 * 3600
 # (least, most) of numeric keys whose values outside would break what uses them (a negative timeout, a CPU bound
 # past what setrlimit takes, a job never tried)
 RANGES: dict[str, tuple[int | float, int | float]] = {
+    "watch.poll_interval_s": (0.01, 24 * 3600),
+    "watch.rescan_interval_s": (0.01, 24 * 3600),
+    "watch.settle_s": (0, 24 * 3600),
+    "watch.orphan_timeout_s": (0, YEAR_S),
     "limits.step_timeout_s": (1, YEAR_S),
     "limits.job_timeout_s": (1, YEAR_S),
     "limits.max_attempts": (1, 1000),
-    "limits.engine_timeout_s": (0.1, 24 * 3600),
+    "limits.max_onnx_bytes": (1, 1 << 50),
+    "limits.child_memory_bytes": (64 << 20, 1 << 50),  # below: the child cannot even start its thread's data
     "limits.publish_patience_s": (0, YEAR_S),
+    "limits.engine_timeout_s": (0.1, 24 * 3600),
+    "limits.mobilint_parser_workers": (0, 1024),
+    "cache.max_bytes": (0, 1 << 60),
+    "retention.max_age_days": (0, 36500),
+    "retention.keep_last_per_name": (0, 1 << 20),
+    "retention.keep_rows_days": (0, 36500),
 }
 
 

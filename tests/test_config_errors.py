@@ -60,6 +60,12 @@ RANGES = {
     "engine_timeout_s nan": (b"limits: {engine_timeout_s: .nan}\n", "`limits.engine_timeout_s` must be between 0.1"),
     "publish_patience_s negative": (b"limits: {publish_patience_s: -5}\n",
                                     "`limits.publish_patience_s` must be between 0 and 31536000, got -5"),
+    # every host job failed CHILD_LOST (RLIMIT_AS below what the child had mapped), retention said "0" of a negative
+    "child_memory_bytes negative": (b"limits: {child_memory_bytes: -1}\n",
+                                    f"`limits.child_memory_bytes` must be between {64 << 20} and"),
+    "max_age_days negative": (b"retention: {max_age_days: -1}\n", "`retention.max_age_days` must be between 0 and"),
+    "poll_interval_s 0": (b"watch: {poll_interval_s: 0}\n", "`watch.poll_interval_s` must be between 0.01 and"),
+    "cache max_bytes negative": (b"cache: {max_bytes: -1}\n", "`cache.max_bytes` must be between 0 and"),
 }
 CASES: list[tuple[str, Callable[[Path], Path], str, str]] = [
     ("directory", a_directory, "INPUT_NOT_FOUND", "is a directory"),
@@ -107,3 +113,17 @@ def test_unreadable_config_from_the_real_command(tmp_path: Path) -> None:
     assert run.returncode == 2
     assert run.stderr.startswith(f"saigeedged: INPUT_NOT_FOUND: config {tmp_path / 'etc'} is a directory")
     assert "Traceback" not in run.stderr and len(run.stderr.splitlines()) == 2
+
+
+@pytest.mark.parametrize(("keys", "text"), [
+    ('metrics: {listen: "nohost:abc"}', "`metrics.listen` must be HOST:PORT or PORT, got 'nohost:abc'"),
+    ('notify: [{url: "ftp://x"}]', "`notify[0].url` must be an http:// or https:// URL, got 'ftp://x'"),
+], ids=["metrics.listen", "notify url"])
+def test_check_refuses_the_ops_keys_run_refuses(tmp_path: Path, capsys: Any, keys: str, text: str) -> None:
+    """The install flow is "edit the config, `check`, restart": a /metrics address or a notify URL the start-up refuses
+    (exit 2) is refused by `check` too, in the same line (it said exit 0, and the service then did not start)."""
+    path = tmp_path / "c.yml"
+    path.write_text(f"inbox: {tmp_path / 'in'}\noutbox: {tmp_path / 'out'}\nstate_dir: {tmp_path / 'state'}\n{keys}\n")
+    assert cli.main(["check", "-c", str(path)]) == 2
+    first, hint = capsys.readouterr().err.splitlines()
+    assert first == f"saigeedged: MANIFEST_INVALID: config: {text}" and hint.startswith("  hint: ")

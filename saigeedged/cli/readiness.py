@@ -22,6 +22,7 @@ from saigeedged.engines import CONTAINER_TARGETS, DEFAULT
 from saigeedged.errors import SaigeError
 from saigeedged.executor import capacity, feature
 from saigeedged.profiles import TARGET_CANDIDATES
+from saigeedged.service import ops
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 LOAD = {"cubie": "docker load -i ubuntu-npu_v2.0.10.1.tar, then check the tag",
@@ -204,6 +205,7 @@ def _partition(report: Report, config: Config) -> None:
 
 
 def main(config: Config, out: TextIO | None = None) -> int:
+    ops.surfaces(config)  # what `run` refuses at start-up (exit 2), before anything is looked at
     report = Report(out or sys.stdout)
     if config.executor.slurm:  # container steps run on the partition's nodes, through their own engines
         _partition(report, config)

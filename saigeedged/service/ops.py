@@ -20,7 +20,7 @@ from saigeedged.adapters.metrics import Metrics, parse_listen
 from saigeedged.adapters.outbox import place_data
 from saigeedged.adapters.slurm.cluster import Slurm, images
 from saigeedged.adapters.store import Store
-from saigeedged.adapters.webhooks import Sender, channels
+from saigeedged.adapters.webhooks import Channel, Sender, channels
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.executor import ClusterNode, serves
@@ -36,6 +36,14 @@ TICK_S = 5.0  # the thread looks at least this often
 RETENTION_S = 86400.0
 
 
+def surfaces(config: Config) -> list[Channel]:
+    """The ops surfaces' keys checked as the start-up checks them (a bad one stops it, as any bad key does; `saigeedged
+    check` says so too): the /metrics address, and the notify channels, returned."""
+    if config.metrics.listen:
+        parse_listen(config.metrics.listen)
+    return channels(list(config.notify))
+
+
 class Ops(threading.Thread):
     """The surfaces the config turns on; the engines' health is what the engine monitor recorded in the store."""
 
@@ -43,11 +51,9 @@ class Ops(threading.Thread):
         super().__init__(name="saigeedged-ops", daemon=True)
         self.config, self.store, self.clock = config, store, clock
         self.listen, self.textfile = config.metrics.listen, config.metrics.textfile
-        if self.listen:
-            parse_listen(self.listen)  # a bad address stops the start-up, as any bad key does
+        chans = surfaces(config)
         wanted = bool(self.listen or self.textfile)
         self.metrics = Metrics(store, self.engines_up, clock) if wanted else None
-        chans = channels(list(config.notify))
         self.sender = Sender(chans) if chans else None
         self.ends = Ends(store)
         if self.sender is not None:  # what ended before this start was notified then, or never will be
