@@ -356,7 +356,9 @@ def _read(path: Path) -> Any:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise SaigeError("INPUT_NOT_FOUND", f"config file {path} not found") from None
+        raise SaigeError("INPUT_NOT_FOUND", f"config file {path} not found",
+                         hint="-c takes the daemon's config file: the package installs /etc/saigeedged/saigeedged.yml, "
+                         "config/saigeedged.yml is an example") from None
     except IsADirectoryError:
         raise SaigeError("INPUT_NOT_FOUND", f"config {path} is a directory, not a file",
                          hint="-c takes the config file itself, e.g. /etc/saigeedged/saigeedged.yml") from None

@@ -92,3 +92,30 @@ def test_submit_refuses_what_is_not_a_file(tmp_path: Path, config_path: Path, ca
     assert cli.main(["submit", str(onnx), str(tmp_path), "-c", str(config_path)]) == 2
     err = capsys.readouterr().err
     assert "INPUT_NOT_FOUND" in err and "is not a regular file" in err and "write the manifest to a file" in err
+
+
+def test_job_commands_name_what_to_do_next(tmp_path: Path, config_path: Path, capsys: Any) -> None:
+    """`cancel`/`retry`/`status` of no such job hint at `saigeedged status` (they gave the manifest-path hint), a missing
+    -c file at the installed config, and `retry` of a drop whose manifest never parsed says where its files are (it
+    said "failed" jobs can be retried, of a failed job)."""
+    from saigeedged import config as configmod
+    from saigeedged.adapters.store import Store
+    from saigeedged.jobs import FAILED, Job
+
+    state_dir = configmod.load(config_path).state_dir
+    state_dir.mkdir(parents=True)
+    Store(state_dir / "saigeedged.db").add(Job("typo-1", "typo", "?", "?", {"onnx": "/c/typo.onnx"}, "",
+                                               "/inbox/.saigeedged/failed/typo-1", "typo.yml", state=FAILED))
+
+    def refused(*argv: str) -> tuple[str, str]:
+        assert cli.main(list(argv)) == 2
+        first, hint = capsys.readouterr().err.splitlines()
+        return first, hint
+
+    for command in ("cancel", "retry", "status"):
+        first, hint = refused(command, "nosuchjob", "-c", str(config_path))
+        assert first == "saigeedged: INPUT_NOT_FOUND: no job nosuchjob" and "`saigeedged status` lists" in hint
+    first, hint = refused("status", "-c", str(tmp_path / "nope.yml"))
+    assert "not found" in first and "/etc/saigeedged/saigeedged.yml" in hint
+    first, hint = refused("retry", "typo-1", "-c", str(config_path))
+    assert "manifest never parsed" in first and "/inbox/.saigeedged/failed/typo-1" in hint

@@ -28,6 +28,9 @@ CLAIM_WAIT_S = 60.0  # `submit` gives up (exit 3) when no daemon claims the drop
 WAIT_POLL_S = 0.1  # status files live on a share: reading them is the only cross-host signal
 
 
+NO_JOB_HINT = "`saigeedged status` lists the jobs (give a job id or a job name); pass the daemon's -c file"
+
+
 def _store(config: Config) -> Store:
     path = config.state_dir / "saigeedged.db"
     if not path.exists():
@@ -138,7 +141,7 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
     if key:
         job = store.find(key)
         if job is None:
-            raise SaigeError("INPUT_NOT_FOUND", f"no job {key}")
+            raise SaigeError("INPUT_NOT_FOUND", f"no job {key}", hint=NO_JOB_HINT)
         doc = Outbox(config.outbox).read_status(job.job_id)
         if doc is None:
             from saigeedged.adapters.outbox import status_doc
@@ -177,11 +180,13 @@ def retry(config: Config, job_id: str, out: TextIO) -> int:
     store = _store(config)
     job = store.get(job_id)
     if job is None:
-        raise SaigeError("INPUT_NOT_FOUND", f"no job {job_id}")
+        raise SaigeError("INPUT_NOT_FOUND", f"no job {job_id}", hint=NO_JOB_HINT)
     check_transition(job.state, QUEUED) if job.state in (FAILED, CANCELLED) else None
-    if job.state not in (FAILED, CANCELLED) or job.target == "?":
-        raise SaigeError("MANIFEST_INVALID", f"job {job_id} is {job.state}" +
-                         (" and its manifest never parsed: fix it and drop it again" if job.target == "?" else ""),
+    if job.target == "?":
+        raise SaigeError("MANIFEST_INVALID", f"job {job_id}'s manifest never parsed: there is nothing to run again",
+                         hint=f"fix the manifest kept in {job.claim_dir} and drop it with its ONNX into the inbox")
+    if job.state not in (FAILED, CANCELLED):
+        raise SaigeError("MANIFEST_INVALID", f"job {job_id} is {job.state}",
                          hint="only failed or cancelled jobs can be retried")
     from saigeedged.service.lifecycle import Jobs, Places  # docker-py and structlog: only the commands that need them
 
@@ -211,7 +216,7 @@ def cancel(config: Config, job_id: str, out: TextIO) -> int:
     for _ in range(CANCEL_TRIES):
         job = store.get(job_id)
         if job is None:
-            raise SaigeError("INPUT_NOT_FOUND", f"no job {job_id}")
+            raise SaigeError("INPUT_NOT_FOUND", f"no job {job_id}", hint=NO_JOB_HINT)
         if job.state in TERMINAL:
             raise SaigeError("MANIFEST_INVALID", f"job {job_id} is already {job.state}", hint="nothing to cancel")
         if job.state == RUNNING and store.request_cancel(job_id):
