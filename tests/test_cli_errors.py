@@ -72,6 +72,15 @@ def test_validate_prints_the_resolved_profile(tmp_path: Path, config_path: Path,
     assert cli.main(["validate", str(mf), "-c", str(config_path)]) == 0
     out = capsys.readouterr().out
     assert "input_size  [64, 64]" in out and "[[1, 8, 8, 8], [1, 8, 4, 4], [1, 8, 2, 2]]" in out and "det.yml: valid" in out
+    # whether the job will have an accuracy report and a gate (SPEC §17): a calibration file no larger than n_samples
+    # leaves none, which the job log alone said
+    assert "  warning     no accuracy report and no gate: calibration uses every one of the 6 images (n_samples " \
+           "100): add images to the calibration file or lower n_samples" in out.splitlines()
+    for fields, said in (({"n_samples": 4}, "  accuracy    2 held-out images of 16 asked"),
+                         ({"eval_samples": 0}, "  warning     no accuracy report and no gate: eval_samples is 0")):
+        mf = manifest(tmp_path / "det.yml", **{**inputs(tmp_path), **fields})
+        assert cli.main(["validate", str(mf), "-c", str(config_path)]) == 0
+        assert said in capsys.readouterr().out.splitlines()
 
 
 def test_only_selects_entries(tmp_path: Path, config_path: Path, capsys: Any) -> None:

@@ -43,6 +43,7 @@ def describe(config: Config, entry: Entry, out: TextIO) -> None:
         if inputs.needs_surgery(entry):
             inputs.surgery(prep)
         chosen = calibration.choose(prep.calib, entry.n_samples, entry.seed, entry.profile.sampler)
+        held = calibration.held_out(prep.calib, chosen, entry.eval_samples, entry.seed, entry.profile.sampler)
     profile = entry.profile
     print(f"{entry.stem}: task {entry.task} -> {profile.bundle_task}, target {entry.target}", file=out)
     print(f"  onnx        {entry.onnx}  (sha256 {prep.onnx_sha256[:12]}...)", file=out)
@@ -54,6 +55,11 @@ def describe(config: Config, entry: Entry, out: TextIO) -> None:
           (f"  (cut at {', '.join(prep.surgery)})" if prep.surgery else ""), file=out)
     print(f"  steps       {' '.join(pipeline.plan_steps(entry))}", file=out)
     print(f"  output      {output_path(entry)}", file=out)
+    print(f"  accuracy    {len(held)} held-out images of {entry.eval_samples} asked" if held else
+          "  warning     no accuracy report and no gate: " + ("eval_samples is 0" if not entry.eval_samples else
+                                                             f"calibration uses every one of the {len(prep.calib.samples)} "
+                                                             f"images (n_samples {entry.n_samples}): add images to "
+                                                             "the calibration file or lower n_samples"), file=out)
     for text in cubie.precision_warnings(entry):
         print(f"  warning     {text}", file=out)
 
