@@ -41,7 +41,7 @@ from saigeedged.service.worker import Worker
 
 log = structlog.get_logger()
 STAGE = "report"  # the stage's slots: no engine has this name and they take no target from the queue
-REPORTS_AT_ONCE = 2 if (os.cpu_count() or 1) > 1 else 1
+REPORTS_AT_ONCE = 2 if len(os.sched_getaffinity(0)) > 1 else 1  # the cores this process may use (CPUAffinity=)
 # handed jobs that may wait for a finisher: past it a worker makes its job's report itself. Reports at nice +10 beside
 # a burst of compiles fall behind; unbounded, the jobs (their work dirs, `running` for ever longer) piled up here
 WAITING_MAX = 4 * REPORTS_AT_ONCE
