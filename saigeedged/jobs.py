@@ -132,11 +132,14 @@ HOST_ENGINE = "host"  # host jobs' attempts are recorded on this engine name; th
 def begin_attempt(job: Job, engine: str, now_iso: str) -> None:
     """A slot of `engine` starts running `job`: a new open attempt, and `job.engine` names it (None on the host).
 
+    Each entry carries the job's `attempt` number (retries and spent attempts count it up; a requeue that spends none,
+    DOCKER_UNAVAILABLE, takes the same number again), so `status` numbers them as the status file's `attempt` does.
     An attempt still open is one the daemon died under (nothing ended it): it is closed now, as INTERNAL.
     """
     end_attempt(job, now_iso, "INTERNAL")
     job.engine = None if engine == HOST_ENGINE else engine
-    job.attempts.append({"engine": engine, "started_at": now_iso, "finished_at": None, "error": None})
+    job.attempts.append({"engine": engine, "attempt": job.attempt, "started_at": now_iso, "finished_at": None,
+                         "error": None})
 
 
 def end_attempt(job: Job, now_iso: str, code: str | None) -> None:

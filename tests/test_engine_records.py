@@ -14,7 +14,7 @@ from conftest import write_config
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.cli import main as cli
-from saigeedged.jobs import QUEUED, RUNNING, Job, begin_attempt, end_attempt
+from saigeedged.jobs import FAILED, QUEUED, RUNNING, Job, begin_attempt, end_attempt
 
 T0, T1, T2, T3 = (f"2026-11-30T03:1{i}:00.000Z" for i in range(4))
 
@@ -33,8 +33,8 @@ def test_attempts_record_each_engine_and_how_it_ended() -> None:
     assert j.engine == "local"
     end_attempt(j, T3, None)
     end_attempt(j, "later", "INTERNAL")  # nothing open: the record stays as it ended
-    assert j.attempts == [{"engine": "compile2", "started_at": T0, "finished_at": T1, "error": "ENGINE_LOST"},
-                          {"engine": "local", "started_at": T2, "finished_at": T3, "error": None}]
+    assert j.attempts == [{"engine": "compile2", "attempt": 1, "started_at": T0, "finished_at": T1, "error": "ENGINE_LOST"},
+                          {"engine": "local", "attempt": 1, "started_at": T2, "finished_at": T3, "error": None}]
 
 
 def test_an_attempt_the_daemon_died_under_is_closed_by_the_next() -> None:
@@ -68,7 +68,7 @@ def test_engine_and_attempts_survive_the_store_and_reach_the_status_file(tmp_pat
     outbox = Outbox(tmp_path / "out")
     outbox.write_status(loaded)
     doc = json.loads((tmp_path / "out" / "status" / "det-1.json").read_text())
-    assert doc["engine"] == "compile2" and doc["attempts"] == [{"engine": "compile2", "started_at": T0,
+    assert doc["engine"] == "compile2" and doc["attempts"] == [{"engine": "compile2", "attempt": 1, "started_at": T0,
                                                                  "finished_at": None, "error": None}]
 
 
@@ -162,6 +162,31 @@ def test_status_of_a_job_names_its_engine_and_attempts(tmp_path: Path, capsys: A
     assert doc["engine"] == "compile2" and doc["attempts"][0]["engine"] == "compile2"
 
 
+def test_status_numbers_attempts_as_the_status_file_does_after_a_retry(tmp_path: Path, capsys: Any) -> None:
+    """A failed job retried: `status JOB` says its next attempt is 2, queued (the status file's `attempt`), and once
+    a slot takes it, attempt 2 runs there; the failed one stays attempt 1 with how it ended."""
+    path = status_setup(tmp_path)
+    db = Path(yaml.safe_load(path.read_text())["state_dir"]) / "saigeedged.db"
+    store = Store(db)
+    failed = store.get("det-1")
+    assert failed is not None
+    end_attempt(failed, T1, "TIMEOUT")
+    failed.state = FAILED
+    store.save(failed)
+    store.close()
+    assert cli.main(["retry", "det-1", "-c", str(path)]) == 0
+    capsys.readouterr()
+    assert cli.main(["status", "det-1", "-c", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2:] == [f"attempt 1 on compile2 {T0} .. {T1}: TIMEOUT", "attempt 2 queued"]
+    store = Store(db)
+    assert store.take("det-1", "local", T2) is not None
+    store.close()
+    assert cli.main(["status", "det-1", "-c", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == [f"attempt 1 on compile2 {T0} .. {T1}: TIMEOUT",
+                                                         f"attempt 2 on local since {T2}"]
+
+
 def test_status_without_engines_lists_the_one_local_engine(tmp_path: Path, config_path: Path, capsys: Any) -> None:
     """Without `engines:` the one local engine is a pool of one (SPEC §15): `status` prints the job table, then that
     engine as the monitor recorded it (down, with why and since when), and a job's attempts."""
@@ -174,7 +199,7 @@ def test_status_without_engines_lists_the_one_local_engine(tmp_path: Path, confi
     assert lines[0].startswith("JOB") and lines[-2].startswith("ENGINE")
     assert lines[-1].split()[:2] == ["local", "down"] and "does not answer, since" in lines[-1]
     assert cli.main(["status", "det-1", "-c", str(config_path)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "engine -"
+    assert capsys.readouterr().out.splitlines()[-2:] == ["engine -", "attempt 1 queued"]
 
 
 def test_dashboard_and_metrics_show_each_recorded_engine(tmp_path: Path) -> None:

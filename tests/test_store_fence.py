@@ -54,7 +54,8 @@ def test_take_opens_the_attempt_and_refuses_what_is_not_queued(tmp_path: Path) -
     store.add(job())
     taken = store.take("a-1", "local", "2026-12-01T00:00:00Z")
     assert taken is not None and taken.started_at == "2026-12-01T00:00:00Z" and taken.engine == "local"
-    assert taken.attempts == [{"engine": "local", "started_at": "2026-12-01T00:00:00Z", "finished_at": None, "error": None}]
+    assert taken.attempts == [{"engine": "local", "attempt": 1, "started_at": "2026-12-01T00:00:00Z", "finished_at": None,
+                               "error": None}]
     assert store.take("a-1", "other", "2026-12-01T00:00:01Z") is None
     store.add(job("b-2"))
     stale = store.get("b-2")

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from saigeedged.adapters.store import EngineState
 from saigeedged.config import Config
 from saigeedged.guards import printable
-from saigeedged.jobs import Job
+from saigeedged.jobs import QUEUED, Job
 from saigeedged.service.statusline import configured, doing, slot_views
 
 
@@ -35,12 +35,17 @@ def engine_lines(config: Config, recorded: Sequence[EngineState], running: Seque
 
 
 def attempt_lines(job: Job) -> list[str]:
-    """The engine of the job's current/last attempt and every attempt: where, when, how it ended."""
+    """The engine of the job's current/last attempt and every attempt: where, when, how it ended. Numbered by the job's
+    attempt each was (a retried job's next is 2, as its status file says; records older than that number, by place);
+    a queued job's last line is the attempt it waits to start."""
     lines = [f"engine {job.engine or '-'}"]
-    for number, attempt in enumerate(job.attempts, 1):
+    for place, attempt in enumerate(job.attempts, 1):
+        number = attempt.get("attempt", place)
         if attempt.get("finished_at") is None:
             lines.append(f"attempt {number} on {attempt['engine']} since {attempt['started_at']}")
         else:
             lines.append(f"attempt {number} on {attempt['engine']} {attempt['started_at']} .. {attempt['finished_at']}: "
                          f"{attempt.get('error') or 'ok'}")
+    if job.state == QUEUED:
+        lines.append(f"attempt {job.attempt} queued")
     return [printable(line) for line in lines]
