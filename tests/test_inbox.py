@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import onnx
 import pytest
 import yaml
-from factory import yolox
+from factory import classifier, yolox
 
 from saigeedged.compile.inputs import sha256_file
 from saigeedged.intake.inbox import Drop, Rejected, Scanner, claim, ignored
@@ -54,6 +55,20 @@ def test_sha256_match_skips_settle_and_mismatch_waits(tmp_path: Path) -> None:
     assert isinstance(bad, Rejected) and bad.error.code == "INPUT_INCOMPLETE"
 
 
+@pytest.mark.parametrize(("settle", "orphan"), [(900.0, 600.0), (2.0, 0.0)])
+def test_a_drop_still_settling_is_waited_for_whatever_the_orphan_timeout(tmp_path: Path, settle: float,
+                                                                         orphan: float) -> None:
+    """orphan_timeout_s is for an ONNX that never appears or never matches `sha256:` (SPEC §3): an ONNX that is there
+    and only settling is claimed once it has settled, even past orphan_timeout_s (a slow share's long settle_s, or
+    orphan_timeout_s 0). It failed INPUT_INCOMPLETE "does not match the manifest's sha256" without a sha256."""
+    s = scanner(tmp_path, settle=settle, orphan=orphan)
+    yolox(tmp_path / "det.onnx")
+    write(tmp_path / "det.yml", M)
+    assert s.scan(0.0) == [] and s.scan(max(orphan, 1.0)) == []
+    (found,) = s.scan(settle)
+    assert isinstance(found, Drop) and found.files == [tmp_path / "det.yml", tmp_path / "det.onnx"]
+
+
 def test_orphan_and_invalid_manifests(tmp_path: Path) -> None:
     """A lone manifest fails INPUT_NOT_FOUND after orphan_timeout_s; a settled unparsable one is MANIFEST_INVALID."""
     s = scanner(tmp_path, settle=1, orphan=10)
@@ -87,6 +102,39 @@ def test_an_unparsable_manifest_takes_its_settled_sibling_onnx_to_failed(tmp_pat
         "typo.yml": [tmp_path / "typo.yml", tmp_path / "typo.onnx"],
         "arriving.yml": [tmp_path / "arriving.yml"],
         "lone.yml": [tmp_path / "lone.yml"]}
+
+
+def test_a_rejected_manifest_never_takes_an_onnx_another_manifest_names(tmp_path: Path) -> None:
+    """A broken a.yml beside a.onnx, which a good c.yml names: c's drop keeps a.onnx and a.yml fails alone (it took
+    a.onnx to failed/, and c then failed INPUT_NOT_FOUND). While manifests are left unparsed in a scan (the parse
+    budget), the rejection waits for the scan that has read them all."""
+    s = scanner(tmp_path, settle=1)
+    s.parse_budget = 1
+    yolox(tmp_path / "a.onnx")
+    (tmp_path / "a.yml").write_text("task: [")
+    assert s.scan(0.0) == []
+    write(tmp_path / "b.yml", M)  # read first (sorted): c.yml is left for the next scan
+    write(tmp_path / "c.yml", {**M, "onnx": "a.onnx"})
+    assert s.scan(1.0) == []  # a.yml has settled, but c.yml is unread: its rejection waits
+    (rejected,) = s.scan(1.0)
+    assert isinstance(rejected, Rejected) and rejected.files == [tmp_path / "a.yml"]
+    s.forget(rejected.files)
+    (tmp_path / "a.yml").unlink()  # as the daemon does: to failed/
+    (drop,) = s.scan(2.0)
+    assert isinstance(drop, Drop) and drop.files == [tmp_path / "c.yml", tmp_path / "a.onnx"]
+
+
+def test_an_unparsable_manifests_sibling_goes_with_its_external_data(tmp_path: Path) -> None:
+    """The sibling ONNX's external-data file goes to failed/ with it: left behind, weights without their graph
+    stayed in the inbox for good."""
+    s = scanner(tmp_path, settle=1)
+    model = onnx.load(str(classifier(tmp_path / "det.onnx", 3, (32, 32))))
+    onnx.save(model, str(tmp_path / "det.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="det.weights", size_threshold=0)
+    write(tmp_path / "det.yml", {**M, "num_clases": 3})
+    assert s.scan(0.0) == []
+    (bad,) = s.scan(1.0)
+    assert isinstance(bad, Rejected) and bad.files == [tmp_path / "det.yml", tmp_path / "det.onnx", tmp_path / "det.weights"]
 
 
 def test_ignored_names_symlinks_and_own_dir(tmp_path: Path) -> None:

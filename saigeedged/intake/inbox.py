@@ -138,17 +138,19 @@ class Scanner:
         self.new_symlinks = [p for p in links if p not in self._symlinks]
         self._symlinks = set(links)
         found: list[Drop | Rejected] = []
-        budget = self.parse_budget
+        budget, unparsed = self.parse_budget, False
         for path in sorted(files):
             if path.suffix in MANIFEST_SUFFIXES:
                 fresh = self._parsed.get(path, (None,))[0] != files[path]
                 if fresh and budget <= 0:
                     self._due(now)  # parsed by the next scan, which the loop runs right after claiming these
+                    unparsed = True
                     continue
                 budget -= fresh
                 result = self._guarded(path, files, now)
                 if result is not None:
                     found.append(result)
+        found = self._leave_named(found, files, unparsed)
         live = set(files)
         self._seen = {p: s for p, s in self._seen.items() if p in live}
         self._first = {p: t for p, t in self._first.items() if p in live}
@@ -190,10 +192,15 @@ class Scanner:
         if not waiting:
             onnx = sorted({e.onnx for e in entries if e.onnx in files})
             return Drop(path, entries, [path] + onnx + external_data(onnx, files))
+        # an ONNX that is there and has no digest to match is only settling (SPEC §3: orphan_timeout_s is for an ONNX
+        # that never appears or never matches): it is waited for, whatever orphan_timeout_s is against settle_s
+        missing = [e for e in waiting if e.onnx not in files or self._digest_checked(e, files)]
+        if not missing:
+            return None
         if now - first < self.orphan_timeout_s:
             self._due(first + self.orphan_timeout_s)
             return None
-        entry = waiting[0]
+        entry = missing[0]
         if entry.onnx in files:
             error = SaigeError("INPUT_INCOMPLETE", f"{entry.onnx.name} does not match the manifest's sha256 after "
                                f"{self.orphan_timeout_s:.0f}s")
@@ -207,7 +214,34 @@ class Scanner:
         to failed/ with it instead of staying in the inbox for good. One still being written is left: it may be a new
         drop's."""
         onnx = manifest.with_suffix(".onnx")
-        return [onnx] if onnx in files and self._stable(onnx, files[onnx], now) else []
+        if onnx not in files or not self._stable(onnx, files[onnx], now):
+            return []
+        return [onnx, *external_data([onnx], files)]  # its weights too: they are no use in the inbox without it
+
+    def _leave_named(self, found: list[Drop | Rejected], files: dict[Path, Signature],
+                     unparsed: bool) -> list[Drop | Rejected]:
+        """A rejected manifest never takes to failed/ an ONNX (or its external data) that another manifest in the inbox
+        names: it is that drop's (a broken a.yml beside a b.yml whose `onnx:` is a.onnx). While manifests are left
+        unparsed this scan (parse_budget), a rejection that would take an ONNX waits for the next scan, which comes at
+        once: one of them may name it."""
+        named: dict[Path, set[Path]] = {}
+        for m, (_, parsed) in self._parsed.items():
+            for entry in parsed if m in files and isinstance(parsed, list) else []:
+                named.setdefault(entry.onnx, set()).add(m)
+        kept: list[Drop | Rejected] = []
+        for result in found:
+            if isinstance(result, Rejected) and len(result.files) > 1:
+                if unparsed:
+                    continue
+                others = sorted(onnx for onnx, by in named.items() if by - {result.manifest} and onnx in files)
+                spare = {*others, *external_data(others, files)}
+                result.files = [f for f in result.files if f == result.manifest or f not in spare]
+            kept.append(result)
+        return kept
+
+    def _digest_checked(self, entry: Entry, files: dict[Path, Signature]) -> bool:
+        """Is the entry's ONNX (in the inbox) complete when its digest matches `sha256:`, not when it has settled?"""
+        return bool(entry.sha256) and files[entry.onnx][0] <= self.max_digest_bytes
 
     def _complete(self, entry: Entry, files: dict[Path, Signature], now: float) -> bool:
         """Settled manifest + ONNX, or an ONNX whose digest matches `sha256:` (no wait)."""
@@ -216,8 +250,8 @@ class Scanner:
             return onnx.is_file()  # in an allowed root: not ours to watch
         if onnx not in files:
             return False
-        if entry.sha256 and files[onnx][0] <= self.max_digest_bytes:  # larger: refused by validate, never read here
-            return self._digest(onnx, files[onnx]).lower() == entry.sha256.lower()
+        if entry.sha256 and self._digest_checked(entry, files):  # larger than max_digest_bytes: refused by validate
+            return self._digest(onnx, files[onnx]).lower() == entry.sha256.lower()  # (never read here)
         settled = [self._stable(p, files[p], now) for p in (entry.manifest, onnx)]  # both clocks start now
         return all(settled)
 
