@@ -113,8 +113,12 @@ def test_job_commands_name_what_to_do_next(tmp_path: Path, config_path: Path, ca
 
     state_dir = configmod.load(config_path).state_dir
     state_dir.mkdir(parents=True)
-    Store(state_dir / "saigeedged.db").add(Job("typo-1", "typo", "?", "?", {"onnx": "/c/typo.onnx"}, "",
-                                               "/inbox/.saigeedged/failed/typo-1", "typo.yml", state=FAILED))
+    store = Store(state_dir / "saigeedged.db")
+    for job_id, code in (("typo-1", "MANIFEST_INVALID"), ("ghost-1", "INPUT_NOT_FOUND")):
+        name = job_id.split("-")[0]
+        store.add(Job(job_id, name, "?", "?", {"onnx": f"/c/{name}.onnx"}, "", f"/inbox/.saigeedged/failed/{job_id}",
+                      f"{name}.yml", state=FAILED, error={"code": code, "message": "..."}))
+    store.close()
 
     def refused(*argv: str) -> tuple[str, str]:
         assert cli.main(list(argv)) == 2
@@ -128,3 +132,8 @@ def test_job_commands_name_what_to_do_next(tmp_path: Path, config_path: Path, ca
     assert "not found" in first and "/etc/saigeedged/saigeedged.yml" in hint
     first, hint = refused("retry", "typo-1", "-c", str(config_path))
     assert "manifest never parsed" in first and "/inbox/.saigeedged/failed/typo-1" in hint
+    first, hint = refused("retry", "ghost-1", "-c", str(config_path))  # its manifest parsed: its ONNX never came
+    assert first.endswith("refused unclaimed (INPUT_NOT_FOUND)") and "/inbox/.saigeedged/failed/ghost-1" in hint
+    for command in ("cancel", "retry"):  # they take ids only (a name may be many jobs): a name gets its newest id
+        first, hint = refused(command, "typo", "-c", str(config_path))
+        assert first == "saigeedged: INPUT_NOT_FOUND: no job typo" and hint.endswith("its newest job is typo-1")

@@ -31,6 +31,17 @@ WAIT_POLL_S = 0.1  # status files live on a share: reading them is the only cros
 NO_JOB_HINT = "`saigeedged status` lists the jobs (give a job id or a job name); pass the daemon's -c file"
 
 
+def _by_id(store: Store, job_id: str, command: str) -> Job:
+    """The job `retry` or `cancel` acts on: by id only (a name may be many jobs); a name gets the id to use."""
+    job = store.get(job_id)
+    if job is not None:
+        return job
+    named = store.find(job_id)
+    hint = (f"{command} takes a job id, and `{job_id}` is a job name: its newest job is {named.job_id}" if named else
+            "`saigeedged status` lists the jobs and their ids; pass the daemon's -c file")
+    raise SaigeError("INPUT_NOT_FOUND", f"no job {job_id}", hint=hint)
+
+
 def _store(config: Config) -> Store:
     path = config.state_dir / "saigeedged.db"
     if not path.exists():
@@ -178,13 +189,14 @@ def _row(job: Job) -> str:
 def retry(config: Config, job_id: str, out: TextIO) -> int:
     """A failed or cancelled job back to the queue, with its inputs back under claimed/."""
     store = _store(config)
-    job = store.get(job_id)
-    if job is None:
-        raise SaigeError("INPUT_NOT_FOUND", f"no job {job_id}", hint=NO_JOB_HINT)
+    job = _by_id(store, job_id, "retry")
     check_transition(job.state, QUEUED) if job.state in (FAILED, CANCELLED) else None
-    if job.target == "?":
-        raise SaigeError("MANIFEST_INVALID", f"job {job_id}'s manifest never parsed: there is nothing to run again",
-                         hint=f"fix the manifest kept in {job.claim_dir} and drop it with its ONNX into the inbox")
+    if job.target == "?":  # a drop refused before it was claimed (Daemon.reject): no entry to compile
+        code = job.error["code"] if job.error else "INTERNAL"
+        why = "its manifest never parsed" if code == "MANIFEST_INVALID" else f"its drop was refused unclaimed ({code})"
+        raise SaigeError("MANIFEST_INVALID", f"job {job_id} has nothing to run again: {why}",
+                         hint=f"its files are in {job.claim_dir}: fix what `saigeedged status {job_id}` says, then drop "
+                         "the manifest with its ONNX into the inbox")
     if job.state not in (FAILED, CANCELLED):
         raise SaigeError("MANIFEST_INVALID", f"job {job_id} is {job.state}",
                          hint="only failed or cancelled jobs can be retried")
@@ -214,9 +226,7 @@ def cancel(config: Config, job_id: str, out: TextIO) -> int:
 
     jobs = Jobs(store, Outbox(config.outbox), Places(config.inbox, config.state_dir))
     for _ in range(CANCEL_TRIES):
-        job = store.get(job_id)
-        if job is None:
-            raise SaigeError("INPUT_NOT_FOUND", f"no job {job_id}", hint=NO_JOB_HINT)
+        job = _by_id(store, job_id, "cancel")
         if job.state in TERMINAL:
             raise SaigeError("MANIFEST_INVALID", f"job {job_id} is already {job.state}", hint="nothing to cancel")
         if job.state == RUNNING and store.request_cancel(job_id):
