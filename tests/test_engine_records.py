@@ -29,12 +29,13 @@ def test_attempts_record_each_engine_and_how_it_ended() -> None:
     j = job("det-1")
     begin_attempt(j, "compile2", T0)
     end_attempt(j, T1, "ENGINE_LOST")
+    j.attempt = 2  # as its requeue spent one
     begin_attempt(j, "local", T2)
     assert j.engine == "local"
     end_attempt(j, T3, None)
     end_attempt(j, "later", "INTERNAL")  # nothing open: the record stays as it ended
     assert j.attempts == [{"engine": "compile2", "attempt": 1, "started_at": T0, "finished_at": T1, "error": "ENGINE_LOST"},
-                          {"engine": "local", "attempt": 1, "started_at": T2, "finished_at": T3, "error": None}]
+                          {"engine": "local", "attempt": 2, "started_at": T2, "finished_at": T3, "error": None}]
 
 
 def test_an_attempt_the_daemon_died_under_is_closed_by_the_next() -> None:

@@ -219,6 +219,23 @@ def test_cancel_of_a_job_racing_between_states_prints_one_line(tmp_path: Path, c
     assert stored is not None and stored.state == CANCELLED
 
 
+def test_a_requeue_ends_the_attempt_still_open(tmp_path: Path) -> None:
+    """A job requeued with its attempt open (a restart's requeue: the daemon died under it; an engine lost) has that
+    attempt ended, with the requeue's error code or INTERNAL: `status` and the status file showed a queued job's
+    attempt running "since" until a slot took it again."""
+    jobs = lifecycle(tmp_path)
+    for job_id, error in (("a-1", None), ("b-2", SaigeError("ENGINE_LOST", "gone"))):
+        jobs.add(job(job_id))
+        taken = jobs.take(job_id, "e1")
+        assert taken is not None
+        jobs.requeue(taken, "restart" if error is None else "engine_lost", error)
+        stored = jobs.store.get(job_id)
+        assert stored is not None and stored.state == QUEUED and stored.attempt == 2
+        (ended,) = stored.attempts
+        assert ended["finished_at"] == stored.updated_at and ended["error"] == (error.code if error else "INTERNAL")
+        assert jobs.outbox.read_status(job_id)["attempts"] == stored.attempts  # type: ignore[index]
+
+
 def test_a_refused_requeue_leaves_the_job_as_it_was(tmp_path: Path) -> None:
     """A requeue the store refuses (a stale attempt) raises and leaves the caller's job unchanged: no attempt spent."""
     jobs = lifecycle(tmp_path)
@@ -232,3 +249,4 @@ def test_a_refused_requeue_leaves_the_job_as_it_was(tmp_path: Path) -> None:
     with pytest.raises(Superseded):
         jobs.requeue(first, "stop", fence=stale)
     assert (first.state, first.attempt, first.step) == (RUNNING, 1, "quantize")
+    assert first.attempts[-1]["finished_at"] is None  # its attempt still open, as it was

@@ -29,6 +29,7 @@ from saigeedged.jobs import (
     CancelWins,
     Job,
     Superseded,
+    end_attempt,
 )
 
 log = structlog.get_logger()
@@ -219,20 +220,26 @@ class Jobs:
         """
         with self._job(job.job_id):
             was = job.state, job.step, job.step_index, job.attempt, job.error
+            took = [dict(a) for a in job.attempts]
             job.error = error.as_dict(job.step) if error else None
             job.state, job.step, job.step_index = QUEUED, None, 0
             job.attempt += 1 if spend_attempt else 0
             job.updated_at = jobid.iso(jobid.utc_now())
+            # an attempt still open ends here (a worker ends its own first): the daemon died under it (a restart's
+            # requeue), so `status` never shows a queued job's attempt as running "since"
+            end_attempt(job, job.updated_at, error.code if error else "INTERNAL")
             try:
                 with self._writing:  # the row first: the journal never tells of a requeue the store refused
                     self.store.save(job, fence=fence)
             except CancelWins:
                 job.state, job.step, job.step_index, job.attempt, job.error = was
+                job.attempts = took
                 self.end(job, CANCELLED, SaigeError("CANCELLED", f"cancelled while running (the attempt ended: {reason})",
                                                     step=job.step), fence=fence)
                 return
             except BaseException:  # not written (Superseded, StoreFull): the caller's job is as it was, to try again
                 job.state, job.step, job.step_index, job.attempt, job.error = was
+                job.attempts = took
                 raise
             event("job.requeued", job, "warning", reason=reason, error_code=error.code if error else None,
                   message=error.message if error else None)  # why the attempt ended, for whoever reads the journal
