@@ -139,6 +139,38 @@ def test_orphan_manifest_fails_after_timeout(daemon: Any, det_inputs: dict[str, 
     assert failed["error"]["code"] == "INPUT_NOT_FOUND" and "ghost.onnx" in failed["error"]["message"]
 
 
+def test_a_drop_in_a_reserved_folder_fails_whole(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """A drop in the inbox's `status/` would publish into the outbox's own folder: it fails MANIFEST_INVALID and its
+    files, the ONNX too (it stayed in the inbox for good), go to failed/."""
+    d = daemon()
+    drop(d.inbox / "status", "det", det_inputs["onnx"], det_inputs["manifest"])
+    failed = d.wait_job("det", ("failed",), timeout=30)
+    assert failed["error"]["code"] == "MANIFEST_INVALID" and "`status/`" in failed["error"]["message"]
+    kept = d.inbox / ".saigeedged" / "failed" / failed["job_id"]
+    assert sorted(p.name for p in kept.iterdir()) == ["det.onnx", "det.yml"] and not list((d.inbox / "status").iterdir())
+
+
+def test_a_rejected_drop_whose_files_cannot_move_is_said_once_and_moved_when_they_can(
+        daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """A broken manifest that cannot be renamed to failed/ (immutable here; on a share, held open) is said once in the
+    journal (it was silent, each scan), tried at each scan, and fails as a job once it can move; other drops go on."""
+    d = daemon(watch={"rescan_interval_s": 0.2})
+    bad = d.inbox / "bad.yml"
+    bad.write_text("task: [")
+    subprocess.run(["chattr", "+i", str(bad)], check=True)
+    try:
+        said = wait_for(lambda: [e for e in d.events("drop.ignored") if e.get("manifest") == str(bad)], 30,
+                        "drop.ignored of bad.yml")
+        assert said[0]["error_code"] == "MANIFEST_INVALID" and "cannot go to failed/" in said[0]["message"]
+        drop(d.inbox, "good", det_inputs["onnx"], det_inputs["manifest"])
+        assert d.wait_job("good", timeout=30)["state"] == "succeeded"  # scans went on meanwhile
+        assert len([e for e in d.events("drop.ignored") if e.get("manifest") == str(bad)]) == 1
+    finally:
+        subprocess.run(["chattr", "-i", str(bad)], check=True)
+    failed = d.wait_job("bad", ("failed",), timeout=30)
+    assert failed["error"]["code"] == "MANIFEST_INVALID" and not bad.exists()
+
+
 BAD_DROPS = [
     ("badyaml", None, "MANIFEST_INVALID"),
     ("badfield", {"num_classes": -1}, "MANIFEST_INVALID"),

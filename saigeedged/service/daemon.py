@@ -69,6 +69,7 @@ class Daemon:
         self._blind_until = 0.0  # see BLIND_WINDOW_S
         self._next_catch_up = 0.0
         self._hung_up = False  # set by the SIGHUP handler: a plain flag, no lock in signal context
+        self._unmoved: set[Path] = set()  # rejected manifests whose files could not go to failed/ (said once)
         self.pool = Pool(config, self.jobs, self.places, self._container_event,
                            lambda: log.info("container.lock_wait", state_dir=str(config.state_dir)), self._changed, clock)
         self.ahead = ahead.attach(config, self.store, self.pool)
@@ -121,7 +122,7 @@ class Daemon:
     def claim(self, drop: Drop) -> None:
         refused = guards.subdir_problem(self._subdir(drop.manifest))
         if refused:
-            self.reject(Rejected(drop.manifest, SaigeError("MANIFEST_INVALID", refused), [drop.manifest]))
+            self.reject(Rejected(drop.manifest, SaigeError("MANIFEST_INVALID", refused), drop.files))  # its ONNX too
             return
         now = jobid.utc_now()
         ids = [jobid.new(e.stem, now) for e in drop.entries]
@@ -166,8 +167,14 @@ class Daemon:
         try:
             ownfolders.ensure(self.places.failed, self.config.inbox)
             inbox.claim(bad.files, bad.manifest.parent, dest, self.config.inbox)
-        except OSError:
+        except OSError as exc:  # (a file held open on a share, a read-only folder): tried again at the next scans
+            if bad.manifest not in self._unmoved:
+                log.warning("drop.ignored", manifest=str(bad.manifest), error_code=bad.error.code,
+                            message=f"{bad.error.message}; its files cannot go to failed/ ({exc}): tried again at "
+                            "each scan")
+            self._unmoved.add(bad.manifest)
             return
+        self._unmoved.discard(bad.manifest)
         self.scanner.forget(bad.files)
         onnx = next((str(dest / p.name) for p in bad.files if p.suffix == ".onnx"), str(dest / f"{stem}.onnx"))
         job = Job(job_id=job_id, name=stem, target="?", task="?", entry={"onnx": onnx}, subdir=self._subdir(bad.manifest),
