@@ -163,4 +163,5 @@ def status_text(running: Job | None, queued: int, engine_down: bool = False) -> 
     waiting = ", Docker engine unreachable: container jobs wait" if engine_down else ""
     if running is None:
         return f"idle, {queued} queued{waiting}"
-    return f"compiling {running.name} ({running.step} {running.step_index}/{running.step_count}), {queued} queued{waiting}"
+    doing = f"{running.step} {running.step_index}/{running.step_count}" if running.step else "starting"  # no step yet
+    return f"compiling {running.name} ({doing}), {queued} queued{waiting}"

@@ -230,6 +230,21 @@ def test_cancel_running_and_queued(cubie_daemon: Any, docker_client: Any, tmp_pa
     assert [e["job_name"] for e in d.events("job.started")] == ["hang"]
 
 
+def test_a_host_job_runs_beside_a_container_compile(cubie_daemon: Any, docker_client: Any, tmp_path: Path,
+                                                    det_inputs: dict[str, Any]) -> None:
+    """With one engine, host jobs keep their own slot (SPEC §11): one queued behind a cubie compile runs and succeeds
+    while that compile's step still runs (it waited for it, its slot idle), and STATUS= names both; the cubie job
+    then goes on."""
+    d = cubie_daemon()
+    job = in_quantize(d, docker_client, tmp_path, "job_untilreleased", det_inputs["manifest"])
+    drop(d.inbox, "onhost", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
+    assert d.wait_job("onhost", timeout=120)["state"] == "succeeded"
+    assert quantize_runs(docker_client, d) and d.status(job["job_id"])["step"] == "quantize"
+    assert any("job_untilreleased quantize" in m and "host: onhost" in m for m in d.messages), d.messages[-5:]
+    release(docker_client, d)
+    assert d.wait_state(job["job_id"], ("succeeded", "failed"), timeout=120)["state"] == "succeeded"
+
+
 def test_a_cancel_signals_only_the_pids_of_its_own_step(cubie_daemon: Any, docker_client: Any, tmp_path: Path,
                                                         det_inputs: dict[str, Any]) -> None:
     """The pidfile lies in the folder the step writes: a step that adds other pids to it (a process of the container

@@ -6,6 +6,8 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
+
 from saigeedged.adapters.notify import Notifier
 
 
@@ -25,9 +27,13 @@ def test_messages_reach_the_socket(tmp_path: Path) -> None:
     n.status("idle, 0 queued")
     n.status("compiling det (quantize 8/11), 3 queued")
     n.stopping()
+    n.status("idle, 0 queued")  # a worker's last change as it stops: STATUS= stays `stopping`
     got = [sock.recv(1024).decode() for _ in range(3)]
     assert got == ["READY=1\nSTATUS=idle, 0 queued", "STATUS=compiling det (quantize 8/11), 3 queued",
                    "STOPPING=1\nSTATUS=stopping"]
+    sock.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        sock.recv(1024)
 
 
 def test_watchdog_interval_is_half_of_usec(tmp_path: Path) -> None:

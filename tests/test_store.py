@@ -89,5 +89,6 @@ def test_status_text() -> None:
     """The STATUS line names the job, its step and the queue length."""
     running = job("det-1", step="quantize", step_index=8, step_count=11)
     assert status_text(running, 3) == "compiling det (quantize 8/11), 3 queued"
+    assert status_text(job("det-1"), 0) == "compiling det (starting), 0 queued"  # taken, no step yet (was "None 0/0")
     assert status_text(None, 0) == "idle, 0 queued"
     assert status_text(None, 2, engine_down=True) == "idle, 2 queued, Docker engine unreachable: container jobs wait"

@@ -24,6 +24,7 @@ class Notifier:
         self.interval = int(usec) / 2e6 if usec and usec.isdigit() and int(usec) > 0 and ours else None
         self._next_ping = 0.0
         self._status = ""
+        self._stopping = False
 
     @property
     def enabled(self) -> bool:
@@ -45,7 +46,9 @@ class Notifier:
         self.send(f"READY=1\nSTATUS={status}")
 
     def status(self, text: str) -> None:
-        if text != self._status:
+        """A new STATUS= line; none after STOPPING (the workers' last changes as they stop said `idle` while a
+        container step ran on, detached)."""
+        if text != self._status and not self._stopping:
             self._status = text
             self.send(f"STATUS={text}")
 
@@ -56,4 +59,5 @@ class Notifier:
             self._next_ping = now + self.interval
 
     def stopping(self) -> None:
+        self._stopping = True
         self.send("STOPPING=1\nSTATUS=stopping")

@@ -1,5 +1,6 @@
-"""The daemon's workers and the monitor of their engines: one worker per slot (engine, target) plus one for host
-jobs when several engines are configured; with one engine, one worker for every target (SPEC §2, §11, §15)."""
+"""The daemon's workers and the monitor of their engines: one worker per slot (engine, target) when several engines
+are configured, with one engine one worker for its container targets (SPEC §2, §11, §15); host jobs a worker of
+their own either way."""
 
 from __future__ import annotations
 
@@ -52,11 +53,13 @@ class Pool:
                     self._add(engine, Slot(engine.name, (target,), True, self._ready(engine.name),
                                            self._lost(engine.name)))
             self._add(self.engines[0], Slot(HOST_ENGINE, ("host",), True))
-        else:  # the one engine: one job at a time, whatever its target (SPEC §2)
+        else:  # the one engine: one container job at a time, whatever its target (SPEC §2)
             (engine,) = self.engines
-            ready = self._ready(engine.name)
-            self._add(engine, Slot(engine.name, (*engine.spec.targets, "host"), False,
-                                   lambda target: target == "host" or ready(target), self._lost(engine.name)))
+            self._add(engine, Slot(engine.name, engine.spec.targets, False, self._ready(engine.name),
+                                   self._lost(engine.name)))
+            # host jobs keep their own slot (SPEC §11) with one engine too: they need no container, and a host job
+            # queued behind a container compile waited for it (hours with a real toolkit) with its slot idle
+            self._add(engine, Slot(HOST_ENGINE, ("host",), True))
         # the finishing stage: the container jobs' reports, off the container's path (issue 25)
         self.handed = Handed()
         self.finishers = [Finisher(config, jobs, Beside(config, on_event, on_wait,  # none but those handed over
