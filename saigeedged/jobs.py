@@ -73,6 +73,8 @@ class Job:
     cache: dict[str, Any] | None = None  # {hit, key, source_job_id} once the compile key is known (SPEC §12)
     engine: str | None = None  # the engine of the current/last attempt (SPEC §11); None for host jobs
     attempts: list[dict[str, Any]] = field(default_factory=list)  # {engine, started_at, finished_at, error}
+    # when retention removed its files (SPEC §13): its bundle path may hold another job's bundle since
+    pruned_at: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_doc(self) -> dict[str, Any]:

@@ -174,6 +174,8 @@ def _accuracy(job: Job) -> str:
 
 
 def _links(job: Job) -> str:
+    if job.pruned_at:  # its files are gone, and its bundle's path may be another job's by now
+        return f'<td data-label="files"><span class="muted">pruned {_when(job.pruned_at)}</span></td>'
     links = [_link(job.bundle["path"], "bundle")] if job.bundle else []
     links += [_link(f"logs/{job.job_id}.log", "log"), _link(f"status/{job.job_id}.json", "status")]
     return f'<td data-label="files">{" · ".join(links)}</td>'

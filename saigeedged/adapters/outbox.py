@@ -41,14 +41,20 @@ def place_data(data: bytes, dest: Path) -> None:
 
 
 def status_doc(job: Job) -> dict[str, Any]:
-    """The status file of SPEC §8 (never the password, never a traceback)."""
+    """The status file of SPEC §8 (never the password, never a traceback).
+
+    A job whose files retention removed (`pruned_at`) names no bundle or log: a later job may have published at its
+    bundle's path, and a reader would fetch that model for this one.
+    """
+    pruned = job.pruned_at is not None
     return {
         "schema_version": STATUS_SCHEMA, "job_id": job.job_id, "request_id": job.request_id, "name": job.name,
         "state": job.state, "step": job.step, "step_index": job.step_index, "step_count": job.step_count,
         "target": job.target, "task": job.task, "attempt": job.attempt,
         "inputs": {"onnx": printable(Path(job.entry["onnx"]).name), "onnx_sha256": job.onnx_sha256, "manifest": job.manifest,
                    "calib_samples": job.calib_samples},
-        "bundle": job.bundle, "log": f"logs/{job.job_id}.log", "progress": job.progress,
+        "bundle": None if pruned else job.bundle, "log": None if pruned else f"logs/{job.job_id}.log",
+        "pruned_at": job.pruned_at, "progress": job.progress,
         "quantization_report": job.report, "cache": job.cache, "accuracy": job.accuracy,
         "created_at": job.created_at, "started_at": job.started_at, "finished_at": job.finished_at,
         "updated_at": job.updated_at, "error": job.error, "host": socket.gethostname(), "version": __version__,

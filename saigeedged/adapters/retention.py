@@ -4,7 +4,8 @@ A final job's files are its status file, its log, its bundle and its inputs unde
 no rule keeps it: `max_age_days` keeps what ended or was written more recently than that, `keep_last_per_name`
 keeps the newest N final jobs of each name (per drop folder). Nothing of a queued or running job, and no file another
 kept job still points at (several builds of one name share a bundle path), is ever removed. The rows stay in the
-queue unless `keep_rows_days` is set: then a pruned job's row goes too once it ended that long ago.
+queue, marked `pruned_at` (what shows them then names no file of theirs), unless `keep_rows_days` is set: then a
+pruned job's row goes too once it ended that long ago.
 
 A round reads only the jobs a rule may give up, by index (those that ended before the age cutoff, or the names with
 more than N final jobs), a page at a time: its cost follows what is due, not the length of the history.
@@ -167,15 +168,16 @@ def forget(store: Store, jobs: list[Job]) -> int:
     return store.forget([(job.job_id, job.finished_at) for job in jobs]) if jobs else 0
 
 
-def remove(store: Store, doomed: list[tuple[Job, list[Path]]], announce: bool = True) -> list[Path]:
+def remove(store: Store, doomed: list[tuple[Job, list[Path]]], now: float, announce: bool = True) -> list[Path]:
     """Delete the planned files of each job that is still as planned (`retry` may have queued it meanwhile).
 
+    The row is marked pruned first, by the write that checks it is still as planned: a crash between the two leaves a
+    row that says pruned beside files still there, never a row that names a bundle path a later job may take.
     `announce`: a journal event per job (the daemon); the operator's shell gets printed lines instead.
     """
     removed = []
     for job, paths in doomed:
-        now = store.get(job.job_id)
-        if now is None or now.state not in TERMINAL or now.finished_at != job.finished_at:
+        if not store.mark_pruned(job.job_id, job.finished_at, _stamp(now)):
             continue
         for path in paths:
             try:
@@ -194,7 +196,7 @@ def remove(store: Store, doomed: list[tuple[Job, list[Path]]], announce: bool = 
 
 def prune(store: Store, outputs: Outputs, policy: Policy, now: float) -> int:
     """One retention round in the daemon; returns the number of files removed."""
-    removed = remove(store, plan(store, outputs, policy, now))
+    removed = remove(store, plan(store, outputs, policy, now), now)
     rows = forget(store, old_rows(store, outputs, policy, now))
     log.info("retention.done", removed=len(removed), rows_deleted=rows, max_age_days=policy.max_age_days,
              keep_last_per_name=policy.keep_last_per_name, keep_rows_days=policy.keep_rows_days)
@@ -215,7 +217,7 @@ def main(store: Store, outputs: Outputs, policy: Policy, dry_run: bool, out: Tex
         rows = f", {len(old_rows(store, outputs, policy, now))} rows" if policy.keep_rows_days > 0 else ""
         print(f"{len(doomed)} jobs, {sum(len(p) for _, p in doomed)} files{rows} would be removed (dry run)", file=out)
         return 0
-    removed = remove(store, doomed, announce=False)
+    removed = remove(store, doomed, now, announce=False)
     for path in removed:
         print(f"removed {path}", file=out)
     rows = f", {forget(store, old_rows(store, outputs, policy, now))} rows deleted" if policy.keep_rows_days > 0 else ""

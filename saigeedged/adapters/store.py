@@ -16,6 +16,7 @@ from saigeedged.adapters.attempts import AttemptRecords
 from saigeedged.adapters.database import (
     FENCE,
     FINAL,
+    FINISHED,
     SCHEMA_VERSION,
     TARGET,
     CorruptDatabase,
@@ -157,6 +158,7 @@ class Store(History, AttemptRecords):
                 raise TransitionError(f"job {job.job_id} is {stored}, expected {expect}")
             if stored != job.state:
                 check_transition(stored, job.state)
+                job.pruned_at = None  # a new run (`retry`) or its end: the files written from now on are its own
             if stored == RUNNING and job.state == QUEUED and flagged:
                 raise CancelWins(f"job {job.job_id} was cancelled while running: it is not requeued")
             cancel = 0 if job.state != stored else None  # a new state clears a pending cancel request
@@ -260,6 +262,15 @@ class Store(History, AttemptRecords):
     def by_claim(self, claim_dir: str) -> list[Job]:
         """Every job whose inputs live in this claimed folder (the entries of one multi-model drop)."""
         return self._jobs("SELECT doc FROM jobs WHERE claim_dir = ? ORDER BY seq", (claim_dir,))
+
+    def mark_pruned(self, job_id: str, finished_at: str | None, now_iso: str) -> bool:
+        """Record that retention removes the job's files (the first prune's time stays), in one write that lands only
+        while the row is still the final job that ended at `finished_at` (a `retry` meanwhile makes a new run, whose
+        files are its own); False if not."""
+        with self._tx() as db:
+            return bool(db.execute("UPDATE jobs SET doc = json_set(doc, '$.pruned_at', COALESCE(json_extract(doc, "
+                                   f"'$.pruned_at'), ?)) WHERE job_id = ? AND {FINAL} AND {FINISHED} IS ?",
+                                   (now_iso, job_id, finished_at)).rowcount)
 
     def request_cancel(self, job_id: str) -> bool:
         """Flag a running job for the daemon to cancel (a column of its own: the worker rewrites the doc); False when

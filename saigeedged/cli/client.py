@@ -159,6 +159,8 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
 
             doc = status_doc(job)
         print(json.dumps(doc, indent=1) if as_json else _row(job), file=out)
+        if job.pruned_at and not as_json:
+            print(f"pruned {job.pruned_at} (retention): its bundle, log and status file are gone", file=out)
         if doc.get("accuracy") and not as_json:
             print("\n".join(printable(line) for line in accuracytable.table(doc["accuracy"])), file=out)
         if not as_json:
