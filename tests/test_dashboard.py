@@ -81,7 +81,7 @@ def test_page_in_chromium_shows_every_job(cubie_daemon: Any, docker_client: Any,
     drop(d.inbox, "bad", det_inputs["onnx"], {**host, "num_classes": 7})
     bad = d.wait_job("bad")
     hang = in_quantize(d, docker_client, tmp_path, "hang", det_inputs["manifest"])
-    drop(d.inbox, "waiting", det_inputs["onnx"], host)
+    drop(d.inbox, "waiting", det_inputs["onnx"], det_inputs["manifest"])  # a cubie job: queued behind the hang
     waiting = d.wait_job("waiting", ("queued",))
     page = d.outbox / "index.html"
     wait_for(lambda: waiting["job_id"] in page.read_text(), 30, "the queued job on the page")

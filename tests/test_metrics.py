@@ -19,8 +19,8 @@ from saigeedged.cli import main as cli
 from saigeedged.errors import SaigeError
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-ENDS = {("host", "succeeded", ""): 1.0, ("host", "failed", "CALIB_INVALID"): 1.0, ("host", "cancelled", "CANCELLED"): 1.0,
-        ("cubie", "cancelled", "CANCELLED"): 1.0}
+ENDS = {("host", "succeeded", ""): 1.0, ("host", "failed", "CALIB_INVALID"): 1.0, ("host", "cancelled", "CANCELLED"): None,
+        ("cubie", "cancelled", "CANCELLED"): 2.0}
 
 
 def samples(text: str) -> Samples:
@@ -53,15 +53,15 @@ def test_counts_after_mixed_jobs_and_a_restart(cubie_daemon: Any, docker_client:
     drop(d.inbox, "bad", det_inputs["onnx"], {**host, "num_classes": 7})
     d.wait_job("bad")
     running = in_quantize(d, docker_client, tmp_path, "hang", det_inputs["manifest"])
-    drop(d.inbox, "waiting", det_inputs["onnx"], host)
+    drop(d.inbox, "waiting", det_inputs["onnx"], det_inputs["manifest"])  # a cubie job: queued behind the hang
     queued = d.wait_job("waiting", ("queued",))
-    assert value(scrape(port), "saigeedged_queue_depth", target="host") == 1
+    assert value(scrape(port), "saigeedged_queue_depth", target="cubie") == 1
     assert cli.main(["cancel", queued["job_id"], "-c", str(d.config)]) == 0  # an end the daemon did not write itself
     assert cli.main(["cancel", running["job_id"], "-c", str(d.config)]) == 0
     d.wait_state(running["job_id"], ("cancelled",))
     live = scrape(port)
     assert ends(live) == ENDS
-    assert value(live, "saigeedged_queue_depth", target="host") == 0
+    assert value(live, "saigeedged_queue_depth", target="cubie") == 0
     assert value(live, "saigeedged_job_duration_seconds_count", target="host") == 2  # the queued one never ran
     assert value(live, "saigeedged_job_duration_seconds_count", target="cubie") == 1
     assert value(live, "saigeedged_step_duration_seconds_count", target="host", step="quantize") == 1

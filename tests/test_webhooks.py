@@ -104,7 +104,7 @@ def test_one_post_per_end_also_for_a_cancel_from_a_shell(cubie_daemon: Any, dock
     with Receiver() as r:
         d = cubie_daemon(notify=[{"url": r.url}])
         running = in_quantize(d, docker_client, tmp_path, "hang", det_inputs["manifest"])
-        drop(d.inbox, "waiting", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
+        drop(d.inbox, "waiting", det_inputs["onnx"], det_inputs["manifest"])  # a cubie job: queued behind the hang
         queued = d.wait_job("waiting", ("queued",))
         assert cli.main(["cancel", queued["job_id"], "-c", str(d.config)]) == 0
         assert r.wait_posts(1, 30)[0]["body"] == d.status(queued["job_id"])
