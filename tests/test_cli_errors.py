@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +66,26 @@ def test_no_traceback_from_the_real_command(tmp_path: Path, config_path: Path) -
     assert run.returncode == 2
     assert run.stderr.startswith("saigeedged: MANIFEST_INVALID: det.yml: `task` must be one of detection, mlc, reid")
     assert "Traceback" not in run.stderr
+
+
+def test_output_into_a_closed_pipe_is_no_traceback(config_path: Path) -> None:
+    """`saigeedged status | head -1`: the reader gone, the command ends quietly with 128 + SIGPIPE, as a C tool would
+    (it printed a BrokenPipeError traceback, exit 1). Here the pipe has no reader at all, so the first write fails."""
+    from saigeedged import config as configmod
+    from saigeedged.adapters.store import Store
+
+    state_dir = configmod.load(config_path).state_dir
+    state_dir.mkdir(parents=True)
+    Store(state_dir / "saigeedged.db").close()
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        for argv in (["status"], ["status", "--json"]):
+            run = subprocess.run([sys.executable, "-m", "saigeedged", *argv, "-c", str(config_path)], stdout=write,
+                                 stderr=subprocess.PIPE, text=True)
+            assert (run.returncode, run.stderr) == (128 + signal.SIGPIPE, ""), run.stderr
+    finally:
+        os.close(write)
 
 
 def test_validate_prints_the_resolved_profile(tmp_path: Path, config_path: Path, capsys: Any) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -112,3 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_NOT_READY
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `saigeedged status | head`: the reader has what it wanted; no traceback, and nothing
+        # more for the interpreter's last flush to fail on (the recipe of Python's signal docs)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
