@@ -251,6 +251,16 @@ def load(path: Path, defaults: dict[str, Any] | None = None, *, drop: bool = Fal
         raise invalid(path, f"cannot be read ({type(exc).__name__})") from None
 
 
+def _named(exc: SaigeError, data: dict[str, Any]) -> SaigeError:
+    """A refused single-model manifest's own `name:` and `request_id:` on its error (when they are strings), so its
+    failed job is named as the drop meant (`submit`'s files are `<name>.<request id>.yml`) and `submit` finds it."""
+    for key, field_name in (("name", "drop_name"), ("request_id", "request_id")):
+        value = data.get(key)
+        if isinstance(value, str) and value and len(value) <= 256:
+            exc.fields.setdefault(field_name, value)
+    return exc
+
+
 def _models(path: Path, data: dict[str, Any]) -> list[dict[str, Any]]:
     """The `models:` list of a multi-model manifest, checked for shape and size."""
     models = data["models"]
@@ -277,7 +287,10 @@ def _load(path: Path, defaults: dict[str, Any] | None, drop: bool) -> list[Entry
         raise invalid(path, "the manifest must be a mapping")
     base = dict(defaults or {})
     if "models" not in data:
-        return [build_entry(path, {**base, **data}, data.get("name") or path.stem, drop=drop)]
+        try:
+            return [build_entry(path, {**base, **data}, data.get("name") or path.stem, drop=drop)]
+        except SaigeError as exc:
+            raise _named(exc, data) from None
     models = _models(path, data)
     top = {k: data[k] for k in TOP_LEVEL_DEFAULTS if k in data}
     entries = []

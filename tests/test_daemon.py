@@ -76,13 +76,18 @@ def test_submit_wait(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) ->
     run = subprocess.run([sys.executable, "-m", "saigeedged", "submit", str(det_inputs["onnx"]), str(bad), "--wait",
                           "-c", str(d.config)], capture_output=True, text=True)
     assert run.returncode == 1 and "CALIB_INVALID" in run.stdout
-    # a manifest the daemon cannot read (a typo'd key): no request id in its failed job; submit still finds it (it
-    # waited CLAIM_WAIT_S and said "is the daemon running?", exit 3), and its ONNX went to failed/ with it
+    # a manifest the daemon refuses (a typo'd key): submit finds its failed job (it waited CLAIM_WAIT_S and said "is
+    # the daemon running?", exit 3), named as the manifest names it (it was `typo.<request id>`, so `status typo`
+    # found nothing), and its ONNX went to failed/ with it
     typo = manifest(tmp_path / "typo.yml", **{**det_inputs["manifest"], "num_clases": 3})
     run = subprocess.run([sys.executable, "-m", "saigeedged", "submit", str(det_inputs["onnx"]), str(typo), "--wait",
                           "-c", str(d.config)], capture_output=True, text=True)
     assert run.returncode == 1 and "MANIFEST_INVALID" in run.stdout and "num_clases" in run.stdout, run.stdout
     failed = json.loads(Path(run.stdout.splitlines()[0]).read_text())
+    assert failed["name"] == "typo" and failed["request_id"] and failed["job_id"].startswith("typo-")
+    shown = subprocess.run([sys.executable, "-m", "saigeedged", "status", "typo", "-c", str(d.config)],
+                           capture_output=True, text=True)
+    assert shown.returncode == 0 and shown.stdout.startswith(failed["job_id"]), shown.stdout + shown.stderr
     inputs = sorted(os.listdir(d.inbox / ".saigeedged" / "failed" / failed["job_id"]))
     assert [Path(n).suffix for n in inputs] == [".onnx", ".yml"] and not list(d.inbox.glob("typo*"))
 

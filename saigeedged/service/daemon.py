@@ -161,7 +161,7 @@ class Daemon:
     def reject(self, bad: Rejected) -> None:
         """A manifest that cannot compile becomes a failed job with its error; its files go to failed/."""
         now = jobid.utc_now()
-        stem = safe_stem(bad.manifest.stem)
+        stem = safe_stem(str(bad.error.fields.get("drop_name") or bad.manifest.stem))  # as the manifest named it
         job_id = jobid.new(stem, now)
         dest = self.places.failed / job_id
         try:
@@ -179,7 +179,8 @@ class Daemon:
         onnx = next((str(dest / p.name) for p in bad.files if p.suffix == ".onnx"), str(dest / f"{stem}.onnx"))
         job = Job(job_id=job_id, name=stem, target="?", task="?", entry={"onnx": onnx}, subdir=self._subdir(bad.manifest),
                   claim_dir=str(dest), manifest=guards.printable(bad.manifest.name), state=FAILED, created_at=jobid.iso(now),
-                  updated_at=jobid.iso(now), finished_at=jobid.iso(now), error=bad.error.as_dict("validate"))
+                  updated_at=jobid.iso(now), finished_at=jobid.iso(now), error=bad.error.as_dict("validate"),
+                  request_id=guards.printable(str(bad.error.fields.get("request_id") or "")) or None)
         with JobLog(self.places.local_log(job_id)) as joblog:
             joblog.line(f"### {job.manifest}: {bad.error.code}: {bad.error.message}\n### hint: {bad.error.hint}")
         self.jobs.move_log(job)
