@@ -18,7 +18,7 @@ from saigeedged import config, jobid
 from saigeedged.adapters import dashboard
 from saigeedged.adapters.store import Store
 from saigeedged.cli import main as cli
-from saigeedged.jobs import FAILED, Job
+from saigeedged.jobs import CANCELLED, FAILED, Job
 from saigeedged.service.ops import Ops
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -126,6 +126,26 @@ def test_page_escapes_names_and_is_rewritten_at_most_once_a_second(tmp_path: Pat
     assert not page.exists()  # within the second: not yet
     ops.tick(101.0)
     assert page.exists()  # the pending change is written at the next second
+
+
+def test_a_queued_job_cancelled_from_a_shell_leaves_the_page_at_the_next_second(tmp_path: Path) -> None:
+    """`saigeedged cancel` of a queued job is written by the shell's own connection, which the daemon's observers never
+    see: the page is rewritten at the next second (it listed the job as queued until the 30 s rewrite)."""
+    store = Store(tmp_path / "state" / "saigeedged.db")
+    cfg = config.load(write_config(tmp_path, dashboard=True))
+    ops = Ops(cfg, store, clock=lambda: 0.0)
+    job = queued_job(1, jobid.iso(jobid.utc_now()))
+    store.add(job)
+    ops.observe(job)
+    ops.tick(100.0)
+    page = dashboard.page_path(cfg.outbox)
+    assert "1 queued" in page.read_text()
+    shell = Store(tmp_path / "state" / "saigeedged.db")  # the CLI's cancel of a queued job: its own connection
+    job.state, job.finished_at = CANCELLED, jobid.iso(jobid.utc_now())
+    shell.save(job)
+    shell.close()
+    ops.tick(101.0)
+    assert "0 queued" in page.read_text()
 
 
 def queued_job(i: int, now: str) -> Job:

@@ -55,13 +55,13 @@ class Ops(threading.Thread):
         wanted = bool(self.listen or self.textfile)
         self.metrics = Metrics(store, self.engines_up, clock) if wanted else None
         self.sender = Sender(chans) if chans else None
+        self.dashboard = config.dashboard
         self.ends = Ends(store)
-        if self.sender is not None:  # what ended before this start was notified then, or never will be
+        if self.sender is not None or self.dashboard:  # what ended before this start was notified then, or never will be
             self.ends.skip()  # by index: a long history is not read
             self.ends.fresh()  # ... nor the look-back window's ends
         self.policy = retention.Policy.from_config(config.retention)
         self.outputs = retention.Outputs(config.outbox, Places(config.inbox, config.state_dir).failed)
-        self.dashboard = config.dashboard
         self.slurm = Slurm(config.executor) if config.executor.slurm else None  # its nodes stand for the engines
         self.stop_event, self.changed = threading.Event(), threading.Event()
         self._page_stale = False
@@ -112,7 +112,9 @@ class Ops(threading.Thread):
         """Whatever is due: the page (changed, or PAGE_MAX_S old), the textfile, a retention round."""
         stale = self.changed.is_set()
         self.changed.clear()
-        self._page_stale = self._page_stale or stale
+        # ends the observer never saw: `saigeedged cancel` of a queued job, in a shell (the page listed it queued on)
+        ended = self.ends.fresh() if self.sender is not None or self.dashboard else []
+        self._page_stale = self._page_stale or stale or bool(ended)
         last = self._last["page"]
         if self.dashboard and now >= last + PAGE_MIN_S and (self._page_stale or now >= last + PAGE_MAX_S):
             self._last["page"], self._page_stale = now, False
@@ -120,8 +122,8 @@ class Ops(threading.Thread):
         if self.metrics is not None and self.textfile and (stale or now >= self._last["textfile"] + TEXTFILE_S):
             self._last["textfile"] = now
             self.write_textfile()
-        if self.sender is not None:  # ends the observer never saw: `saigeedged cancel` of a queued job, in a shell
-            for job in self.ends.fresh():
+        if self.sender is not None:
+            for job in ended:
                 self.sender.job_ended(job)
         if self.policy.enabled and now >= self._last["retention"] + RETENTION_S:  # after start, then daily
             self._last["retention"] = now
