@@ -348,7 +348,17 @@ def load(path: Path | None) -> Config:
         if not DEFAULT_PATH.exists():
             return from_dict({}, Path.cwd())
         path = DEFAULT_PATH
-    return from_dict(_read(path), path.resolve().parent, source=path)
+    try:
+        return from_dict(_read(path), path.resolve().parent, source=path)
+    except SaigeError as exc:
+        raise in_file(exc, path) from None
+
+
+def in_file(exc: SaigeError, source: Path | None) -> SaigeError:
+    """A bad key's error naming the config file it is in (`config: ...` said which key, not which file)."""
+    if source is None or not exc.message.startswith("config: "):
+        return exc
+    return SaigeError(exc.code, f"config {source}: {exc.message.removeprefix('config: ')}", hint=exc.hint)
 
 
 def _read(path: Path) -> Any:

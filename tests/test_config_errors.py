@@ -101,8 +101,7 @@ def test_config_problem_is_one_line_and_exit_2(tmp_path: Path, capsys: Any, labe
         err = capsys.readouterr().err
         first, hint = err.splitlines()
         assert first.startswith(f"saigeedged: {code}: ") and text in first, err
-        assert str(path) in first or label in ("a list", "unknown key", "nul in a path", "float key given a string",
-                                                 "control characters in a key", *RANGES), err
+        assert str(path) in first, err  # every error names the file (a key's said only `config:`)
         assert hint.startswith("  hint: "), err
 
 
@@ -126,4 +125,4 @@ def test_check_refuses_the_ops_keys_run_refuses(tmp_path: Path, capsys: Any, key
     path.write_text(f"inbox: {tmp_path / 'in'}\noutbox: {tmp_path / 'out'}\nstate_dir: {tmp_path / 'state'}\n{keys}\n")
     assert cli.main(["check", "-c", str(path)]) == 2
     first, hint = capsys.readouterr().err.splitlines()
-    assert first == f"saigeedged: MANIFEST_INVALID: config: {text}" and hint.startswith("  hint: ")
+    assert first == f"saigeedged: MANIFEST_INVALID: config {path}: {text}" and hint.startswith("  hint: ")  # which file

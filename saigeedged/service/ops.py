@@ -21,7 +21,7 @@ from saigeedged.adapters.outbox import place_data
 from saigeedged.adapters.slurm.cluster import Slurm, images
 from saigeedged.adapters.store import Store
 from saigeedged.adapters.webhooks import Channel, Sender, channels
-from saigeedged.config import Config
+from saigeedged.config import Config, in_file
 from saigeedged.errors import SaigeError
 from saigeedged.executor import ClusterNode, serves
 from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job
@@ -39,9 +39,12 @@ RETENTION_S = 86400.0
 def surfaces(config: Config) -> list[Channel]:
     """The ops surfaces' keys checked as the start-up checks them (a bad one stops it, as any bad key does; `saigeedged
     check` says so too): the /metrics address, and the notify channels, returned."""
-    if config.metrics.listen:
-        parse_listen(config.metrics.listen)
-    return channels(list(config.notify))
+    try:
+        if config.metrics.listen:
+            parse_listen(config.metrics.listen)
+        return channels(list(config.notify))
+    except SaigeError as exc:
+        raise in_file(exc, config.source) from None
 
 
 class Ops(threading.Thread):
