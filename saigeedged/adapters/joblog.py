@@ -59,14 +59,6 @@ class JobLog:
             self.line(f"----- {self._step}: {outcome} in {time.monotonic() - self._started:.2f}s")
             self._started = None
 
-    def tail(self, lines: int = 20) -> str:
-        """The last `lines` lines, decoded leniently for an error message."""
-        with self.path.open("rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - 16384))
-            text = fh.read().decode(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
-
     def close(self) -> None:
         self._fh.close()
 

@@ -238,7 +238,7 @@ class Runner(StepRunner):
             raise SaigeError("EXPORT_FAILED", f"Fatal model generation error: {fatal}",
                              hint=FATAL_HINTS.get(fatal, "see the job log for the NBG generator's output"))
         if code != 0:
-            raise self.failed(args, code)
+            raise self.failed(args, code, output)
         return output
 
 

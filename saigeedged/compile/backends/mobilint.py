@@ -155,12 +155,12 @@ class Events:
 
 def _run(run: StepRunner, ctx: Context, step: str, args: list[str], output: Path) -> None:
     events = Events(ctx, step)
-    code, _ = run.call(args, events.lines.feed)
+    code, said = run.call(args, events.lines.feed)
     events.lines.flush()
     if events.error is not None:
         raise SaigeError("STEP_FAILED", f"qbcompiler {step}: {events.error[0]}: {events.error[1]}", tool_code=events.error[0])
     if code != 0:
-        raise run.failed(args, code)
+        raise run.failed(args, code, said)
     if not output.is_file() or output.stat().st_size == 0:
         raise SaigeError("STEP_FAILED", f"qbcompiler {step} exited 0 but wrote no {output.name}")
 
@@ -190,7 +190,7 @@ def provenance(ctx: Context, ctr: Container, work: Path, name: str) -> dict[str,
     args = ["info", "--mblt", f"{name}.mblt"]
     code, output = info.call(args)
     if code != 0:
-        raise info.failed(args, code)
+        raise info.failed(args, code, output)
     found = info_json(output)
     if found is None:
         raise SaigeError("STEP_FAILED", f"`qbcompiler info --mblt {name}.mblt` printed no JSON object")

@@ -51,9 +51,12 @@ class StepRunner:
     def label(self, args: Sequence[str]) -> str:
         return " ".join([self.tool, *args[:2]]) if args and not args[0].startswith("-") else self.tool
 
-    def failed(self, args: Sequence[str], code: int) -> SaigeError:
-        tail = self.ctx.log.tail(20)
-        return SaigeError("STEP_FAILED", f"`{self.label(args)}` exited {code}; last lines:\n{tail}")
+    def failed(self, args: Sequence[str], code: int, output: bytes) -> SaigeError:
+        """STEP_FAILED with the compiler's own last lines (`output`: what the call printed), not the job log's, whose
+        tail is the daemon's step banners when the call printed little."""
+        lines = output.decode(errors="replace").splitlines()[-20:]
+        said = "last lines:\n" + "\n".join(lines) if lines else "it printed nothing"
+        return SaigeError("STEP_FAILED", f"`{self.label(args)}` exited {code}; {said}")
 
 
 class Lines:
