@@ -144,10 +144,11 @@ def begin_attempt(job: Job, engine: str, now_iso: str) -> None:
                          "error": None})
 
 
-def end_attempt(job: Job, now_iso: str, code: str | None) -> None:
-    """The open attempt ends (any way: success None, else the error code); no open attempt: nothing to close."""
+def end_attempt(job: Job, now_iso: str, code: str | None, stopped: bool = False) -> None:
+    """The open attempt ends (any way: success None, else the error code); no open attempt: nothing to close.
+    `stopped`: the daemon stopped under it (no error of the job's, and no cancel: it goes back to the queue)."""
     if job.attempts and job.attempts[-1]["finished_at"] is None:
-        job.attempts[-1].update(finished_at=now_iso, error=code)
+        job.attempts[-1].update(finished_at=now_iso, error=code, **({"stopped": True} if stopped else {}))
 
 
 def remaining_s(started_iso: str, now: datetime, limit_s: float) -> float:

@@ -154,6 +154,8 @@ def test_host_jobs_waiting_for_a_report_are_bounded_cancelled_at_once_and_requeu
     d.signal(signal.SIGTERM)
     assert d.proc.wait(30) == 0
     assert [d.status(j["job_id"])["state"] for j in waiting[1:]] == ["queued"] * len(waiting[1:])
+    ended = [d.status(j["job_id"])["attempts"][-1] for j in waiting[1:]]  # a stop, not a cancel (they said CANCELLED)
+    assert all(a["stopped"] is True and a["error"] is None and a["finished_at"] for a in ended), ended
     assert d.status(first["job_id"])["state"] == "running"
     d.start()
     ctr.exec_run(["rm", "-f", HOLD_INFERENCE])

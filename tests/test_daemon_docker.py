@@ -86,6 +86,8 @@ def test_cubie_drop_and_failure_modes_keep_the_daemon_going(cubie_daemon: Any, d
     assert {n: e["code"] for n, e in codes.items()} == {"failimport": "STEP_FAILED", "fatal65280": "EXPORT_FAILED",
                                                        "silent": "QUANTIZE_NO_OUTPUT"}
     assert codes["failimport"]["step"] == "import" and "exited 1" in codes["failimport"]["message"]
+    said = codes["failimport"]["message"].split("last lines:\n", 1)[1]  # the compiler's, not the job log's banners
+    assert "onnx model import failed: unsupported op" in said and "=====" not in said and "$ " not in said, said
     good = d.wait_job("good")
     assert good["state"] == "succeeded" and good["step_count"] == 11
     assert (d.outbox / good["bundle"]["path"]).is_file()
@@ -116,6 +118,8 @@ def reattached(d: Any, sig: signal.Signals, docker_client: Any, tmp_path: Path, 
     log = (d.outbox / done["log"]).read_text()
     assert log.count("===== [8/11] quantize") == 2 and "re-attached in step quantize" in log
     assert log.count("----- quantize: ok") == 1
+    if sig == signal.SIGTERM:  # its step ran on: no failure (it said "failed CANCELLED")
+        assert log.count("----- quantize: stopped with the daemon") == 1 and "failed CANCELLED" not in log
     steps = [e["step"] for e in d.events("job.step") if e["job_id"] == first["job_id"]]  # both daemons' events
     assert steps == ["validate", "surgery", "calibration", "import", "inputmeta", "postprocess", "patch", "quantize",
                      "export", "bundle", "publish"], steps  # the steps gone through again after it are no new ones
@@ -170,7 +174,8 @@ def test_a_cancel_made_while_the_daemon_was_down_kills_the_step_it_re_attaches(c
     assert d.proc.wait(30) == 0 and "sleep 100000" in procs(docker_client, d)
     assert cli.main(["cancel", job["job_id"], "-c", str(d.config)]) == 0  # the row is running: flagged
     d.start()
-    assert d.wait_state(job["job_id"], ("cancelled",))["attempt"] == 1
+    ended = d.wait_state(job["job_id"], ("cancelled",))
+    assert ended["attempt"] == 1 and "before its step was re-attached" in ended["error"]["message"], ended["error"]
     wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 30, "the step killed")
 
 

@@ -115,7 +115,7 @@ def test_a_job_the_daemon_keeps_dying_under_ends_failed_at_max_attempts(cubie_da
     instead of running forever, its step is killed, and the job behind it runs."""
     d = cubie_daemon(limits={"max_attempts": 2})
     job = in_quantize(d, docker_client, tmp_path, "hangkill", det_inputs["manifest"])
-    drop(d.inbox, "behind", det_inputs["onnx"], {**det_inputs["manifest"], "target": "host"})
+    drop(d.inbox, "behind", det_inputs["onnx"], det_inputs["manifest"])  # a cubie job: queued behind it
     wait_for(lambda: any(e["job_name"] == "behind" for e in d.events("drop.claimed")), 30, "the second drop claimed")
     d.kill()
     d.start()

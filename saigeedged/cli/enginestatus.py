@@ -44,8 +44,8 @@ def attempt_lines(job: Job) -> list[str]:
         if attempt.get("finished_at") is None:
             lines.append(f"attempt {number} on {attempt['engine']} since {attempt['started_at']}")
         else:
-            lines.append(f"attempt {number} on {attempt['engine']} {attempt['started_at']} .. {attempt['finished_at']}: "
-                         f"{attempt.get('error') or 'ok'}")
+            how = "stopped with the daemon" if attempt.get("stopped") else attempt.get("error") or "ok"
+            lines.append(f"attempt {number} on {attempt['engine']} {attempt['started_at']} .. {attempt['finished_at']}: {how}")
     if job.state == QUEUED:
         lines.append(f"attempt {job.attempt} queued")
     return [printable(line) for line in lines]

@@ -135,7 +135,8 @@ def _outcome(job: Job, step: _Steps) -> Iterator[None]:
     try:
         yield
     except SaigeError as exc:
-        job.log.end(f"failed {exc.code}")
+        stop = exc.code == "CANCELLED" and exc.fields.get("reason") == "stop"  # no failure: it goes on at the next start
+        job.log.end("stopped with the daemon" if stop else f"failed {exc.code}")
         exc.fields.setdefault("step", step.current)
         raise
     except Superseded:

@@ -297,7 +297,8 @@ class Worker(threading.Thread):
         if done.action == HOLD:
             self._keep_running(job, exc)
             return True
-        end_attempt(job, jobid.iso(jobid.utc_now()), exc.code)
+        stopped = done.reason == "stop"  # a stop is no error of the attempt's (it was counted CANCELLED)
+        end_attempt(job, jobid.iso(jobid.utc_now()), None if stopped else exc.code, stopped)
         if done.action == END:
             self.jobs.end(job, done.reason, exc, fence=fence)
             return kept
@@ -341,8 +342,10 @@ class Worker(threading.Thread):
             self.interrupt("cancel")
             if active is None or active.busy_s() < CANCEL_GRACE_S:
                 return []  # the kill reaches the step and the worker ends the job itself
-        fence = self._settle_now(job, SaigeError("CANCELLED", "cancelled while its engine did not answer: its step "
-                                                 "is killed when it does", reason="cancel", step=job.step))
+        why = ("cancelled before its step was re-attached (after a restart, or while its engine did not answer): the "
+               "step is killed once its engine answers" if held is not None else
+               "cancelled while its engine did not answer: its step is killed when it does")
+        fence = self._settle_now(job, SaigeError("CANCELLED", why, reason="cancel", step=job.step))
         return [] if fence is None else [fence]
 
     def _settle_now(self, job: Job, exc: SaigeError) -> Attempt | None:
