@@ -142,6 +142,23 @@ def test_next_job_is_prepared_while_one_compiles(cubie_daemon: Any, tmp_path: Pa
     assert "4 calibration images" in host and "cut at /head/Concat_output_0" in host
 
 
+def test_nothing_is_prepared_while_a_worker_runs_its_own_host_steps(tmp_path: Path, det_inputs: dict[str, Any]) -> None:
+    """A host job running beside a container compile holds a child of its own: the preparer chooses nothing until it is
+    done (it chose, started a child that yielded at once, and chose again, every 0.2 s of the host job's run)."""
+    config = configmod.load(write_config(tmp_path, allowed_roots=[str(tmp_path / "data")]))
+    store = Store(config.state_dir / "saigeedged.db")
+    hosting = [True]
+    preparer = Preparer(config, store, config.inbox, lambda: (1, "compiling-job"), lambda: hosting[0])
+    try:
+        job = queued(config, store, "next", det_inputs["onnx"], det_inputs["manifest"])
+        assert preparer._next() is None
+        hosting[0] = False
+        chosen = preparer._next()
+        assert chosen is not None and chosen.job_id == job.job_id
+    finally:
+        store.close()
+
+
 def test_a_job_a_slot_takes_while_the_preparer_chose_it_is_never_prepared(tmp_path: Path,
                                                                           det_inputs: dict[str, Any]) -> None:
     """The race of prep-ahead and a slot: the preparer picked the head of the queue, a slot took it before the prep

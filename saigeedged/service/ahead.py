@@ -111,6 +111,9 @@ class Preparer(threading.Thread):
             busy, _ = self.busy()
             if busy == 0 or len([j for j in window if j.job_id in self._preps]) >= busy:
                 return None
+            if self.contended():  # a worker runs its own host steps (a host job beside a compile): a prep would only
+                return None  # start its child and yield at once, again and again; its step changes wake us
+
             return next((j for j in window if j.job_id not in self._preps), None)
 
     # -- preparing -----------------------------------------------------------------------------
