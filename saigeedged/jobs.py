@@ -144,6 +144,14 @@ def begin_attempt(job: Job, engine: str, now_iso: str) -> None:
                          "error": None})
 
 
+STOPPED = "stopped"  # how an attempt a stop ended is counted (no error code: no failure, no cancel)
+
+
+def attempt_outcome(attempt: dict[str, Any]) -> str:
+    """How an ended attempt is counted (the engine_attempts metric): its error code, `stopped`, or "" (it succeeded)."""
+    return str(attempt.get("error") or (STOPPED if attempt.get("stopped") else ""))
+
+
 def end_attempt(job: Job, now_iso: str, code: str | None, stopped: bool = False) -> None:
     """The open attempt ends (any way: success None, else the error code); no open attempt: nothing to close.
     `stopped`: the daemon stopped under it (no error of the job's, and no cancel: it goes back to the queue)."""

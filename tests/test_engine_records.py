@@ -14,7 +14,7 @@ from conftest import write_config
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.cli import main as cli
-from saigeedged.jobs import FAILED, QUEUED, RUNNING, Job, begin_attempt, end_attempt
+from saigeedged.jobs import FAILED, QUEUED, RUNNING, Job, attempt_outcome, begin_attempt, end_attempt
 
 T0, T1, T2, T3 = (f"2026-11-30T03:1{i}:00.000Z" for i in range(4))
 
@@ -218,6 +218,8 @@ def test_dashboard_and_metrics_show_each_recorded_engine(tmp_path: Path) -> None
     moved = job("seg-3", state=SUCCEEDED, finished_at=T3)
     begin_attempt(moved, "compile2", T0)
     end_attempt(moved, T1, "ENGINE_LOST")
+    begin_attempt(moved, "local", T1)
+    end_attempt(moved, T2, None, stopped=True)  # a restart: neither an error nor a success
     begin_attempt(moved, "local", T2)
     end_attempt(moved, T3, None)
     store.add(moved)
@@ -231,6 +233,8 @@ def test_dashboard_and_metrics_show_each_recorded_engine(tmp_path: Path) -> None
     assert value(found, "saigeedged_engine_up", engine="compile2") == 0
     assert value(found, "saigeedged_engine_attempts_total", engine="compile2", error_code="ENGINE_LOST") == 1
     assert value(found, "saigeedged_engine_attempts_total", engine="local", error_code="") == 1
+    assert value(found, "saigeedged_engine_attempts_total", engine="local", error_code="stopped") == 1
+    assert attempt_outcome(moved.attempts[1]) == "stopped" and attempt_outcome(moved.attempts[2]) == ""  # live path
 
 
 def _with_metrics(path: Path) -> Path:

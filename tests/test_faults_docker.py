@@ -126,6 +126,7 @@ def test_a_job_the_daemon_keeps_dying_under_ends_failed_at_max_attempts(cubie_da
     failed = d.wait_state(job["job_id"], ("failed",))
     assert failed["attempt"] == 1 and failed["error"]["code"] == "INTERNAL"
     assert "stopped during this job 2 times" in failed["error"]["message"] and "max_attempts" in failed["error"]["hint"]
+    assert [(a["error"], bool(a["finished_at"])) for a in failed["attempts"]] == [("INTERNAL", True)]  # not "since"
     assert d.wait_job("behind")["state"] == "succeeded"
     wait_for(lambda: "sleep 100000" not in procs(docker_client, d), 10, "the leftover step reaped")
     # no work folder left behind by the kills (removed by the monitor right after its reap killed the step)

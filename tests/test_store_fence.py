@@ -168,6 +168,7 @@ def test_a_cancel_wins_over_a_requeue(tmp_path: Path) -> None:
     stored = jobs.store.get("a-1")
     assert stored is not None and stored.state == CANCELLED and stored.attempt == 1
     assert stored.error is not None and stored.error["code"] == "CANCELLED" and stored.error["step"] == "quantize"
+    assert [(a["error"], a["finished_at"] is not None) for a in stored.attempts] == [("CANCELLED", True)]  # not open
     assert jobs.outbox.read_status("a-1")["state"] == CANCELLED  # type: ignore[index]
     assert jobs.store.take("a-1", "e1", "t") is None
 

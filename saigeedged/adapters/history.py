@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from saigeedged.adapters.database import FINAL, FINISHED, PAGE, TARGET
-from saigeedged.jobs import Job
+from saigeedged.jobs import STOPPED, Job
 
 
 class History:
@@ -98,9 +98,11 @@ class History:
                  str(f)) for t, st, c, h, b, n, d, f in rows]
 
     def ended_attempts(self, after: str, before: str) -> list[tuple[str, str, int]]:
-        """(engine, error code or "", attempts) over the attempts of the jobs that ended in [after, before)."""
+        """(engine, error code, `stopped` (a stop ended it) or "", attempts) over the attempts of the jobs that ended
+        in [after, before) (jobs.attempt_outcome)."""
         rows = self._rows(
-            "SELECT json_extract(a.value, '$.engine'), COALESCE(json_extract(a.value, '$.error'), ''), COUNT(*) "
+            "SELECT json_extract(a.value, '$.engine'), COALESCE(json_extract(a.value, '$.error'), "
+            f"CASE WHEN json_extract(a.value, '$.stopped') THEN '{STOPPED}' ELSE '' END), COUNT(*) "
             f"FROM jobs INDEXED BY jobs_finished, json_each(jobs.doc, '$.attempts') AS a WHERE {self._ended_in(after)} "
             "GROUP BY 1, 2", (after, before))
         return [(str(e), str(c), int(str(n))) for e, c, n in rows]

@@ -27,7 +27,7 @@ from saigeedged.adapters.store import Store
 from saigeedged.adapters.tally import Tally
 from saigeedged.engines import TARGETS
 from saigeedged.errors import SaigeError
-from saigeedged.jobs import QUEUED, RUNNING, SUCCEEDED, Job
+from saigeedged.jobs import QUEUED, RUNNING, SUCCEEDED, Job, attempt_outcome
 
 log = structlog.get_logger()
 TASKS = ("detection", "mlc", "reid")
@@ -186,7 +186,7 @@ class Metrics:
         if worst is not None and job.task in TASKS:  # tasks from the manifest schema: a bounded label set
             self.accuracy_cosine.labels(target, job.task).set(worst)
         for attempt in job.attempts:  # engine names come from the config (or "host"): a bounded label set
-            self.engine_attempts.labels(attempt["engine"], attempt.get("error") or "").inc()
+            self.engine_attempts.labels(attempt["engine"], attempt_outcome(attempt)).inc()
 
     def observe(self, job: Job) -> None:
         """Every saved job change: times the steps of the running job."""

@@ -234,6 +234,7 @@ class Jobs:
             except CancelWins:
                 job.state, job.step, job.step_index, job.attempt, job.error = was
                 job.attempts = took
+                end_attempt(job, job.updated_at, "CANCELLED")  # the cancel ends it (left open, it read as running)
                 self.end(job, CANCELLED, SaigeError("CANCELLED", f"cancelled while running (the attempt ended: {reason})",
                                                     step=job.step), fence=fence)
                 return
