@@ -72,7 +72,7 @@ def test_a_drop_still_settling_is_waited_for_whatever_the_orphan_timeout(tmp_pat
 def test_orphan_and_invalid_manifests(tmp_path: Path) -> None:
     """A lone manifest fails INPUT_NOT_FOUND after orphan_timeout_s; a settled unparsable one is MANIFEST_INVALID."""
     s = scanner(tmp_path, settle=1, orphan=10)
-    write(tmp_path / "ghost.yml", M)
+    write(tmp_path / "ghost.yml", {**M, "name": "spirit", "request_id": "r1"})
     (tmp_path / "broken.yml").write_text("task: [")
     assert s.scan(0.0) == []
     (broken,) = s.scan(1.0)
@@ -80,6 +80,7 @@ def test_orphan_and_invalid_manifests(tmp_path: Path) -> None:
     (tmp_path / "broken.yml").unlink()
     (ghost,) = s.scan(10.0)
     assert isinstance(ghost, Rejected) and ghost.error.code == "INPUT_NOT_FOUND" and "ghost.onnx" in ghost.error.message
+    assert (ghost.error.fields["drop_name"], ghost.error.fields["request_id"]) == ("spirit", "r1")  # its own (submit)
 
 
 def test_an_unparsable_manifest_takes_its_settled_sibling_onnx_to_failed(tmp_path: Path) -> None:

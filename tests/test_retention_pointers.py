@@ -91,6 +91,10 @@ def test_a_pruned_jobs_status_and_dashboard_row_never_point_at_the_next_bundle_t
     listing = {d["job_id"]: d for d in json.loads(s.cli(capsys, "status", "--json"))}
     assert listing[a.job_id]["bundle"] is None and listing[c.job_id]["bundle"] == c.bundle
 
+    s.outbox.write_status(s.store.get(a.job_id))  # type: ignore[arg-type]  # left by a crash before its unlink
+    assert json.loads(s.cli(capsys, "status", a.job_id, "--json"))["bundle"] is None  # the row's word, not the file's
+    assert cli.main(["retry", a.job_id, "-c", str(s.config)]) == 2  # its inputs are gone: said, not queued to fail
+    assert "was pruned" in capsys.readouterr().err
     s.cli(capsys, "prune")  # B goes now; A's row still names the path, which is C's: it stays
     assert (s.outbox.root / "rp.host.saigeedge").read_bytes() == b"the model of c"
     assert s.store.get(c.job_id).pruned_at is None  # type: ignore[union-attr]

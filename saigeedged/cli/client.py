@@ -153,7 +153,8 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
         job = store.find(key)
         if job is None:
             raise SaigeError("INPUT_NOT_FOUND", f"no job {key}", hint=NO_JOB_HINT)
-        doc = Outbox(config.outbox).read_status(job.job_id)
+        # a pruned job's status file, if one is left (a crash between the mark and the unlink), names its old bundle
+        doc = None if job.pruned_at else Outbox(config.outbox).read_status(job.job_id)
         if doc is None:
             from saigeedged.adapters.outbox import status_doc
 
@@ -192,6 +193,9 @@ def retry(config: Config, job_id: str, out: TextIO) -> int:
     """A failed or cancelled job back to the queue, with its inputs back under claimed/."""
     store = _store(config)
     job = _by_id(store, job_id, "retry")
+    if job.pruned_at:
+        raise SaigeError("INPUT_NOT_FOUND", f"job {job_id} was pruned {job.pruned_at}: retention removed its inputs",
+                         hint="drop its manifest and ONNX into the inbox again")
     check_transition(job.state, QUEUED) if job.state in (FAILED, CANCELLED) else None
     if job.target == "?":  # a drop refused before it was claimed (Daemon.reject): no entry to compile
         code = job.error["code"] if job.error else "INTERNAL"

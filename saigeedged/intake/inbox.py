@@ -201,12 +201,14 @@ class Scanner:
             self._due(first + self.orphan_timeout_s)
             return None
         entry = missing[0]
+        # a single model's failed job is named as the manifest names it, and carries its request id (`submit`)
+        own = {"drop_name": entry.stem, "request_id": entry.request_id} if len(entries) == 1 else {}
         if entry.onnx in files:
             error = SaigeError("INPUT_INCOMPLETE", f"{entry.onnx.name} does not match the manifest's sha256 after "
-                               f"{self.orphan_timeout_s:.0f}s")
+                               f"{self.orphan_timeout_s:.0f}s", **own)
         else:
             error = SaigeError("INPUT_NOT_FOUND", f"{entry.onnx.name} named by {path.name} did not appear within "
-                               f"{self.orphan_timeout_s:.0f}s (orphan_timeout_s)")
+                               f"{self.orphan_timeout_s:.0f}s (orphan_timeout_s)", **own)
         return Rejected(path, error, [path] + [e.onnx for e in entries if e.onnx in files])
 
     def _sibling(self, manifest: Path, files: dict[Path, Signature], now: float) -> list[Path]:
