@@ -60,6 +60,7 @@ def test_a_job_tells_its_story_in_the_journal(daemon: Any, det_inputs: dict[str,
     last = entries[-1]
     assert last["SYSLOG_IDENTIFIER"] == "saigeedged" and last["SAIGEEDGE_JOB_NAME"] == "journaled"
     assert last["SAIGEEDGE_STATE"] == "succeeded" and last["SAIGEEDGE_STEP"] == "publish"
+    assert {e.get("SAIGEEDGE_ATTEMPT") for e in entries if e["SAIGEEDGE_EVENT"] == "job.step"} == {"1"}  # whose step
     assert "job.step" not in d.stderr()  # nothing printed: journal only
 
 

@@ -12,6 +12,8 @@ log = structlog.get_logger()
 
 
 def event(name: str, job: Job, level: str = "info", **fields: Any) -> None:
-    """One journal entry for a job event, with the SPEC §9 fields."""
+    """One journal entry for a job event, with the SPEC §9 fields and the job's attempt (a step's events of two
+    attempts told apart)."""
     fields.setdefault("error_code", job.error["code"] if job.error else None)
+    fields.setdefault("attempt", job.attempt)
     getattr(log, level)(name, job_id=job.job_id, job_name=job.name, state=job.state, step=job.step, **fields)
