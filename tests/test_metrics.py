@@ -107,6 +107,35 @@ def test_port_in_use_is_said_and_the_daemon_goes_on(daemon: Any, det_inputs: dic
     assert d.events("metrics.unavailable")[0]["level"] == "error"
 
 
+def test_a_port_taken_at_start_up_is_served_once_it_is_free(tmp_path: Path) -> None:
+    """/metrics whose port another process held at start-up is tried again every LISTEN_AGAIN_S (it was given up for
+    good, until a restart): said once, served once the port is free. Time is passed in."""
+    from conftest import write_config
+
+    from saigeedged import config
+    from saigeedged.adapters.store import Store
+    from saigeedged.service.ops import LISTEN_AGAIN_S, Ops
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    ops = Ops(config.load(write_config(tmp_path, metrics={"listen": f"127.0.0.1:{port}"})),
+              Store(tmp_path / "state" / "saigeedged.db"), clock=lambda: 0.0)
+    try:
+        ops.tick(100.0)  # the other process holds the port
+        taken.close()
+        ops.tick(100.0 + LISTEN_AGAIN_S / 2)
+        with pytest.raises(OSError):
+            scrape(port)  # not tried again yet: nothing listens
+        ops.tick(100.0 + LISTEN_AGAIN_S)
+        assert value(scrape(port), "saigeedged_build_info", version=__version__) == 1
+    finally:
+        taken.close()
+        assert ops.metrics is not None
+        ops.metrics.close()
+
+
 def test_cache_hits_are_counted(daemon: Any, det_inputs: dict[str, Any]) -> None:
     """The same model dropped twice is one compile and one cache hit, and the counter says so after a restart too."""
     port = free_port()

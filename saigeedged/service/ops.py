@@ -34,6 +34,7 @@ PAGE_MAX_S = 30.0  # ... and at least this often (changes made by other processe
 TEXTFILE_S = 15.0
 TICK_S = 5.0  # the thread looks at least this often
 RETENTION_S = 86400.0
+LISTEN_AGAIN_S = 30.0  # a /metrics address taken at start-up (another process held the port) is tried this often
 
 
 def surfaces(config: Config) -> list[Channel]:
@@ -69,6 +70,7 @@ class Ops(threading.Thread):
         self.stop_event, self.changed = threading.Event(), threading.Event()
         self._page_stale = False
         self._last = dict.fromkeys(("page", "textfile", "retention"), float("-inf"))
+        self._listen_at: float | None = float("-inf")  # when /metrics is tried next (None: served)
 
     def observe(self, job: Job) -> None:
         """A job was saved: time its steps, queue its notification, mark the page stale. Never raises."""
@@ -82,15 +84,25 @@ class Ops(threading.Thread):
         self.changed.set()
 
     def start(self) -> None:
-        if self.metrics is not None and self.listen:
-            try:
-                host, port = self.metrics.serve(self.listen)
-                log.info("metrics.listening", address=f"{host}:{port}")
-            except OSError as exc:  # compiles matter more than their metrics: say it loudly and go on
-                log.error("metrics.unavailable", address=self.listen, message=str(exc))
+        self._listen(self.clock())
         if self.sender is not None:
             self.sender.start()
         super().start()
+
+    def _listen(self, now: float) -> None:
+        """Serve /metrics; an address another process holds is said once and tried again every LISTEN_AGAIN_S."""
+        if self.metrics is None or not self.listen or self._listen_at is None or now < self._listen_at:
+            return
+        try:
+            host, port = self.metrics.serve(self.listen)
+        except OSError as exc:  # compiles matter more than their metrics: say it loudly and go on
+            if self._listen_at == float("-inf"):
+                log.error("metrics.unavailable", address=self.listen,
+                          message=f"{exc}; tried again every {LISTEN_AGAIN_S:.0f}s")
+            self._listen_at = now + LISTEN_AGAIN_S
+            return
+        self._listen_at = None
+        log.info("metrics.listening", address=f"{host}:{port}")
 
     def stop(self, timeout: float = 5) -> None:
         self.stop_event.set()
@@ -113,6 +125,7 @@ class Ops(threading.Thread):
 
     def tick(self, now: float) -> None:
         """Whatever is due: the page (changed, or PAGE_MAX_S old), the textfile, a retention round."""
+        self._listen(now)
         stale = self.changed.is_set()
         self.changed.clear()
         # ends the observer never saw: `saigeedged cancel` of a queued job, in a shell (the page listed it queued on)
