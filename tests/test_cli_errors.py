@@ -88,6 +88,22 @@ def test_output_into_a_closed_pipe_is_no_traceback(config_path: Path) -> None:
         os.close(write)
 
 
+def test_submit_wait_prints_a_failures_lines_one_by_one(config_path: Path) -> None:
+    """`submit --wait` of a job whose step failed: the code and the message's first line, then the compiler's last
+    lines each on a line of its own (they were one line of `\\n` escapes)."""
+    import io
+
+    from saigeedged import config as configmod
+    from saigeedged.cli.client import _summary
+
+    out = io.StringIO()
+    doc = {"job_id": "x-1", "state": "failed", "error": {"code": "STEP_FAILED", "message":
+                                                         "`pegasus import` exited 1; last lines:\nTraceback\nboom\x1b[2J"}}
+    assert _summary(doc, configmod.load(config_path), out) == 1
+    assert out.getvalue().splitlines() == ["x-1: failed  STEP_FAILED: `pegasus import` exited 1; last lines:",
+                                           "  Traceback", "  boom\\x1b[2J"]
+
+
 def test_validate_prints_the_resolved_profile(tmp_path: Path, config_path: Path, capsys: Any) -> None:
     """validate runs every check and prints input size, outputs and steps."""
     mf = manifest(tmp_path / "det.yml", **inputs(tmp_path))

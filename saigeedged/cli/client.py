@@ -139,9 +139,13 @@ def _summary(doc: dict[str, Any], config: Config, out: TextIO) -> int:
     line = f"{doc['job_id']}: {state}"
     if doc.get("bundle"):
         line += f"  bundle {config.outbox / doc['bundle']['path']}"
+    said: list[str] = []
     if doc.get("error"):
-        line += f"  {doc['error']['code']}: {doc['error']['message']}"
+        first, *said = str(doc["error"]["message"]).splitlines() or [""]
+        line += f"  {doc['error']['code']}: {first}"
     print(printable(line), file=out)
+    for more in said:  # a step's failure carries the compiler's last lines: one line each, not `\n` escapes
+        print(f"  {printable(more)}", file=out)
     if state not in TERMINAL:
         print("still running: timed out waiting", file=out)
     return 0 if state == "succeeded" else 1
