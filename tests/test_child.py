@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -150,6 +151,46 @@ def test_out_of_memory_names_child_memory_bytes_when_it_struck() -> None:
     err = _bounded([], 1 << 30, 256 << 20)
     assert err["code"] == "OUT_OF_MEMORY" and err["bound"] == "limits.child_memory_bytes", err
     assert f"limits.child_memory_bytes ({256 << 20} bytes)" in err["message"]
+
+
+def test_a_child_killed_by_someone_is_a_loss_not_out_of_memory(tmp_path: Path) -> None:
+    """A bounded child SIGKILLed by a `kill -9` (no OOM kill counted by the kernel meanwhile) is CHILD_LOST, retried
+    like any loss: it was OUT_OF_MEMORY "killed by the kernel's OOM killer", failed for good."""
+    from saigeedged.compile import memorybound
+
+    pidfile = tmp_path / "pid"
+
+    def killed() -> None:  # once the child has written its pid: the operator's `kill -9` of it
+        if pidfile.exists() and pidfile.read_text():
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+    with pytest.raises(SaigeError) as err:
+        child.run(pid_then_sleep, (str(pidfile), 60), "quantize", 60, lambda: killed(), (1 << 30, "OUT_OF_MEMORY"))
+    assert err.value.code == "CHILD_LOST" and "no OOM kill" in err.value.message, err.value
+    (tmp_path / "vmstat").write_text("nr_free_pages 1\noom_kill 7\n")
+    assert memorybound.oom_kills(tmp_path / "vmstat") == 7 and memorybound.oom_kills(tmp_path / "none") is None
+
+
+def test_a_child_ends_with_the_daemon_killed_under_it(tmp_path: Path) -> None:
+    """`kill -9` of the process that asked for a child (the daemon): the child ends too. It computed on beside the
+    retry the next daemon started (a host job's quantize: twice the time on two cores) and wrote into its work dir."""
+    import subprocess
+    import sys
+
+    from harness import wait_for
+
+    pidfile = tmp_path / "pid"
+    code = ("from saigeedged.compile import child; import test_child\n"
+            f"child.run(test_child.pid_then_sleep, ({str(pidfile)!r}, 600), 'quantize', 900, lambda: None)\n")
+    owner = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parent,
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+    try:
+        wait_for(lambda: pidfile.exists() and pidfile.read_text(), 120, "the child started")
+        owner.kill()
+        owner.wait(30)
+        wait_for(lambda: gone(int(pidfile.read_text())), 30, "the child ended with its owner")
+    finally:
+        owner.kill()
 
 
 def test_the_cgroup_memory_limit_is_read_from_v1_and_v2(tmp_path: Path) -> None:

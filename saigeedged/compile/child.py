@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import resource
+import select
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -56,8 +59,31 @@ def _cpu_limits(cpu_s: int) -> tuple[int, int]:
     return max(1, min(cpu_s, hard - 1)), hard
 
 
+def _die_with(owner: int) -> None:
+    """End this child when the daemon that asked for it ends: a `kill -9` of the daemon left a host job's quantize
+    computing beside its retry (the fork server's children outlive it). A pidfd of the daemon, watched by a thread."""
+    try:
+        fd = os.pidfd_open(owner)
+    except ProcessLookupError:
+        os._exit(1)  # gone already: nobody waits for this work
+    except OSError:
+        return  # a kernel without pidfds: as before
+
+    def watch() -> None:
+        select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    old = threading.stack_size(256 << 10)  # counted against the child's memory bound: a small one
+    try:
+        threading.Thread(target=watch, name="saigeedged-owner", daemon=True).start()
+    finally:
+        threading.stack_size(old)
+
+
 def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any], memory_bytes: int | None,
-          cpu_limits: tuple[int, int] | None) -> None:
+          cpu_limits: tuple[int, int] | None, owner: int | None = None) -> None:
+    if owner is not None:
+        _die_with(owner)
     try:
         if cpu_limits is not None:
             resource.setrlimit(resource.RLIMIT_CPU, cpu_limits)
@@ -96,13 +122,14 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
     cpu_limits = _cpu_limits(cpu[0]) if cpu else None
     if cpu is not None and cpu_limits is not None and cpu_limits[0] < cpu[0]:
         cpu = (cpu_limits[0], f"the service's hard RLIMIT_CPU ({cpu_limits[1]} s), below {cpu[1]}")
-    proc = context.Process(target=_main, args=(child, fn, args, memory[0] if memory else None, cpu_limits),
+    proc = context.Process(target=_main, args=(child, fn, args, memory[0] if memory else None, cpu_limits, os.getpid()),
                            name=f"saigeedged-{label}", daemon=True)
+    ooms = memorybound.oom_kills()  # a SIGKILL with no OOM kill counted since is someone's `kill`, not memory
     with _hangup_blocked():
         proc.start()
     child.close()
     try:
-        ok, value, bound = _wait(parent, proc, label, timeout_s, interrupted, memory, cpu)
+        ok, value, bound = _wait(parent, proc, label, timeout_s, interrupted, memory, cpu, ooms)
     finally:
         if proc.is_alive():
             proc.kill()
@@ -115,7 +142,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
 
 
 def _wait(parent: Connection, proc: Any, label: str, timeout_s: float, interrupted: Callable[[], str | None],
-          memory: tuple[int, Code] | None, cpu: tuple[int, str] | None) -> tuple[bool, Any, Bound | None]:
+          memory: tuple[int, Code] | None, cpu: tuple[int, str] | None,
+          ooms: int | None = None) -> tuple[bool, Any, Bound | None]:
     """The child's (ok, result or exception) and the memory bound it set; stop, cancel, timeout and death raise."""
     deadline = time.monotonic() + timeout_s
     bound = Bound(memory[0], False) if memory else None
@@ -125,7 +153,7 @@ def _wait(parent: Connection, proc: Any, label: str, timeout_s: float, interrupt
                 message = parent.recv()
             except EOFError:  # it died without an answer: killed by a signal (its memory bound, a crash) or exited
                 proc.join(EXIT_WAIT_S)
-                raise _died(label, proc.exitcode, memory, bound, cpu) from None
+                raise _died(label, proc.exitcode, memory, bound, cpu, ooms) from None
             if not isinstance(message, Bound):
                 return message[0], message[1], bound
             bound = message  # the address-space limit the child set, before any work
@@ -136,17 +164,20 @@ def _wait(parent: Connection, proc: Any, label: str, timeout_s: float, interrupt
         if time.monotonic() > deadline:
             raise SaigeError("TIMEOUT", f"{label} ran longer than {timeout_s:.0f}s and was killed")
         if not proc.is_alive() and not parent.poll():
-            raise _died(label, proc.exitcode, memory, bound, cpu)
+            raise _died(label, proc.exitcode, memory, bound, cpu, ooms)
 
 
 def _died(label: str, exitcode: int | None, memory: tuple[int, Code] | None, bound: Bound | None,
-          cpu: tuple[int, str] | None) -> SaigeError:
+          cpu: tuple[int, str] | None, ooms: int | None = None) -> SaigeError:
     """A child killed by a signal under a memory bound ran out of it: C++ allocators abort or fault at RLIMIT_AS, the
-    OOM killer SIGKILLs (at the unit's MemoryMax= when the daemon's cgroup has one). SIGXCPU: its CPU bound."""
+    OOM killer SIGKILLs (at the unit's MemoryMax= when the daemon's cgroup has one), unless the kernel counted no OOM
+    kill since the child started (`ooms`): then someone's `kill -9`, a loss. SIGXCPU: its CPU bound."""
     if cpu is not None and exitcode == -signal.SIGXCPU:
         return SaigeError("TIMEOUT", f"{label} used more than {cpu[0]} CPU-seconds ({cpu[1]}) and was killed")
     if memory is None or bound is None or exitcode is None or -exitcode not in OUT_OF_MEMORY:
         return SaigeError("CHILD_LOST", f"{label} died with exit code {exitcode}")  # killed: a loss, retried like one
+    if -exitcode == signal.SIGKILL and ooms is not None and (memorybound.oom_kills() or 0) <= ooms:
+        return SaigeError("CHILD_LOST", f"{label} was killed (SIGKILL) and the kernel counted no OOM kill: a `kill`?")
     if -exitcode == signal.SIGKILL:
         with open("/proc/self/cgroup") as fh:
             return memorybound.killed(label, memory[1], memorybound.cgroup_limit(fh.read()))

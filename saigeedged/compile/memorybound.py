@@ -66,6 +66,18 @@ def exceeded(label: str, code: Code, configured: int, bound: Bound) -> SaigeErro
                       "too) if the host has the memory")
 
 
+def oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (None where the kernel does not say)."""
+    try:
+        for line in vmstat.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def killed(label: str, code: Code, cgroup: int | None) -> SaigeError:
     """A child SIGKILLed while bounded: the kernel's OOM killer, at the cgroup's limit when there is one."""
     if cgroup is not None:
