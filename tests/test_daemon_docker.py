@@ -119,7 +119,8 @@ def reattached(d: Any, sig: signal.Signals, docker_client: Any, tmp_path: Path, 
     assert log.count("===== [8/11] quantize") == 2 and "re-attached in step quantize" in log
     assert log.count("----- quantize: ok") == 1
     if sig == signal.SIGTERM:  # its step ran on: no failure (it said "failed CANCELLED")
-        assert log.count("----- quantize: stopped with the daemon") == 1 and "failed CANCELLED" not in log
+        assert log.count("----- quantize: stopped with the daemon") == 1 and "CANCELLED" not in log
+        assert "### stopped: the daemon stops; the step runs on" in log
     steps = [e["step"] for e in d.events("job.step") if e["job_id"] == first["job_id"]]  # both daemons' events
     assert steps == ["validate", "surgery", "calibration", "import", "inputmeta", "postprocess", "patch", "quantize",
                      "export", "bundle", "publish"], steps  # the steps gone through again after it are no new ones

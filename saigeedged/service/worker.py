@@ -182,7 +182,7 @@ class Worker(threading.Thread):
                 return
             try:
                 if handed is None:
-                    joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'saigeedged'}"
+                    joblog.line(f"### {job.job_id} attempt {job.attempt} on {job.engine or 'this host'}"
                                 + (f", re-attached in step {job.step}" if resumed else ""))
                 host = ahead.Ready(prepared, joblog) if prepared else self.facts.replay(job, joblog) if resumed else None
                 self._run(job, work, joblog, host, queued.step_index if resumed else 0, handed)
@@ -190,8 +190,9 @@ class Worker(threading.Thread):
                 if not self.handed_off:
                     self._succeed(job)
             except SaigeError as exc:
-                with contextlib.suppress(Superseded):
-                    joblog.line(f"### {exc.code}: {exc.message}")
+                with contextlib.suppress(Superseded):  # a stop is no cancel: the job goes on at the next start
+                    stop = exc.code == "CANCELLED" and exc.fields.get("reason") == "stop"
+                    joblog.line(f"### {'stopped' if stop else exc.code}: {exc.message}")
                 joblog.close()
                 self.kept = self._settle(job, exc) or self.kept
         except Superseded as exc:  # the store names another attempt now (moved, cancelled): this one writes nothing
