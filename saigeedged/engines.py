@@ -49,11 +49,11 @@ def parse(items: list[Any]) -> list[EngineSpec]:
     """Validate the `engines:` items (unique names, unix:// only, container targets only)."""
     if not items:
         return [DEFAULT]
-    specs = [_one(f"config engines[{i}]", item) for i, item in enumerate(items)]
+    specs = [_one(f"config: engines[{i}]", item) for i, item in enumerate(items)]
     seen: set[str] = set()
     for i, spec in enumerate(specs):
         if spec.name in seen:
-            raise SaigeError("MANIFEST_INVALID", f"config engines[{i}].name: {spec.name!r} is used twice", hint=HINT)
+            raise SaigeError("MANIFEST_INVALID", f"config: engines[{i}].name: {spec.name!r} is used twice", hint=HINT)
         seen.add(spec.name)
     return specs
 

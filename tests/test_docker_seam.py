@@ -34,7 +34,8 @@ def test_a_remote_engine_is_refused_pointing_to_executor_slurm(tmp_path: Path, u
     with pytest.raises(SaigeError) as err:
         load(tmp_path, [{"name": "local", "url": "unix:///var/run/docker.sock"}, {"name": "compile2", "url": url}])
     assert err.value.code == "MANIFEST_INVALID"
-    assert "config engines[1].url" in err.value.message and "executor: slurm" in err.value.message
+    assert "engines[1].url: remote engines" in err.value.message and "executor: slurm" in err.value.message
+    assert err.value.message.startswith(f"config {tmp_path}")  # which file (it named none)
     assert "spec-executor-slurm" in err.value.hint
 
 
@@ -51,7 +52,7 @@ def test_bad_engine_fails_at_load_naming_the_field(tmp_path: Path, engines: Any,
     with pytest.raises(SaigeError) as err:
         load(tmp_path, engines)
     assert err.value.code == "MANIFEST_INVALID"
-    assert f"config {field}" in err.value.message
+    assert f"saigeedged.yml: {field}" in err.value.message  # the file, then the field
     assert "engines:" in err.value.hint or "executor" in err.value.hint
 
 
