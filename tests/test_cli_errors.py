@@ -156,6 +156,7 @@ def test_job_commands_name_what_to_do_next(tmp_path: Path, config_path: Path, ca
         name = job_id.split("-")[0]
         store.add(Job(job_id, name, "?", "?", {"onnx": f"/c/{name}.onnx"}, "", f"/inbox/.saigeedged/failed/{job_id}",
                       f"{name}.yml", state=FAILED, error={"code": code, "message": "..."}))
+    store.add(Job("typo-2", "typo", "cubie", "detection", {"onnx": "/c/typo.onnx"}, "", "/c/typo-2", "typo.yml"))
     store.close()
 
     def refused(*argv: str) -> tuple[str, str]:
@@ -172,6 +173,6 @@ def test_job_commands_name_what_to_do_next(tmp_path: Path, config_path: Path, ca
     assert "manifest never parsed" in first and "/inbox/.saigeedged/failed/typo-1" in hint
     first, hint = refused("retry", "ghost-1", "-c", str(config_path))  # its manifest parsed: its ONNX never came
     assert first.endswith("refused unclaimed (INPUT_NOT_FOUND)") and "/inbox/.saigeedged/failed/ghost-1" in hint
-    for command in ("cancel", "retry"):  # they take ids only (a name may be many jobs): a name gets its newest id
-        first, hint = refused(command, "typo", "-c", str(config_path))
-        assert first == "saigeedged: INPUT_NOT_FOUND: no job typo" and hint.endswith("its newest job is typo-1")
+    for command, newest in (("cancel", "typo-2"), ("retry", "typo-1")):  # ids only (a name may be many jobs): a name
+        first, hint = refused(command, "typo", "-c", str(config_path))  # gets the newest id the command can act on
+        assert first == "saigeedged: INPUT_NOT_FOUND: no job typo" and hint.endswith(f"to {command} is {newest}"), hint

@@ -259,6 +259,13 @@ class Store(History, AttemptRecords):
         jobs = self._jobs("SELECT doc FROM jobs WHERE name = ? ORDER BY seq DESC LIMIT 1", (key,))  # jobs_name
         return jobs[0] if jobs else None
 
+    def newest_named(self, name: str, states: tuple[str, ...]) -> Job | None:
+        """The newest job with that name in one of `states` (along jobs_name)."""
+        marks = ", ".join("?" * len(states))
+        jobs = self._jobs(f"SELECT doc FROM jobs WHERE name = ? AND state IN ({marks}) ORDER BY seq DESC LIMIT 1",
+                          (name, *states))
+        return jobs[0] if jobs else None
+
     def by_claim(self, claim_dir: str) -> list[Job]:
         """Every job whose inputs live in this claimed folder (the entries of one multi-model drop)."""
         return self._jobs("SELECT doc FROM jobs WHERE claim_dir = ? ORDER BY seq", (claim_dir,))

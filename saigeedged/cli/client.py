@@ -31,14 +31,18 @@ WAIT_POLL_S = 0.1  # status files live on a share: reading them is the only cros
 NO_JOB_HINT = "`saigeedged status` lists the jobs (give a job id or a job name); pass the daemon's -c file"
 
 
+ACTS_ON = {"cancel": (QUEUED, RUNNING), "retry": (FAILED, CANCELLED)}  # the states each command takes a job in
+
+
 def _by_id(store: Store, job_id: str, command: str) -> Job:
-    """The job `retry` or `cancel` acts on: by id only (a name may be many jobs); a name gets the id to use."""
+    """The job `retry` or `cancel` acts on: by id only (a name may be many jobs); a name gets the id of its newest job
+    the command can act on (a queued job's, for cancel: not the failed drop of that name made since)."""
     job = store.get(job_id)
     if job is not None:
         return job
-    named = store.find(job_id)
-    hint = (f"{command} takes a job id, and `{job_id}` is a job name: its newest job is {named.job_id}" if named else
-            "`saigeedged status` lists the jobs and their ids; pass the daemon's -c file")
+    newest = store.newest_named(job_id, ACTS_ON[command])
+    hint = (f"{command} takes a job id, and `{job_id}` is a job name: its newest job to {command} is {newest.job_id}"
+            if newest else "`saigeedged status` lists the jobs and their ids; pass the daemon's -c file")
     raise SaigeError("INPUT_NOT_FOUND", f"no job {job_id}", hint=hint)
 
 
