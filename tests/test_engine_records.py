@@ -150,6 +150,20 @@ def test_status_lists_engines_and_the_job_in_each_slot(tmp_path: Path, capsys: A
     assert engines[2].split()[:2] == ["compile2", "down"] and "cubie: det quantize 5/11  (timed out, since" in engines[2]
     assert engines[3].split()[:2] == ["compile3", "?"] and "not seen by the daemon yet" in engines[3]
     assert "det-1" in out and "cls-2" in out  # the job table is still there
+    assert engines[4].split() == ["this", "host", "up", "host:", "idle"]
+
+
+def test_status_lists_the_host_slot_with_its_job(tmp_path: Path, capsys: Any) -> None:
+    """Host jobs have a slot of their own beside the engines' (SPEC §11): `status` lists it with the job it runs (the
+    table showed only the engines, while STATUS= and the dashboard showed the host job)."""
+    path = status_setup(tmp_path)
+    store = Store(Path(yaml.safe_load(path.read_text())["state_dir"]) / "saigeedged.db")
+    hosted = job("cls-9", target="host", state=RUNNING, step="quantize", step_index=4, step_count=7)
+    begin_attempt(hosted, "host", T0)
+    store.add(hosted)
+    store.close()
+    assert cli.main(["status", "-c", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].split() == ["this", "host", "up", "host:", "cls", "quantize", "4/7"]
 
 
 def test_status_of_a_job_names_its_engine_and_attempts(tmp_path: Path, capsys: Any) -> None:
@@ -197,8 +211,9 @@ def test_status_without_engines_lists_the_one_local_engine(tmp_path: Path, confi
     store.close()
     assert cli.main(["status", "-c", str(config_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("JOB") and lines[-2].startswith("ENGINE")
-    assert lines[-1].split()[:2] == ["local", "down"] and "does not answer, since" in lines[-1]
+    assert lines[0].startswith("JOB") and lines[-3].startswith("ENGINE")
+    assert lines[-2].split()[:2] == ["local", "down"] and "does not answer, since" in lines[-2]
+    assert lines[-1].split() == ["this", "host", "up", "host:", "idle"]  # host jobs' slot, whatever the engine's state
     assert cli.main(["status", "det-1", "-c", str(config_path)]) == 0
     assert capsys.readouterr().out.splitlines()[-2:] == ["engine -", "attempt 1 queued"]
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from saigeedged.adapters.store import EngineState
 from saigeedged.config import Config
 from saigeedged.guards import printable
-from saigeedged.jobs import QUEUED, Job
+from saigeedged.jobs import HOST_ENGINE, QUEUED, Job
 from saigeedged.service.statusline import configured, doing, slot_views
 
 
@@ -31,6 +31,8 @@ def engine_lines(config: Config, recorded: Sequence[EngineState], running: Seque
     for spec in config.engines:
         if spec.name not in known:
             lines.append(printable(f"{spec.name:<16} {'?':<5} not seen by the daemon yet (is it running with this config?)"))
+    hosted = [doing(s.job) for s in slots if s.engine == HOST_ENGINE and s.job is not None]  # host jobs' own slot
+    lines.append(printable(f"{'this host':<16} {'up':<5} host: {'; '.join(hosted) or 'idle'}"))
     return lines
 
 
