@@ -77,6 +77,28 @@ def external(path: Path, location: str | None = None) -> Path:
     return path
 
 
+def test_submit_takes_a_models_external_data_with_it(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
+    """`saigeedged submit` of a model whose weights are in a file beside it copies that file too (it copied the model
+    alone, and the job always failed ONNX_INVALID); while a file of that name waits in the inbox, it refuses."""
+    import subprocess
+    import sys
+
+    d = daemon()
+    (tmp_path / "src").mkdir()
+    src = external(tmp_path / "src" / "ext.onnx")
+    mf = tmp_path / "src" / "ext.yml"
+    mf.write_text(json.dumps({"task": "mlc", "num_classes": 3, "input_size": [32, 32], "n_samples": 4, "target": "host",
+                              "calib": det_inputs["manifest"]["calib"]}))
+    submit = [sys.executable, "-m", "saigeedged", "submit", str(src), str(mf), "-c", str(d.config)]
+    run = subprocess.run([*submit, "--wait", "--timeout", "120"], capture_output=True, text=True)
+    assert run.returncode == 0 and "succeeded" in run.stdout, run.stdout + run.stderr
+    assert not (d.inbox / "ext.onnx.data").exists()  # claimed with the model
+    (d.inbox / "ext.onnx.data").write_bytes(b"another drop's weights")
+    refused = subprocess.run(submit, capture_output=True, text=True)
+    assert refused.returncode == 2 and "INPUT_INCOMPLETE" in refused.stderr and "ext.onnx.data" in refused.stderr
+    assert (d.inbox / "ext.onnx.data").read_bytes() == b"another drop's weights"
+
+
 def test_external_data_travels_with_the_drop(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
     """An ONNX with its external data beside it in the drop compiles; one whose data is a symlink out of the drop fails."""
     d = daemon()

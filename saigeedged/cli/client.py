@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import uuid
@@ -12,7 +13,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from saigeedged import accuracytable, files
+from saigeedged import accuracytable, external, files
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.cli import partition
@@ -85,6 +86,25 @@ def _submitted_manifest(manifest: Path, model: Path, request_id: str) -> tuple[s
     return stem, own, yaml.safe_dump(data, sort_keys=False).encode()
 
 
+def _weights(model: Path, folder: Path) -> list[tuple[Path, Path]]:
+    """(source, inbox path) of each external-data file the model names: they keep their names (the model points at
+    them), so one of another drop still in the inbox would be taken by whichever is claimed first: refused."""
+    placed = []
+    for location in external.locations(model):
+        src = Path(os.path.normpath(model.parent / location))
+        if not src.is_relative_to(model.parent) or not src.is_file():
+            raise SaigeError("INPUT_NOT_FOUND", f"{model.name} keeps weights in `{printable(location)}`, not a file "
+                             "in its folder", hint="save the model with its external data beside it (onnx.save with "
+                             "location=<name>), or with the weights inside")
+        dest = folder / src.relative_to(model.parent)
+        if dest.exists():
+            raise SaigeError("INPUT_INCOMPLETE", f"{dest} is in the inbox already (another drop's weights, not claimed "
+                             "yet)", hint="submit again once that drop is claimed, or into another --subdir")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        placed.append((src, dest))
+    return placed
+
+
 def _find_status(outbox: Outbox, stem: str, own: str, request_id: str) -> dict[str, Any] | None:
     """The status of this submission: the job that carries its request id, or the failed job of its manifest when the
     daemon could not read one from it (a manifest that does not parse is named after its file, `<own>.yml`)."""
@@ -99,8 +119,7 @@ def _find_status(outbox: Outbox, stem: str, own: str, request_id: str) -> dict[s
     return None
 
 
-def submit(config: Config, args: argparse.Namespace, out: TextIO) -> int:
-    """Copy the model, then the manifest (the commit marker) into the inbox; print the job's status path."""
+def _check_submitted(args: argparse.Namespace) -> None:
     for path in (args.model, args.manifest):
         if not path.exists():
             raise SaigeError("INPUT_NOT_FOUND", f"{path} not found")
@@ -109,10 +128,17 @@ def submit(config: Config, args: argparse.Namespace, out: TextIO) -> int:
                              "manifest to a file first (a pipe or a folder cannot be dropped)")
     if ".." in Path(args.subdir).parts or Path(args.subdir).is_absolute():
         raise SaigeError("MANIFEST_INVALID", f"--subdir {args.subdir!r} must be relative to the inbox, without `..`")
+
+
+def submit(config: Config, args: argparse.Namespace, out: TextIO) -> int:
+    """Copy the model, then the manifest (the commit marker) into the inbox; print the job's status path."""
+    _check_submitted(args)
     request_id = uuid.uuid4().hex
     stem, own, text = _submitted_manifest(args.manifest, args.model, request_id)
     folder = config.inbox / args.subdir
     folder.mkdir(parents=True, exist_ok=True)
+    for src, dest in _weights(args.model, folder):  # first: the claim takes them with the model, as a hand drop's
+        _place(src, dest)
     _place(args.model, folder / f"{own}.onnx")
     _place(args.manifest, folder / f"{own}.yml", text)
     outbox = Outbox(config.outbox)
