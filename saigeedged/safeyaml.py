@@ -36,6 +36,21 @@ def shown(value: object, limit: int = SHOWN_CHARS) -> str:
 class _Frame:
     anchor: str | None
     nodes: int = 1
+    keys: set[str] | None = None  # a mapping's plain keys seen so far (None: a sequence, or the document)
+    at_key: bool = True  # a mapping's next node is a key
+
+
+def _node(frame: _Frame, event: yaml.Event) -> None:
+    """One node in `frame`: a key of a mapping said twice is refused (YAML takes the last one silently: `limits:`
+    given twice dropped the first block, `target: cubie` then `target: host` compiled for the host)."""
+    if frame.keys is None:
+        return
+    if frame.at_key and isinstance(event, yaml.ScalarEvent) and event.value != "<<":
+        if event.value in frame.keys:
+            line = event.start_mark.line + 1 if event.start_mark else 0
+            raise YamlRefused(f"the key `{shown(event.value)[1:-1]}` is given twice (again at line {line})")
+        frame.keys.add(event.value)
+    frame.at_key = not frame.at_key
 
 
 def _syntax(exc: yaml.YAMLError) -> str:
@@ -72,9 +87,11 @@ def check(text: str) -> None:
     stack: list[_Frame] = [_Frame(None, 0)]
     for event in _events(text):
         if isinstance(event, yaml.AliasEvent):
+            _node(stack[-1], event)
             size = anchors.get(event.anchor or "", 1)
         elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            stack.append(_Frame(event.anchor))
+            _node(stack[-1], event)
+            stack.append(_Frame(event.anchor, keys=set() if isinstance(event, yaml.MappingStartEvent) else None))
             if len(stack) > MAX_DEPTH + 1:
                 line = event.start_mark.line + 1 if event.start_mark else 0
                 raise YamlRefused(f"nested deeper than {MAX_DEPTH} levels at line {line}")
@@ -86,6 +103,7 @@ def check(text: str) -> None:
                 anchors[done.anchor] = size
         elif isinstance(event, yaml.ScalarEvent):
             _scalar(event)
+            _node(stack[-1], event)
             size = 1 + len(event.value) // 16
             if event.anchor:
                 anchors[event.anchor] = size

@@ -139,6 +139,13 @@ def test_submit_refuses_what_is_not_a_file(tmp_path: Path, config_path: Path, ca
     assert cli.main(["submit", str(onnx), str(tmp_path), "-c", str(config_path)]) == 2
     err = capsys.readouterr().err
     assert "INPUT_NOT_FOUND" in err and "is not a regular file" in err and "write the manifest to a file" in err
+    twice = tmp_path / "twice.yml"  # read as the daemon reads it: submit re-wrote it with the last value, silently
+    twice.write_text("task: mlc\ntarget: cubie\nnum_classes: 3\ntarget: host\ncalib: x.json\n")
+    assert cli.main(["submit", str(onnx), str(twice), "-c", str(config_path)]) == 2
+    from saigeedged import config as configmod
+
+    err = capsys.readouterr().err
+    assert "MANIFEST_INVALID" in err and "given twice" in err and not list(configmod.load(config_path).inbox.glob("tw*"))
 
 
 def test_job_commands_name_what_to_do_next(tmp_path: Path, config_path: Path, capsys: Any) -> None:

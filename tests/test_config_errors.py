@@ -87,6 +87,9 @@ CASES: list[tuple[str, Callable[[Path], Path], str, str]] = [
      "a number of 5000 characters at line 1"),
     ("deep nesting", written(b"accuracy: {min_cosine: " + b"[" * 3000 + b"]" * 3000 + b"}\n"), "MANIFEST_INVALID",
      "nested deeper than 32 levels"),
+    # YAML takes a key given twice silently, the last one: the first `limits:` block was dropped without a word
+    ("duplicate key", written(b"limits: {max_attempts: 5}\nwatch: {}\nlimits: {step_timeout_s: 60}\n"),
+     "MANIFEST_INVALID", "the key `limits` is given twice (again at line 3)"),
     *[(label, written(text), "MANIFEST_INVALID", message) for label, (text, message) in RANGES.items()],
 ]
 

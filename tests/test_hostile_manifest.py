@@ -50,6 +50,9 @@ def test_safeyaml_refuses_costly_documents() -> None:
         with pytest.raises(safeyaml.YamlRefused, match=words):
             safeyaml.check(text)
     safeyaml.check("task: detection\nnum_classes: 3\nsha256: '" + "9" * 64 + "'\nseed: 1337\n")
+    with pytest.raises(safeyaml.YamlRefused, match="the key `target` is given twice"):  # YAML keeps the last silently
+        safeyaml.check("task: mlc\ntarget: cubie\nnum_classes: 3\ntarget: host\n")
+    safeyaml.check("base: &b {target: cubie}\nmodels:\n- {<<: *b, target: host}\n- {target: host}\n")  # not twice
 
 
 def test_poison_manifests_fail_alone(daemon: Any, det_inputs: dict[str, Any]) -> None:

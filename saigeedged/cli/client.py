@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from saigeedged import accuracytable, external, files
+from saigeedged import accuracytable, external, files, safeyaml
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.cli import partition
@@ -71,8 +71,8 @@ def _submitted_manifest(manifest: Path, model: Path, request_id: str) -> tuple[s
     output and `status NAME` as the user expects.
     """
     try:
-        data = yaml.safe_load(manifest.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        data = safeyaml.load(manifest)  # its bounds and checks (a key given twice), as the daemon reads it
+    except (OSError, ValueError, yaml.YAMLError) as exc:
         raise SaigeError("MANIFEST_INVALID", f"{manifest.name}: cannot read: {exc}") from None
     if not isinstance(data, dict) or "models" in data:
         raise SaigeError("MANIFEST_INVALID", f"{manifest.name}: submit takes a single-model manifest",
