@@ -28,13 +28,12 @@ from collections.abc import Callable
 
 import structlog
 
-from saigeedged import jobid
 from saigeedged.adapters.docker import Beside, Container
 from saigeedged.compile import pipeline
 from saigeedged.config import Config
 from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.errors import SaigeError
-from saigeedged.jobs import CANCELLED, Attempt, Job, Superseded, end_attempt
+from saigeedged.jobs import CANCELLED, Attempt, Job, Superseded
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.slot import Slot, remove_work, work_dir
 from saigeedged.service.worker import Worker
@@ -159,7 +158,6 @@ class Finisher(Worker):
             if stored is None:
                 continue
             error = SaigeError("CANCELLED", "cancelled while it waited for its report", reason="cancel", step=job.step)
-            end_attempt(stored, jobid.iso(jobid.utc_now()), error.code)
             try:
                 self.jobs.end(stored, CANCELLED, error, fence=Attempt.of(job))
             except Superseded:

@@ -233,8 +233,7 @@ class Jobs:
                     self.store.save(job, fence=fence)
             except CancelWins:
                 job.state, job.step, job.step_index, job.attempt, job.error = was
-                job.attempts = took
-                end_attempt(job, job.updated_at, "CANCELLED")  # the cancel ends it (left open, it read as running)
+                job.attempts = took  # (the end closes its attempt, as the cancel's)
                 self.end(job, CANCELLED, SaigeError("CANCELLED", f"cancelled while running (the attempt ended: {reason})",
                                                     step=job.step), fence=fence)
                 return
@@ -292,6 +291,8 @@ class Jobs:
         job.updated_at = job.finished_at  # whoever reads the ended row before its status file is written (a webhook
         # sender seeing a shell's cancel) reads what the status file will say
         job.error = error.as_dict(error.fields.get("step")) if error else None
+        end_attempt(job, job.finished_at, error.code if error else None)  # an attempt left open (the daemon died under
+        # it, a cancel beat a requeue) ends with the job: never "since" on an ended job
         # the row first: `expect` and the fence are checked before anything moves, and a crash once the inputs are
         # deleted does not run the job again. The row is marked `ending` with it (Store.save) until its status file
         # says so: a daemon killed in between (the row ended, its log moved, the status file still `running`) has the

@@ -19,7 +19,7 @@ from saigeedged.compile import resume
 from saigeedged.errors import SaigeError
 from saigeedged.intake import claims, ownfolders
 from saigeedged.intake.claims import Orphan
-from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job, end_attempt
+from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job
 from saigeedged.records import AttemptRecord, UnreadableRecord
 from saigeedged.service import legacy
 from saigeedged.service.lifecycle import Jobs
@@ -171,7 +171,6 @@ class Recovery:
                            f"{job.step}): killed, or out of memory?", step=job.step,
                            hint="`journalctl -u saigeedged` and `dmesg` say why; raise limits.max_attempts or run "
                            "`saigeedged retry JOB_ID` once fixed")
-        end_attempt(job, jobid.iso(jobid.utc_now()), error.code)  # the attempt it died under ends with the job
         self.jobs.end(job, FAILED, error)
 
     # -- leftovers -------------------------------------------------------------------------------

@@ -215,9 +215,7 @@ class Worker(threading.Thread):
         return job
 
     def _succeed(self, job: Job) -> None:
-        fence = Attempt.of(job)
-        end_attempt(job, jobid.iso(jobid.utc_now()), None)
-        self.jobs.end(job, SUCCEEDED, fence=fence)
+        self.jobs.end(job, SUCCEEDED, fence=Attempt.of(job))  # (the end closes its attempt)
 
     def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Replay | None = None, replayed: int = 0,
              handed: pipeline.Compiled | None = None) -> None:
