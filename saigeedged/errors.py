@@ -100,6 +100,12 @@ class SaigeError(Exception):
     def retryable(self) -> bool:
         return self.code in RETRYABLE
 
+    @property
+    def stop(self) -> bool:
+        """The daemon's stop interrupted the work (raised as CANCELLED with reason `stop`): no failure and no cancel,
+        the job goes on at the next start."""
+        return self.code == "CANCELLED" and self.fields.get("reason") == "stop"
+
     def as_dict(self, step: str | None = None) -> ErrorDoc:
         """The `error` object of a status file (never a traceback)."""
         return {"code": self.code, "message": self.message, "hint": self.hint, "step": step}

@@ -135,8 +135,7 @@ def _outcome(job: Job, step: _Steps) -> Iterator[None]:
     try:
         yield
     except SaigeError as exc:
-        stop = exc.code == "CANCELLED" and exc.fields.get("reason") == "stop"  # no failure: it goes on at the next start
-        job.log.end("stopped with the daemon" if stop else f"failed {exc.code}")
+        job.log.end("stopped with the daemon" if exc.stop else f"failed {exc.code}")
         exc.fields.setdefault("step", step.current)
         raise
     except Superseded:

@@ -190,9 +190,8 @@ class Worker(threading.Thread):
                 if not self.handed_off:
                     self._succeed(job)
             except SaigeError as exc:
-                with contextlib.suppress(Superseded):  # a stop is no cancel: the job goes on at the next start
-                    stop = exc.code == "CANCELLED" and exc.fields.get("reason") == "stop"
-                    joblog.line(f"### {'stopped' if stop else exc.code}: {exc.message}")
+                with contextlib.suppress(Superseded):
+                    joblog.line(f"### {'stopped' if exc.stop else exc.code}: {exc.message}")
                 joblog.close()
                 self.kept = self._settle(job, exc) or self.kept
         except Superseded as exc:  # the store names another attempt now (moved, cancelled): this one writes nothing
@@ -303,7 +302,7 @@ class Worker(threading.Thread):
             return kept
         if done.recreate:
             self.containers.container(job.target).recreate()  # it died under the job: made afresh
-        self.jobs.requeue(job, done.reason, None if done.reason == "stop" else exc, spend_attempt=done.spend,
+        self.jobs.requeue(job, done.reason, None if stopped else exc, spend_attempt=done.spend,
                           fence=fence)
         return kept
 
