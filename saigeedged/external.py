@@ -54,12 +54,18 @@ def tensor_locations(proto: onnx.ModelProto) -> list[str]:
     return sorted(found)
 
 
+def beside(model: Path, location: str) -> Path | None:
+    """The file an external-data `location` of `model` names, when it is in the model's folder (None: outside it)."""
+    path = Path(os.path.normpath(model.parent / location))
+    return path if path.is_relative_to(model.parent) else None
+
+
 def external_data(models: Iterable[Path], files: Container[Path]) -> list[Path]:
     """The inbox files the models name as external data; a location outside the model's folder is never taken."""
     taken: set[Path] = set()
     for model in models:
         for location in locations(model):
-            path = Path(os.path.normpath(model.parent / location))
-            if path.is_relative_to(model.parent) and path in files:
+            path = beside(model, location)
+            if path is not None and path in files:
                 taken.add(path)
     return sorted(taken)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import uuid
@@ -91,8 +90,8 @@ def _weights(model: Path, folder: Path) -> list[tuple[Path, Path]]:
     them), so one of another drop still in the inbox would be taken by whichever is claimed first: refused."""
     placed = []
     for location in external.locations(model):
-        src = Path(os.path.normpath(model.parent / location))
-        if not src.is_relative_to(model.parent) or not src.is_file():
+        src = external.beside(model, location)
+        if src is None or not src.is_file():
             raise SaigeError("INPUT_NOT_FOUND", f"{model.name} keeps weights in `{printable(location)}`, not a file "
                              "in its folder", hint="save the model with its external data beside it (onnx.save with "
                              "location=<name>), or with the weights inside")
