@@ -226,6 +226,8 @@ class Scanner:
         names: it is that drop's (a broken a.yml beside a b.yml whose `onnx:` is a.onnx). While manifests are left
         unparsed this scan (parse_budget), a rejection that would take an ONNX waits for the next scan, which comes at
         once: one of them may name it."""
+        if not any(isinstance(r, Rejected) and len(r.files) > 1 for r in found):
+            return found  # most scans: no manifest's ONNX to look up, every parsed manifest left unread
         named: dict[Path, set[Path]] = {}
         for m, (_, parsed) in self._parsed.items():
             for entry in parsed if m in files and isinstance(parsed, list) else []:
