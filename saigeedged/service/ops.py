@@ -61,7 +61,10 @@ class Ops(threading.Thread):
         self.sender = Sender(chans) if chans else None
         self.dashboard = config.dashboard
         self.ends = Ends(store)
-        if self.sender is not None or self.dashboard:  # what ended before this start was notified then, or never will be
+        # ends made where the observer never sees them (`saigeedged cancel` of a queued job, in a shell) are looked for
+        # when something shows them: a notification, the page
+        self.follow_ends = self.sender is not None or self.dashboard
+        if self.follow_ends:  # what ended before this start was notified then, or never will be
             self.ends.skip()  # by index: a long history is not read
             self.ends.fresh()  # ... nor the look-back window's ends
         self.policy = retention.Policy.from_config(config.retention)
@@ -128,8 +131,7 @@ class Ops(threading.Thread):
         self._listen(now)
         stale = self.changed.is_set()
         self.changed.clear()
-        # ends the observer never saw: `saigeedged cancel` of a queued job, in a shell (the page listed it queued on)
-        ended = self.ends.fresh() if self.sender is not None or self.dashboard else []
+        ended = self.ends.fresh() if self.follow_ends else []  # (the page listed a shell's cancel as queued on)
         self._page_stale = self._page_stale or stale or bool(ended)
         last = self._last["page"]
         if self.dashboard and now >= last + PAGE_MIN_S and (self._page_stale or now >= last + PAGE_MAX_S):
