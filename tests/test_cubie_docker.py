@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import STANDIN_ACUITY
+from docker.types import Mount
 from factory import manifest, random_labels, valjson, yolox
 from harness import container_output
 
@@ -66,6 +68,38 @@ def test_container_is_reused_and_restarted(tmp_path: Path, docker_config: Path, 
     assert compile_(mf, docker_config) == 0
     again = container(docker_client, docker_config)
     assert again.id == first.id and again.status == "running"
+
+
+def test_a_container_that_no_longer_sees_the_work_root_is_made_afresh(tmp_path: Path, docker_config: Path,
+                                                                     docker_client: Any) -> None:
+    """The state dir removed and made again while the container ran (cleaned by hand, a purge and a reinstall): the
+    container's bind mount still holds the old, removed folder, where no new work dir appears, and every step failed
+    "chdir to cwd ... no such file or directory" until someone removed it by hand. It is now made afresh, and a
+    container that does see the work root is kept (test_container_is_reused_and_restarted)."""
+    mf = setup_det(tmp_path)
+    assert compile_(mf, docker_config) == 0
+    first = container(docker_client, docker_config)
+    shutil.rmtree(tmp_path / "state")
+    assert compile_(mf, docker_config) == 0
+    again = container(docker_client, docker_config)
+    assert again.id != first.id and again.status == "running"
+    assert not [p for p in (tmp_path / "state" / "work").iterdir()]  # the check's own file is not left behind
+
+
+def test_a_foreign_container_that_no_longer_sees_the_work_root_is_named_and_left(
+        tmp_path: Path, docker_config: Path, docker_client: Any, capsys: Any) -> None:
+    """The same for a container saigeedged did not make (but with the mount): CONTAINER_FAILED naming the cause and
+    what to do, exit 3, and it is left alone."""
+    name = configmod.load(docker_config).section("cubie")["container"]
+    root = tmp_path / "state" / "work"
+    root.mkdir(parents=True)
+    foreign = docker_client.containers.run(STANDIN_ACUITY, ["tail", "-f", "/dev/null"], name=name, detach=True,
+                                           mounts=[Mount(str(root), str(root), type="bind")])
+    shutil.rmtree(root)
+    assert compile_(setup_det(tmp_path), docker_config) == 3
+    err = capsys.readouterr().err
+    assert "CONTAINER_FAILED" in err and f"does not see the work root {root}" in err and f"docker rm -f {name}" in err
+    assert docker_client.containers.get(name).id == foreign.id
 
 
 @pytest.mark.parametrize(("name", "fields", "code", "text"), [

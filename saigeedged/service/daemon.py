@@ -78,8 +78,8 @@ class Daemon:
 
     @staticmethod
     def _container_event(name: str, fields: dict[str, object]) -> None:
-        level = "warning" if name in ("container.restarted", "container.recreate_failed") else "info"
-        getattr(log, level)(name, **fields)
+        warned = ("container.restarted", "container.recreate_failed", "container.stale_mount")
+        getattr(log, "warning" if name in warned else "info")(name, **fields)
 
     # -- start-up ------------------------------------------------------------------------------
     def recover(self) -> None:

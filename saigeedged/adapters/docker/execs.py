@@ -5,14 +5,15 @@ from __future__ import annotations
 import contextlib
 import shlex
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from saigeedged import files as filesmod
 from saigeedged.adapters.docker import detached, stream
 from saigeedged.adapters.docker.api import ENGINE_ERRORS, ContainerRef, DockerAPI, NotFound
-from saigeedged.adapters.docker.lifecycle import Lifecycle, OnEvent, image_of
-from saigeedged.adapters.docker.spec import Spec, exec_user
+from saigeedged.adapters.docker.lifecycle import Lifecycle, OnEvent, image_of, root_id
+from saigeedged.adapters.docker.spec import MANAGED_LABEL, Spec, exec_user
 from saigeedged.errors import SaigeError
 
 KILL_AFTER = "30s"
@@ -85,6 +86,42 @@ class Container(Lifecycle):
             if time.monotonic() >= deadline:
                 raise stream.Stalled(f"exec {argv[0]} still runs {api.timeout:g}s after its output ended")
             time.sleep(0.02)
+
+    def _ensure(self) -> ContainerRef:
+        """Lifecycle's, and a container that does not see the host's work root made afresh (sees_work_root)."""
+        ctr = super()._ensure()
+        if self._sees_work_root(ctr):
+            return ctr
+        name, root = self.spec.name, self.spec.work_root
+        if ctr.labels.get(MANAGED_LABEL) != "1":
+            raise SaigeError("CONTAINER_FAILED", f"container {name} does not see the work root {root}: its bind mount "
+                             "holds a folder since removed or made again, and saigeedged did not create it",
+                             hint=f"`docker rm -f {name}`: saigeedged then makes its own")
+        self.on_event("container.stale_mount", {"container": name, "work_root": str(root)})
+        ctr.remove(force=True)
+        self._probed.clear()
+        return super()._ensure()
+
+    def _sees_work_root(self, ctr: ContainerRef) -> bool:
+        """Does the container see the folder the work root is now? Its bind mount holds the folder that was there when
+        it was made: after the state dir was removed and made again (cleaned by hand, a purge and a reinstall) it holds
+        the removed one, and every step fails to enter its work dir. Asked (one exec: a file made for it here, looked
+        for in there) only when the work root is not the folder last seen there; only a clear "not there" is False."""
+        root = self.spec.work_root
+        root.mkdir(parents=True, exist_ok=True)
+        now = root_id(root)
+        if now == self._root_seen:
+            return True
+        mark = root / f".saigeedged-mount-{uuid.uuid4().hex}"
+        mark.touch()
+        try:
+            code = self._exec(ctr, ["sh", "-c", 'test -e "$0"', str(mark)], "/", None, lambda _: None)
+        finally:
+            mark.unlink(missing_ok=True)
+        if code == 1:
+            return False
+        self._root_seen = now  # there, or a check that could not run: the steps say what is wrong
+        return True
 
     def probe(self, script: str) -> tuple[int, str]:
         """Run a fixed shell snippet (no manifest values) and return (exit code, output)."""

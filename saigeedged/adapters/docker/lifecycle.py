@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from docker.types import Mount
@@ -43,6 +44,7 @@ class Lifecycle:
         self.image_id: str | None = None
         self._probed: dict[str, list[str]] = {}
         self._calls: list[float] = []  # when each engine call under way started: a worker on a hung engine shows here
+        self._root_seen: tuple[int, int] | None = None  # (device, inode) of the work root the container was seen to have
 
     @property
     def calls(self) -> int:
@@ -94,6 +96,7 @@ class Lifecycle:
                 return self.docker.containers.get(self.spec.name)
             raise SaigeError("CONTAINER_FAILED", f"cannot create container {self.spec.name}: {exc.explanation}") from None
         self.on_event("container.created", {"container": self.spec.name, "image": self.spec.image})
+        self._root_seen = root_id(self.spec.work_root)  # its mount is of the folder just made there
         return ctr
 
     def ensure(self) -> ContainerRef:
@@ -183,6 +186,12 @@ class Lifecycle:
             ctr.remove(force=True)
             self._probed.clear()
             self.ensure()
+
+
+def root_id(root: Path) -> tuple[int, int]:
+    """Which folder the work root is now (device, inode): one removed and made again is another."""
+    st = root.stat()
+    return st.st_dev, st.st_ino
 
 
 def refused(container: str, doing: str, exc: APIError) -> SaigeError:
