@@ -82,7 +82,7 @@ def paths(events: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def burst(root: Path, drops: int, size: int, eval_samples: int, prlimit: str | None, target: str = "cubie",
-          simulator: bool = False) -> dict[str, Any]:
+          simulator: bool = False, held_out: int = 32) -> dict[str, Any]:
     """Seconds from the drops to the last job's end, and the jobs' states."""
     root.mkdir(parents=True)
     container = f"saige-burst-{os.getpid()}-{root.name}"
@@ -92,7 +92,7 @@ def burst(root: Path, drops: int, size: int, eval_samples: int, prlimit: str | N
         "allowed_roots": [str(root / "data")], "log": {"format": "json"}, "watch": {"settle_s": 0.5},
         "cubie": {"image": STANDIN, "container": container}, "defaults": {"target": target}}))
     onnx = yolox_nano(root / "det.onnx", size)
-    calib = valjson(root / "data", random_labels(48, 3))
+    calib = valjson(root / "data", random_labels(16 + held_out, 3))
     manifest = {"task": "detection", "num_classes": 3, "calib": str(calib), "n_samples": 16, "cache": False,
                 "eval_samples": eval_samples}
     staging = root / "staging"
@@ -137,14 +137,17 @@ def main() -> None:
     parser.add_argument("--prlimit", default=None)
     parser.add_argument("--target", default="cubie", choices=("cubie", "host"))
     parser.add_argument("--simulator", action="store_true", help="reference tensors in the stand-in first (cubie)")
+    parser.add_argument("--held-out", type=int, default=32,
+                        help="calibration images beyond the 16 calibration takes (the report uses up to 16 of them)")
     parser.add_argument("--skip-off", type=float, default=None, help="the eval_samples 0 burst's seconds, not rerun")
     args = parser.parse_args()
     print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         off = {"seconds": args.skip_off} if args.skip_off else burst(Path(tmp) / "off", args.drops, args.size, 0,
-                                                                     args.prlimit, args.target)
+                                                                     args.prlimit, args.target, held_out=args.held_out)
         print(f"eval_samples 0: {off}", flush=True)
-        on = burst(Path(tmp) / "on", args.drops, args.size, 16, args.prlimit, args.target, args.simulator)
+        on = burst(Path(tmp) / "on", args.drops, args.size, 16, args.prlimit, args.target, args.simulator,
+                   args.held_out)
         print(f"report on (16): {on}", flush=True)
     print(f"{args.drops} drops of a {args.size} detector: report on {on['seconds']:.1f} s, eval_samples 0 "
           f"{off['seconds']:.1f} s, ratio {on['seconds'] / off['seconds']:.2f}; load average after: "
