@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,6 +84,7 @@ def test_submit_wait(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) ->
     run = subprocess.run([sys.executable, "-m", "saigeedged", "submit", str(det_inputs["onnx"]), str(typo), "--wait",
                           "-c", str(d.config)], capture_output=True, text=True)
     assert run.returncode == 1 and "MANIFEST_INVALID" in run.stdout and "num_clases" in run.stdout, run.stdout
+    assert "typo.yml" in run.stdout and not re.search(r"typo\.[0-9a-f]{8}\.yml", run.stdout)  # the user's own file
     failed = json.loads(Path(run.stdout.splitlines()[0]).read_text())
     assert failed["name"] == "typo" and failed["request_id"] and failed["job_id"].startswith("typo-")
     shown = subprocess.run([sys.executable, "-m", "saigeedged", "status", "typo", "-c", str(d.config)],

@@ -160,17 +160,19 @@ def submit(config: Config, args: argparse.Namespace, out: TextIO) -> int:
     while doc["state"] not in TERMINAL and time.monotonic() < deadline:
         time.sleep(WAIT_POLL_S)
         doc = outbox.read_status(doc["job_id"]) or doc
-    return _summary(doc, config, out)
+    return _summary(doc, config, out, (f"{own}.yml", args.manifest.name))
 
 
-def _summary(doc: dict[str, Any], config: Config, out: TextIO) -> int:
+def _summary(doc: dict[str, Any], config: Config, out: TextIO, named: tuple[str, str]) -> int:
+    """The job's end in a line (and a failure's further lines); `named`: (the file submit dropped, the user's
+    manifest), so a message about the dropped manifest names the file the user wrote."""
     state = doc["state"]
     line = f"{doc['job_id']}: {state}"
     if doc.get("bundle"):
         line += f"  bundle {config.outbox / doc['bundle']['path']}"
     said: list[str] = []
     if doc.get("error"):
-        first, *said = str(doc["error"]["message"]).splitlines() or [""]
+        first, *said = str(doc["error"]["message"]).replace(*named).splitlines() or [""]
         line += f"  {doc['error']['code']}: {first}"
     print(printable(line), file=out)
     for more in said:  # a step's failure carries the compiler's last lines: one line each, not `\n` escapes
