@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 from saigeedged.cli.examples import OPSET, classifier, const, image, random_labels, valjson, yolox
 
-__all__ = ["classifier", "collapsing", "image", "manifest", "random_labels", "valjson", "yolox"]
+__all__ = ["classifier", "collapsing", "image", "manifest", "random_labels", "undefined", "valjson", "yolox"]
 
 
 def collapsing(path: Path, size: tuple[int, int] = (32, 32)) -> Path:
@@ -22,6 +22,23 @@ def collapsing(path: Path, size: tuple[int, int] = (32, 32)) -> Path:
     graph = helper.make_graph(nodes, "collapse", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, *size])],
                               [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 3, *size])],
                               [const("gain", np.array(20.0))])
+    onnx.save(helper.make_model(graph, opset_imports=OPSET), str(path))
+    return path
+
+
+def undefined(path: Path, op: str, conv: bool = False, size: tuple[int, int] = (64, 64)) -> Path:
+    """A re-id model whose `op` (Log, Sqrt) is undefined on part of its input: `conv`: after a random convolution,
+    NaN in every image's activations; else on the pooled pixels, NaN in the embedding of dark images only (the re-id
+    profile subtracts the ImageNet mean)."""
+    rng = np.random.default_rng(0)
+    head = [helper.make_node("Conv", ["input", "w"], ["f"], strides=[4, 4]), helper.make_node(op, ["f"], ["g"]),
+            helper.make_node("GlobalAveragePool", ["g"], ["p"])] if conv else \
+        [helper.make_node("GlobalAveragePool", ["input"], ["q"]), helper.make_node(op, ["q"], ["p"])]
+    width = 8 if conv else 3
+    graph = helper.make_graph([*head, helper.make_node("Flatten", ["p"], ["emb"])], "undefined",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, *size])],
+                              [helper.make_tensor_value_info("emb", TensorProto.FLOAT, [1, width])],
+                              [const("w", rng.normal(0, 0.1, (8, 3, 4, 4)))] if conv else [])
     onnx.save(helper.make_model(graph, opset_imports=OPSET), str(path))
     return path
 

@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import yaml
-from factory import classifier, manifest, random_labels, valjson, yolox
+from factory import classifier, image, manifest, random_labels, undefined, valjson, yolox
 from harness import container_output, drop, reported_beside
 from realmodels import yolox_nano
 
@@ -231,6 +231,44 @@ def test_gate_reads_the_mean_over_the_held_out_images() -> None:
     noisy["task"]["score_cosine_mean"] = 0.93
     noisy["outputs"]["out"]["cosine_mean"] = 0.94
     assert report.judge(noisy, gate) == ["out mean cosine 0.9400 < 0.95", "decoded scores mean cosine 0.9300 < 0.95"]
+
+
+@pytest.mark.parametrize("method", ["ema", "minmax", "kl"])
+def test_a_model_undefined_on_every_calibration_image_is_onnx_invalid(tmp_path: Path, config_path: Path, capsys: Any,
+                                                                      method: str) -> None:
+    """A Log of negative activations is NaN on every image: ONNX_INVALID naming the tensor (onnxruntime's quantizer
+    failed `AssertionError: scale issue`, an INTERNAL)."""
+    calib = valjson(tmp_path / "data", [[0]] * 12)
+    mf = manifest(tmp_path / "m.yml", task="reid", num_classes=1, calib=str(calib), n_samples=8, target="host",
+                  onnx=str(undefined(tmp_path / "m.onnx", "Log", conv=True)), input_size=[64, 64],
+                  calibration_method=method, output=str(tmp_path / "m.saigeedge"))
+    assert cli.main(["compile", str(mf), "-c", str(config_path)]) == 2  # invalid input, as a validation failure
+    err = capsys.readouterr().err
+    assert "ONNX_INVALID: the float model computes no finite number (NaN or inf)" in err and "INTERNAL" not in err
+    assert " in emb, p on the calibration images" in err if method != "kl" else "onnxruntime" in err
+    assert not (tmp_path / "m.saigeedge").exists()
+
+
+def test_a_report_with_nan_fails_the_gate_and_its_status_stays_json(daemon: Any, tmp_path: Path) -> None:
+    """A model that is NaN on some held-out images (a Log of the dark ones' pooled pixels): the gate fails, naming what
+    was not a number (NaN < min_cosine is false: it passed and published), and the status file and accuracy.json
+    carry null (the status doc's NaN made the job INTERNAL, "malformed JSON")."""
+    calib = valjson(tmp_path / "data", [[0]] * 24, grey=200)
+    for i in range(0, 24, 2):
+        image(tmp_path / "data" / "images" / f"img{i:04d}.jpg", seed=i, grey=20)
+    d = daemon()
+    drop(d.inbox, "nan", undefined(tmp_path / "nan.onnx", "Log"),
+         {"task": "reid", "num_classes": 1, "calib": str(calib), "n_samples": 8, "input_size": [64, 64]})
+    doc = d.wait_job("nan")
+    assert doc["state"] == "failed" and doc["error"]["code"] == "ACCURACY_GATE", doc
+    assert "not a finite number (NaN or inf on the held-out images): outputs.emb.cosine" in doc["error"]["message"]
+    assert doc["accuracy"]["outputs"]["emb"]["cosine"] is None and not doc["accuracy"]["gate"]["passed"]
+    kept = d.inbox / ".saigeedged" / "failed" / doc["job_id"] / f"{doc['job_id']}.saigeedge"
+    with zipfile.ZipFile(kept) as zf:
+        rep = json.loads(zf.read("accuracy.json"), parse_constant=lambda c: pytest.fail(f"{c} in accuracy.json"))
+    assert "outputs.emb.cosine" in rep["non_finite"]
+    assert "cosine mean NaN/inf worst NaN/inf" in (d.outbox / doc["log"]).read_text()
+    assert not (d.outbox / "nan.host.saigeedge").exists()
 
 
 def test_report_shows_in_status_dashboard_and_table(config_path: Path, capsys: Any) -> None:

@@ -105,10 +105,10 @@ class _Tally:
             return
         cos, err = accuracy.compared(ref, got)
         self.cos.setdefault(name, []).append(cos)
-        self.err[name] = max(self.err.get(name, 0.0), err)
+        self.err[name] = float(np.max([self.err.get(name, 0.0), err]))  # NaN stays NaN (max() dropped it)
 
     def row(self, name: str) -> dict[str, float]:
-        return {"cosine": round(min(self.cos[name]), 6), "cosine_mean": round(float(np.mean(self.cos[name])), 6),
+        return {"cosine": round(float(np.min(self.cos[name])), 6), "cosine_mean": round(float(np.mean(self.cos[name])), 6),
                 "max_abs_error": round(self.err[name], 6)}
 
 

@@ -8,6 +8,7 @@ and quantize_static then quantizes from that file without a calibration pass of 
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ import numpy as np
 import onnx
 from numpy.typing import NDArray
 from onnx import TensorProto, helper
+
+from saigeedged.errors import SaigeError
 
 CALIBRATED_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16)
 
@@ -74,8 +77,22 @@ def collect(float_path: Path, input_name: str, batches: Iterable[NDArray[np.uint
     if not lows or not lows[0]:
         raise ValueError("no calibration image")
     low, high = (np.nanmean, np.nanmean) if moving_average else (np.nanmin, np.nanmax)
-    pairs = {n: (low(lo, axis=0), high(hi, axis=0)) for n, lo, hi in zip(names, lows, highs, strict=True)}
+    with warnings.catch_warnings():  # an all-NaN tensor ("Mean of empty slice") is said by undefined()
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pairs = {n: (low(lo, axis=0), high(hi, axis=0)) for n, lo, hi in zip(names, lows, highs, strict=True)}
+    undefined([n for n, (lo, hi) in pairs.items() if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)))])
     return TensorsData(CalibrationMethod.MinMax, pairs)
+
+
+def undefined(tensors: list[str], why: str = "") -> None:
+    """ONNX_INVALID when the float model computes NaN or inf where calibration needs a range (onnxruntime's quantizer
+    failed `AssertionError: scale issue`, an INTERNAL)."""
+    if tensors or why:
+        named = f" in {', '.join(tensors[:5])}" + (f" and {len(tensors) - 5} more" if len(tensors) > 5 else "")
+        raise SaigeError("ONNX_INVALID", f"the float model computes no finite number (NaN or inf){named if tensors else ''}"
+                         f" on the calibration images, so it has no range to quantize{why}",
+                         hint="a Log, Sqrt, division or Pow of values outside its domain: fix the model there (a "
+                         "clamp before it), or check that the images are what the model was trained on")
 
 
 def save(data: Any, path: Path) -> None:

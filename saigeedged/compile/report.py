@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
 import time
@@ -192,12 +193,34 @@ def made(prep: Prepared, planned: Plan, ctx: Context) -> dict[str, Any]:
     if planned.simulator:
         planned = _simulator_late(prep, ctx, planned)
     result: dict[str, Any] = ctx.in_background(costed, (planned.job, planned.args), "accuracy")
+    unmeasured = nulled(result)
+    if unmeasured:  # JSON has no NaN: the status file, the store's doc and accuracy.json carry null, and the gate fails
+        result["non_finite"] = unmeasured
+        result["notes"].append(f"not a finite number (NaN or inf), shown as null: {', '.join(unmeasured[:SHOWN])}"
+                               + (f" and {len(unmeasured) - SHOWN} more" if len(unmeasured) > SHOWN else ""))
     if planned.fallback:
         result["notes"].append(planned.fallback)
     held = len(prep.held_out)
     if held < prep.entry.eval_samples:
         result["notes"].append(f"{held} held-out images ({prep.entry.eval_samples} asked): the calibration file has no more")
     return result
+
+
+SHOWN = 5  # non-finite values named in a note or a gate failure
+
+
+def nulled(value: Any, at: str = "") -> list[str]:
+    """Every float of the report that is NaN or inf replaced by None, in place; their paths (`outputs.emb.cosine`)."""
+    found: list[str] = []
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        path = f"{at}.{key}" if at else str(key)
+        if isinstance(item, float) and not math.isfinite(item):
+            value[key] = None
+            found.append(path)
+        else:
+            found += nulled(item, path)
+    return found
 
 
 def measure(prep: Prepared, art: Artifact, ctx: Context, key: str | None = None) -> dict[str, Any] | None:
@@ -221,8 +244,12 @@ def judge(result: dict[str, Any], gate: dict[str, float]) -> list[str]:
     The mean, not the worst image: on a handful of held-out images the worst one is noise (bench/gate.py: ordinary
     uint8 models' worst image goes down to 0.88, their means stay >= 0.96, while a head whose scores share one scale
     with pixel boxes has a mean score correlation <= 0.93, <= 0.90 at 100x). The worst image stays in the report."""
-    failures = [f"{name} mean cosine {row['cosine_mean']:.4f} < {gate['min_cosine']}"
-                for name, row in result["outputs"].items() if row["cosine_mean"] < gate["min_cosine"]]
+    unmeasured = result.get("non_finite") or []
+    failures = [f"not a finite number (NaN or inf on the held-out images): {', '.join(unmeasured[:SHOWN])}"] \
+        if unmeasured else []
+    failures += [f"{name} mean cosine {row['cosine_mean']:.4f} < {gate['min_cosine']}"
+                 for name, row in result["outputs"].items()
+                 if row["cosine_mean"] is not None and row["cosine_mean"] < gate["min_cosine"]]
     task = result.get("task") or {}
     score = task.get("score_cosine_mean")
     if score is not None and score < gate["min_cosine"]:

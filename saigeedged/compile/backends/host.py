@@ -129,6 +129,11 @@ class _Reader:
         pass
 
 
+# what onnxruntime's calibrators say of a tensor without a finite range: "scale issue" (an assert), numpy's histogram
+# "supplied range of [nan, nan] is not finite" (Entropy)
+UNDEFINED = ("scale issue", "is not finite")
+
+
 def quantize(float_path: Path, int8_path: Path, input_name: str, batches: Iterable[NDArray[np.uint8]], method: str,
              bits: int = 8, keep_float: Sequence[str] = ()) -> None:
     """QDQ static quantization, asymmetric per tensor; `bits` 16 for int16 activations and weights (the emulation of
@@ -158,6 +163,10 @@ def quantize(float_path: Path, int8_path: Path, input_name: str, batches: Iterab
                         calibrate_method=getattr(CalibrationMethod, calib_method), nodes_to_exclude=list(keep_float),
                         # 16-bit Q/DQ needs opset 21; below it onnxruntime's own (com.microsoft) Q/DQ ops take them
                         extra_options={"CalibMovingAverage": moving, "UseQDQContribOps": bits == 16})
+    except (AssertionError, ValueError) as exc:  # onnxruntime's own calibrators (Entropy, Percentile) on NaN or inf
+        if not any(words in str(exc) for words in UNDEFINED):
+            raise
+        ranges.undefined([], f" (onnxruntime: {exc})")
     finally:
         logging.disable(logging.NOTSET)
 
