@@ -24,6 +24,8 @@ class ErrorDoc(TypedDict):
     step: str | None
 
 
+GATE_REMEDIES = ("try another calibration_method, more varied calibration images, hybrid layers, qtype int16, or "
+                 "lower the manifest's `accuracy:` gate")
 HINTS: dict[Code, str] = {
     "MANIFEST_INVALID": "fix the named field in the manifest; `saigeedged validate MANIFEST` checks it without compiling",
     "PATH_NOT_ALLOWED": "put the file inside the inbox or add its folder to `allowed_roots` in the daemon config",
@@ -58,8 +60,7 @@ HINTS: dict[Code, str] = {
     "CANCELLED": "the job was cancelled; `saigeedged retry JOB_ID` runs it again",
     "INTERNAL": "a bug in saigeedged: please report it with the job log",
     "ACCURACY_GATE": "the compiled model is too far from the float ONNX (the report is in the job log and the status "
-    "file; the bundle is kept under <inbox>/.saigeedged/failed/<job_id>/): try another calibration_method, more "
-    "varied calibration images, hybrid layers, qtype int16, or lower the manifest's `accuracy:` gate",
+    f"file; the bundle is kept under <inbox>/.saigeedged/failed/<job_id>/): {GATE_REMEDIES}",
     "OUT_OF_MEMORY": "the work needed more memory than a bound allows; the message names it (RLIMIT_AS from "
     "prlimit/LimitAS=, limits.child_memory_bytes, or the unit's MemoryMax=): raise that bound, or give the job a "
     "smaller input (the accuracy report: fewer `eval_samples`)",

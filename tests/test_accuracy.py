@@ -231,6 +231,8 @@ def test_gate_reads_the_mean_over_the_held_out_images() -> None:
     noisy["task"]["score_cosine_mean"] = 0.93
     noisy["outputs"]["out"]["cosine_mean"] = 0.94
     assert report.judge(noisy, gate) == ["out mean cosine 0.9400 < 0.95", "decoded scores mean cosine 0.9300 < 0.95"]
+    noisy["outputs"]["out"]["cosine_mean"] = 0.999996  # the digits that show it is below (it read "1.0000 < 1")
+    assert report.judge(noisy, {**gate, "min_cosine": 1})[0] == "out mean cosine 0.999996 < 1"
 
 
 @pytest.mark.parametrize("method", ["ema", "minmax", "kl"])
@@ -269,6 +271,21 @@ def test_a_report_with_nan_fails_the_gate_and_its_status_stays_json(daemon: Any,
     assert "outputs.emb.cosine" in rep["non_finite"]
     assert "cosine mean NaN/inf worst NaN/inf" in (d.outbox / doc["log"]).read_text()
     assert not (d.outbox / "nan.host.saigeedge").exists()
+
+
+def test_a_gate_failure_of_saigeedged_compile_says_no_bundle_is_kept(tmp_path: Path, config_path: Path,
+                                                                      capsys: Any) -> None:
+    """`saigeedged compile` below the gate: exit 1, the message says the bundle was not kept and the hint no longer
+    says it is kept under the inbox's failed/ (the daemon's place, which a one-shot compile has not)."""
+    calib = valjson(tmp_path / "data", random_labels(24, 3))
+    mf = manifest(tmp_path / "m.yml", task="detection", num_classes=3, calib=str(calib), n_samples=8, target="host",
+                  onnx=str(yolox(tmp_path / "m.onnx", size=(64, 64))), accuracy={"min_cosine": 1},
+                  output=str(tmp_path / "m.saigeedge"))
+    assert cli.main(["compile", str(mf), "-c", str(config_path)]) == 1
+    err = capsys.readouterr().out  # a compile's failure is collected with the others' results
+    assert "ACCURACY_GATE" in err and "the bundle was not kept (no claimed folder)" in err, err
+    assert "hint: the compiled model is too far from the float ONNX (the report is in the job log): try" in err
+    assert "failed/<job_id>" not in err and not (tmp_path / "m.saigeedge").exists()
 
 
 def test_report_shows_in_status_dashboard_and_table(config_path: Path, capsys: Any) -> None:

@@ -18,7 +18,7 @@ from saigeedged.adapters.joblog import JobLog
 from saigeedged.compile import backends, bundle, inputs, prepare, report, reuse, variants
 from saigeedged.compile.backends import Context, cubie
 from saigeedged.compile.inputs import PathPolicy, Prepared
-from saigeedged.errors import SaigeError
+from saigeedged.errors import GATE_REMEDIES, SaigeError
 from saigeedged.jobs import Superseded
 from saigeedged.manifest import Entry
 
@@ -239,5 +239,7 @@ def _refused(job: Job, dest: Path, measured: dict[str, Any]) -> SaigeError:
         except OSError as exc:
             kept = f"not kept (writing it beside the inputs: {exc.strerror})"
     failures = "; ".join(measured["gate"]["failures"])
+    hint = None if job.policy.roots else f"the compiled model is too far from the float ONNX (the report is in the " \
+        f"job log): {GATE_REMEDIES}"  # `saigeedged compile` keeps no bundle: the default hint says where it is kept
     return SaigeError("ACCURACY_GATE", f"below the accuracy gate ({measured['method']}, {measured['images']} "
-                      f"held-out images): {failures}; the bundle was {kept}", accuracy=measured)
+                      f"held-out images): {failures}; the bundle was {kept}", hint=hint, accuracy=measured)

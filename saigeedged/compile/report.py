@@ -247,13 +247,21 @@ def judge(result: dict[str, Any], gate: dict[str, float]) -> list[str]:
     unmeasured = result.get("non_finite") or []
     failures = [f"not a finite number (NaN or inf on the held-out images): {', '.join(unmeasured[:SHOWN])}"] \
         if unmeasured else []
-    failures += [f"{name} mean cosine {row['cosine_mean']:.4f} < {gate['min_cosine']}"
+    failures += [f"{name} mean cosine {_below(row['cosine_mean'], gate['min_cosine'])} < {gate['min_cosine']}"
                  for name, row in result["outputs"].items()
                  if row["cosine_mean"] is not None and row["cosine_mean"] < gate["min_cosine"]]
     task = result.get("task") or {}
     score = task.get("score_cosine_mean")
     if score is not None and score < gate["min_cosine"]:
-        failures.append(f"decoded scores mean cosine {score:.4f} < {gate['min_cosine']}")
+        failures.append(f"decoded scores mean cosine {_below(score, gate['min_cosine'])} < {gate['min_cosine']}")
     if task.get("drop") is not None and task["drop"] > gate["max_map_drop"]:
         failures.append(f"{task['metric']} drop {task['drop']:.4f} > {gate['max_map_drop']}")
     return failures
+
+
+def _below(value: float, bound: float) -> str:
+    """A figure below its bound, with the digits that show it is (0.99999 against 1 read "1.0000 < 1")."""
+    digits = 4
+    while digits < 8 and round(value, digits) >= bound:
+        digits += 1
+    return f"{value:.{digits}f}"
