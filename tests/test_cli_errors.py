@@ -99,7 +99,7 @@ def test_submit_wait_prints_a_failures_lines_one_by_one(config_path: Path) -> No
     out = io.StringIO()
     doc = {"job_id": "x-1", "state": "failed", "error": {"code": "STEP_FAILED", "message":
                                                          "`pegasus import` exited 1; last lines:\nTraceback\nboom\x1b[2J"}}
-    assert _summary(doc, configmod.load(config_path), out) == 1
+    assert _summary(doc, configmod.load(config_path), out, ("x.1a2b3c4d.yml", "x.yml")) == 1
     assert out.getvalue().splitlines() == ["x-1: failed  STEP_FAILED: `pegasus import` exited 1; last lines:",
                                            "  Traceback", "  boom\\x1b[2J"]
 
