@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from saigeedged import guards, safeyaml
+from saigeedged import guards, quantization, safeyaml
 from saigeedged.engines import TARGETS
 from saigeedged.errors import SaigeError
 from saigeedged.profiles import CHANNEL_ORDERS, MOBILINT_DEVICES, PLATFORMS, PROFILES, TaskProfile
@@ -38,7 +38,7 @@ SCHEMA: dict[str, tuple[tuple[type, ...], tuple[Any, ...] | None]] = {
     "quantizer": ((str,), QUANTIZERS),
     "qtype": ((str,), QTYPES),
     "hybrid_topn": ((int,), None),
-    "hybrid_dtype": ((str,), None),
+    "hybrid_dtype": ((str,), quantization.HYBRID_DTYPES),
     "optimize": ((str,), None),
     "device": ((str,), MOBILINT_DEVICES),
     "preset": ((str,), None),
@@ -129,9 +129,10 @@ def _check_field(path: Path, key: str, value: Any) -> None:
         raise invalid(path, found)
 
 
-def problem(key: str, value: Any) -> str | None:
-    """Why `key: value` is no valid manifest field (None: it is one). The daemon config's `defaults:` and
-    `accuracy:` hold manifest values and are checked by the same rules (config.py)."""
+def problem(key: str, value: Any, where: str | None = None) -> str | None:
+    """Why `key: value` is no valid manifest field (None: it is one), the field named as `where` (a variant's:
+    `variants[i].key`). The daemon config's `defaults:` and `accuracy:` hold manifest values and are checked by the
+    same rules (config.py)."""
     if key not in SCHEMA:
         near = difflib.get_close_matches(key, list(SCHEMA), n=1)
         tip = f" (did you mean `{near[0]}`?)" if near else ""
@@ -141,19 +142,20 @@ def problem(key: str, value: Any) -> str | None:
                                      "input_channels"):
         return None
     got = "a value not shown" if key == "password" else safeyaml.shown(value)
+    where = where or key
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        return f"`{key}` must be {types[0].__name__}, got {got}"
+        return f"`{where}` must be {types[0].__name__}, got {got}"
     if choices is not None and value not in choices:
-        return f"`{key}` must be one of {', '.join(map(str, choices))}, got {got}"
+        return f"`{where}` must be one of {', '.join(map(str, choices))}, got {got}"
     if isinstance(value, int) and not -INT_LIMIT < value < (2 * INT_LIMIT if key == "seed" else INT_LIMIT):
-        return f"`{key}` is out of range, got {safeyaml.shown(value)}"
+        return f"`{where}` is out of range, got {safeyaml.shown(value)}"
     if key == "accuracy" and isinstance(value, dict):
         return _gate(value)
     if key == "variants" and isinstance(value, list):
         return _variants(value)
     minimum = {"num_classes": 1, "n_samples": 1, "hybrid_topn": 0, "eval_samples": 0}.get(key)
     if minimum is not None and isinstance(value, int) and value < minimum:
-        return f"`{key}` must be {'positive' if minimum else '>= 0'}, got {value}"
+        return f"`{where}` must be {'positive' if minimum else '>= 0'}, got {value}"
     return None
 
 
@@ -177,9 +179,20 @@ def _variants(value: list[Any]) -> str | None:
         for key, item in variant.items():
             if key not in VARIANT_KEYS:
                 return f"`variants[{i}]`: unknown key `{guards.printable(str(key)[:80])}` (allowed: {', '.join(VARIANT_KEYS)})"
-            found = problem(key, item)
+            found = problem(key, item, f"variants[{i}].{key}") or _variant_name(i, key, item)
             if found is not None:
                 return found
+    return None
+
+
+def _variant_name(index: int, key: str, value: Any) -> str | None:
+    """A variant's `name` is shown in the job log, the report's table and the dashboard: a short printable line."""
+    if key != "name" or not isinstance(value, str):
+        return None
+    if len(value) > guards.MAX_STEM:
+        return f"`variants[{index}].name` must be at most {guards.MAX_STEM} characters, got {len(value)}"
+    if guards.printable(value) != value:
+        return f"`variants[{index}].name` must not contain control characters, got {safeyaml.shown(value)}"
     return None
 
 
@@ -208,14 +221,21 @@ def _resolve(path: Path, value: str) -> Path:
     return Path(os.path.normpath(p if p.is_absolute() else path.parent / p))
 
 
-def build_entry(path: Path, data: dict[str, Any], stem: str, *, drop: bool) -> Entry:
-    """Validate one entry's mapping (defaults already merged in) into an Entry."""
+def build_entry(path: Path, data: dict[str, Any], stem: str, *, drop: bool,
+                written: dict[str, Any] | None = None) -> Entry:
+    """Validate one entry's mapping (defaults already merged in) into an Entry; `written`: the fields the manifest
+    itself sets (default: all of `data`), which must be settings the target honours (quantization.py)."""
     for key, value in data.items():
         _check_field(path, str(key), value)
     for key in REQUIRED:
         if key not in data:
             raise invalid(path, f"`{key}` is required")
     target = data.get("target", "cubie")
+    written = data if written is None else written
+    refused = quantization.target_problem(target, written, data.get("variants") or [])
+    if refused:
+        raise invalid(path, refused)
+    data = quantization.applicable(target, data, written)
     if target == "mobilint" and not data.get("device"):
         raise invalid(path, f"`device` is required for target mobilint: one of {', '.join(MOBILINT_DEVICES)}")
     output = data.get("output")
@@ -288,7 +308,7 @@ def _load(path: Path, defaults: dict[str, Any] | None, drop: bool) -> list[Entry
     base = dict(defaults or {})
     if "models" not in data:
         try:
-            return [build_entry(path, {**base, **data}, data.get("name") or path.stem, drop=drop)]
+            return [build_entry(path, {**base, **data}, data.get("name") or path.stem, drop=drop, written=data)]
         except SaigeError as exc:
             raise _named(exc, data) from None
     models = _models(path, data)
@@ -298,5 +318,5 @@ def _load(path: Path, defaults: dict[str, Any] | None, drop: bool) -> list[Entry
         if "onnx" not in model:
             raise invalid(path, f"models[{index}]: `onnx` is required in a multi-model manifest")
         stem = model.get("name") or f"{path.stem}.{model.get('task', index)}"
-        entries.append(build_entry(path, {**base, **top, **model}, stem, drop=drop))
+        entries.append(build_entry(path, {**base, **top, **model}, stem, drop=drop, written={**top, **model}))
     return entries

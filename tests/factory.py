@@ -12,7 +12,8 @@ from onnx import TensorProto, helper
 
 from saigeedged.cli.examples import OPSET, classifier, const, image, random_labels, valjson, yolox
 
-__all__ = ["classifier", "collapsing", "image", "manifest", "random_labels", "undefined", "valjson", "yolox"]
+__all__ = ["checkpoint", "classifier", "collapsing", "det_manifest", "image", "manifest", "random_labels", "undefined",
+           "valjson", "yolox"]
 
 
 def collapsing(path: Path, size: tuple[int, int] = (32, 32)) -> Path:
@@ -46,3 +47,21 @@ def undefined(path: Path, op: str, conv: bool = False, size: tuple[int, int] = (
 def manifest(path: Path, **fields: Any) -> Path:
     path.write_text(yaml.safe_dump(fields, sort_keys=False))
     return path
+
+
+def det_manifest(tmp_path: Path, images: int = 20, **fields: Any) -> Path:
+    """A tiny YOLOX detector, its calibration file of `images` images and det.yml with `fields` (cubie unless they
+    say); the bundle goes to tmp_path/det.saigeedge."""
+    src = yolox(tmp_path / "det.onnx", size=(64, 64))
+    calib = valjson(tmp_path / "data", random_labels(images, 3))
+    base = {"task": "detection", "num_classes": 3, "calib": str(calib), "onnx": str(src), "n_samples": 8,
+            "output": str(tmp_path / "det.saigeedge")}
+    return manifest(tmp_path / "det.yml", **{**base, **fields})
+
+
+def checkpoint(bundle: Path) -> Any:
+    """A bundle's checkpoint.yaml."""
+    import zipfile
+
+    with zipfile.ZipFile(bundle) as zf:
+        return yaml.safe_load(zf.read("checkpoint.yaml"))

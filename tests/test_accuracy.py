@@ -496,7 +496,7 @@ def test_three_variant_sweep_publishes_the_best_and_shows_all(tmp_path: Path, co
     ({"accuracy": {"min_cos": 0.9}}, "unknown key `accuracy.min_cos`"),
     ({"variants": [{"qtype": "int16"}] * 9}, "`variants` must list 1 to 8 variants, got 9"),
     ({"variants": [{"platform": "t527"}]}, "`variants[0]`: unknown key `platform`"),
-    ({"variants": [{"qtype": "int4"}]}, "`qtype` must be one of"),
+    ({"variants": [{"qtype": "int4"}]}, "`variants[0].qtype` must be one of"),
     ({"eval_samples": -1}, "`eval_samples` must be >= 0"),
 ])
 def test_gate_and_variants_are_validated(tmp_path: Path, fields: dict[str, Any], text: str) -> None:

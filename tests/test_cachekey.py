@@ -27,7 +27,7 @@ def key(manifest: dict[str, Any] | None = None, *, name: str = "det", folder: st
 @pytest.mark.parametrize("change", [
     {"num_classes": 4}, {"task": "mlc"}, {"target": "host"}, {"platform": "t527"}, {"calibration_method": "kl"},
     {"n_samples": 50}, {"seed": 1}, {"quantizer": "dynamic_fixed_point"}, {"qtype": "int16"}, {"hybrid_topn": 2},
-    {"hybrid_dtype": "bfloat16"}, {"optimize": "VIP9000NANODI_PID0X1000003B"}, {"input_channels": "rgb"},
+    {"hybrid_dtype": "bfloat16-bfloat16"}, {"optimize": "VIP9000NANODI_PID0X1000003B"}, {"input_channels": "rgb"},
     {"surgery": {"output_names": ["a", "b", "c"]}}, {"keep_mblt": True},
 ])
 def test_each_compile_field_changes_the_key(change: dict[str, Any]) -> None:

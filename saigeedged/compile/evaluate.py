@@ -26,7 +26,7 @@ class Spec:
 
     float_model: Path  # the wrapped float ONNX (same uint8 input contract as the board)
     compiled: Path  # a QDQ ONNX: the host's INT8 model or the emulation of a board's quantization
-    method: str  # "int8" (host) | "emulated" | "simulator"
+    method: str  # "int8" or "int16" (host) | "emulated" | "simulator"
     input_name: str
     images: tuple[str, ...]
     truth: tuple[Truth, ...]

@@ -50,11 +50,12 @@ def _wrap(prep: Prepared, wrapped: Path) -> None:
 
 
 def host_job(prep: Prepared, compiled: Path, wrapped: Path) -> dict[str, Any]:
-    """In the child: the float model wrapped like the bundle's, then both on the held-out images."""
+    """In the child: the float model wrapped like the bundle's, then both on the held-out images; `method` names
+    what the host compiled (int16 for `qtype: int16`, as checkpoint.yaml's `activations: uint16` says)."""
     from saigeedged.compile import evaluate
 
     _wrap(prep, wrapped)
-    return evaluate.run(spec(prep, compiled, "int8", wrapped))
+    return evaluate.run(spec(prep, compiled, "int16" if prep.entry.qtype == "int16" else "int8", wrapped))
 
 
 def emulated_job(prep: Prepared, emulation: Path, wrapped: Path, kept: Path | None = None) -> dict[str, Any]:
