@@ -14,7 +14,7 @@ from saigeedged import jobid, manifest
 from saigeedged.adapters.docker import Containers
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.adapters.outbox import place_file
-from saigeedged.compile import calibration, inputs, pipeline
+from saigeedged.compile import calibration, inputs, pipeline, variants
 from saigeedged.compile.backends import cubie
 from saigeedged.config import Config
 from saigeedged.errors import ENVIRONMENT_CODES, INPUT_CODES, SaigeError
@@ -60,8 +60,24 @@ def describe(config: Config, entry: Entry, out: TextIO) -> None:
                                                              f"calibration uses every one of the {len(prep.calib.samples)} "
                                                              f"images (n_samples {entry.n_samples}): add images to "
                                                              "the calibration file or lower n_samples"), file=out)
+    for line in variant_lines(entry, bool(held)):
+        print(line, file=out)
     for text in cubie.precision_warnings(entry):
         print(f"  warning     {text}", file=out)
+
+
+def variant_lines(entry: Entry, compared: bool) -> list[str]:
+    """What a sweep will do (SPEC §17): each variant and what it changes; without a held-out image only the first
+    is compiled (compile/variants.py), which is said as a warning."""
+    rows = entry.variants or []
+    if not rows:
+        return []
+    plan = "each compiled and evaluated, the best that passes the gate published" if compared else "only the first compiled"
+    lines = [f"  variants    {len(rows)}: {plan}"]
+    for i, overrides in enumerate(rows):
+        changes = ", ".join(f"{k} {v}" for k, v in overrides.items() if k != "name") or "nothing (the entry as written)"
+        lines.append(f"    {i + 1}. {variants.label(i, overrides)}: {changes}")
+    return lines + ([] if compared else [f"  warning     variants: {variants.UNCOMPARED}"])
 
 
 def validate(config: Config, path: Path, out: TextIO | None = None) -> int:

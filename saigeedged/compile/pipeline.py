@@ -15,7 +15,7 @@ import structlog
 
 from saigeedged import files
 from saigeedged.adapters.joblog import JobLog
-from saigeedged.compile import backends, bundle, inputs, prepare, report, reuse, variants
+from saigeedged.compile import bundle, inputs, prepare, report, reuse, variants
 from saigeedged.compile.backends import Context, cubie
 from saigeedged.compile.inputs import PathPolicy, Prepared
 from saigeedged.errors import GATE_REMEDIES, SaigeError
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 def plan_steps(entry: Entry) -> list[str]:
     """The step names this entry will run, in order (SPEC §8)."""
     head = ["validate"] + (["surgery"] if inputs.needs_surgery(entry) else []) + ["calibration"]
-    return head + backends.get(entry.target).steps(entry) + ["bundle", "publish"]
+    return head + variants.backend_steps(entry) + ["bundle", "publish"]
 
 
 @dataclass
@@ -107,6 +107,7 @@ class Compiled:
     steps: list[str]  # the step names this job runs (a cache hit skipped some)
     planned: report.Plan | None = None  # the report still to make in the child (None: none to make)
     measured: dict[str, Any] | None = None  # a variant sweep's, made within the sweep
+    variant: dict[str, Any] | None = None  # a sweep's: which variant is published (checkpoint.yaml `variant`)
 
 
 def run(job: Job, publish: Callable[[Path], None], created_at: str,
@@ -171,10 +172,10 @@ def _compile(job: Job, step: _Steps) -> Compiled:
     if entry.target != "host":  # a container job's attempt outlives the daemon: a resume starts from here
         job.on_prepared(prep)
     if entry.variants:
-        prep, made, measured = variants.sweep(prep, ctx, job.job_id,
-                                              lambda p, m: _gated(job, p, report.measure(p, m.art, ctx, m.key)))
-        job.on_inputs({"cache": made.status()})
-        return Compiled(prep, made, step.names, measured=measured)
+        swept = variants.sweep(prep, ctx, job.job_id,
+                               lambda p, m: _gated(job, p, report.measure(p, m.art, ctx, m.key)), step.skip)
+        job.on_inputs({"cache": swept.made.status()})
+        return Compiled(swept.prep, swept.made, step.names, measured=swept.measured, variant=swept.variant)
     made = reuse.compile(prep, ctx, job.job_id, step.skip)
     job.on_inputs({"cache": made.status()})
     return Compiled(prep, made, step.names, report.plan(prep, made.art, ctx, made.key))
@@ -190,7 +191,8 @@ def _finish(job: Job, step: _Steps, compiled: Compiled, publish: Callable[[Path]
     _announce(job, measured)
     dest = job.work_dir / f"{job.job_id}.saigeedge"
     texts = made.texts() | ({ACCURACY_MEMBER: json.dumps(measured, indent=1)} if measured else {})
-    bundle.write(dest, bundle.checkpoint(prep, art, job.job_id, created_at, made.checkpoint(prep)), art.members,
+    made_by = made.checkpoint(prep) | ({"variant": compiled.variant} if compiled.variant else {})
+    bundle.write(dest, bundle.checkpoint(prep, art, job.job_id, created_at, made_by), art.members,
                  entry.password, texts, job.work_dir)
     if measured and not measured["gate"]["passed"]:
         raise _refused(job, dest, measured)

@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from saigeedged import accuracytable, files
-from saigeedged.compile import reuse
+from saigeedged.compile import backends, reuse
 from saigeedged.compile.backends import Context
 from saigeedged.compile.inputs import Prepared
+from saigeedged.manifest import Entry
 
 Judge = Callable[[Prepared, reuse.Made], "dict[str, Any] | None"]
+UNCOMPARED = ("no held-out image (eval_samples 0, or calibration used every image): the variants cannot be compared, "
+              "so only the first is compiled and published")
 
 
 def label(index: int, overrides: dict[str, Any]) -> str:
@@ -36,9 +39,29 @@ def _linked(src: Path, dest: Path) -> None:
                 shutil.copyfile(item, dest / item.name)
 
 
+def entry_of(entry: Entry, overrides: dict[str, Any]) -> Entry:
+    """One variant's entry: the base entry with the variant's overrides applied, no variants."""
+    return dataclasses.replace(entry, variants=None, **{k: v for k, v in overrides.items() if k != "name"})
+
+
+def backend_steps(entry: Entry) -> list[str]:
+    """The compiler steps an entry runs; a sweep's: every step some variant runs, in the backend's order (a variant
+    that adds hybrid_topn runs cubie's `hybrid`, which its base entry does not)."""
+    backend = backends.get(entry.target)
+    if not entry.variants:
+        return backend.steps(entry)
+    merged: list[str] = []
+    for overrides in entry.variants:
+        steps = backend.steps(entry_of(entry, overrides))
+        for i, name in enumerate(steps):
+            if name not in merged:  # after the step it follows in this variant's own order
+                merged.insert(merged.index(steps[i - 1]) + 1 if i else 0, name)
+    return merged
+
+
 def prepared(prep: Prepared, index: int, overrides: dict[str, Any]) -> Prepared:
     """The prepared inputs of one variant: its entry (the overrides applied, no variants) in work/variantN/."""
-    entry = dataclasses.replace(prep.entry, variants=None, **{k: v for k, v in overrides.items() if k != "name"})
+    entry = entry_of(prep.entry, overrides)
     work = prep.work_dir / f"variant{index + 1}"
     _linked(prep.work_dir, work)
     model = work / prep.model.name
@@ -61,9 +84,32 @@ def _row(index: int, overrides: dict[str, Any], made: reuse.Made, measured: dict
             "map_drop": task.get("drop"), "passed": bool(measured and measured["gate"]["passed"])}
 
 
-def sweep(prep: Prepared, ctx: Context, job_id: str, judge: Judge) -> tuple[Prepared, reuse.Made, dict[str, Any] | None]:
-    """Compile and evaluate every variant; (the chosen variant's prep, its compile, its report with the table)."""
+@dataclasses.dataclass
+class Swept:
+    """A sweep's outcome: the published variant's prep, compile and report (with the table), and which it is
+    (checkpoint.yaml's `variant`)."""
+
+    prep: Prepared
+    made: reuse.Made
+    measured: dict[str, Any] | None
+    variant: dict[str, Any]
+
+
+def compared(prep: Prepared, ctx: Context, skip: Callable[[list[str]], None]) -> list[dict[str, Any]]:
+    """The variants a sweep compiles: all of them, or without a held-out image (nothing to rank them by) only the
+    first, saying so (`skip` gets the steps only the others would have run)."""
     variants = prep.entry.variants or []
+    if prep.held_out:
+        return variants
+    ctx.log.line(f"variants: {UNCOMPARED}: {label(0, variants[0])}")
+    own = backends.get(prep.entry.target).steps(entry_of(prep.entry, variants[0]))
+    skip([name for name in backend_steps(prep.entry) if name not in own])
+    return variants[:1]
+
+
+def sweep(prep: Prepared, ctx: Context, job_id: str, judge: Judge, skip: Callable[[list[str]], None]) -> Swept:
+    """Compile and evaluate every variant (see compared); the chosen one's prep, compile and report, and which."""
+    variants = compared(prep, ctx, skip)
     results = []
     for i, overrides in enumerate(variants):
         ctx.log.line(f"variant {i + 1}/{len(variants)}: {label(i, overrides)}")
@@ -75,4 +121,7 @@ def sweep(prep: Prepared, ctx: Context, job_id: str, judge: Judge) -> tuple[Prep
     if measured is not None:
         measured["variants"] = [_row(i, variants[i], r[1], r[2]) for i, r in enumerate(results)]
         measured["chosen"] = ranked + 1
-    return vprep, made, measured
+    of = len(prep.entry.variants or [])
+    ctx.log.line(f"variant {ranked + 1}/{of} published: {label(ranked, variants[ranked])}")
+    return Swept(vprep, made, measured, {"index": ranked + 1, "of": of, "name": label(ranked, variants[ranked]),
+                                         "overrides": variants[ranked], "compared": len(results) > 1})

@@ -1,0 +1,58 @@
+"""Variant sweeps (SPEC §17): the steps each variant runs, what is compiled and published, what validate shows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from factory import checkpoint, det_manifest
+
+from saigeedged import manifest as manifestmod
+from saigeedged.cli import main as cli
+from saigeedged.compile import pipeline
+
+
+def test_a_variant_adding_hybrid_layers_plans_the_hybrid_step(tmp_path: Path) -> None:
+    """A cubie sweep whose variant adds hybrid_topn to a base without it plans cubie's `hybrid` step (it was planned
+    from the base entry alone, and the variant's step failed INTERNAL `'hybrid' is not in list`)."""
+    entry = manifestmod.load(det_manifest(tmp_path, target="cubie", variants=[{}, {"hybrid_topn": 3}]))[0]
+    steps = pipeline.plan_steps(entry)
+    assert steps[steps.index("quantize"):] == ["quantize", "hybrid", "export", "bundle", "publish"]
+
+
+@pytest.mark.docker
+def test_a_cubie_variant_adding_hybrid_layers_compiles_them(tmp_path: Path, docker_config: Path, capsys: Any) -> None:
+    """The tester's case: cubie, cache false, `variants: [{hybrid_topn: 2}]` compiles, the bundle has the promoted
+    layers and checkpoint.yaml says which variant it is; validate lists the variant and the hybrid step."""
+    mf = det_manifest(tmp_path, target="cubie", cache=False, eval_samples=4, variants=[{"hybrid_topn": 2}])
+    assert cli.main(["validate", str(mf), "-c", str(docker_config)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "  variants    1: each compiled and evaluated, the best that passes the gate published" in out
+    assert "    1. hybrid_topn 2: hybrid_topn 2" in out
+    assert any(line.startswith("  steps ") and " quantize hybrid export " in line for line in out), out
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    ckpt = checkpoint(tmp_path / "det.saigeedge")
+    assert ckpt["quantization"]["hybrid_topn"] == 2 and len(ckpt["quantization"]["hybrid_layers"]) == 2
+    assert ckpt["variant"] == {"index": 1, "of": 1, "name": "hybrid_topn 2", "overrides": {"hybrid_topn": 2},
+                               "compared": False}
+
+
+def test_variants_without_a_report_compile_only_the_first(tmp_path: Path, config_path: Path, capsys: Any) -> None:
+    """`eval_samples: 0`: the variants cannot be compared, so only the first is compiled and published; validate
+    and the job log say so and checkpoint.yaml records which variant it is (all were compiled, variant 1 published
+    without a word)."""
+    mf = det_manifest(tmp_path, target="host", eval_samples=0,
+              variants=[{"calibration_method": "minmax"}, {"name": "wide", "qtype": "int16"}])
+    assert cli.main(["validate", str(mf), "-c", str(config_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "  variants    2: only the first compiled" in out and "    2. wide: qtype int16" in out
+    assert any(line.startswith("  warning     variants: no held-out image") for line in out), out
+    assert cli.main(["compile", str(mf), "-c", str(config_path)]) == 0
+    ckpt = checkpoint(tmp_path / "det.saigeedge")
+    assert ckpt["variant"] == {"index": 1, "of": 2, "name": "calibration_method minmax",
+                               "overrides": {"calibration_method": "minmax"}, "compared": False}
+    assert ckpt["quantization"]["calibration_method"] == "minmax"
+    log = next((tmp_path / "state" / "logs").iterdir()).read_text()
+    assert "the variants cannot be compared, so only the first is compiled and published" in log
+    assert "variant 2/2" not in log and "variant 1/2 published: calibration_method minmax" in log
