@@ -221,21 +221,14 @@ def _resolve(path: Path, value: str) -> Path:
     return Path(os.path.normpath(p if p.is_absolute() else path.parent / p))
 
 
-def build_entry(path: Path, data: dict[str, Any], stem: str, *, drop: bool,
-                written: dict[str, Any] | None = None) -> Entry:
-    """Validate one entry's mapping (defaults already merged in) into an Entry; `written`: the fields the manifest
-    itself sets (default: all of `data`), which must be settings the target honours (quantization.py)."""
+def build_entry(path: Path, data: dict[str, Any], stem: str, *, drop: bool) -> Entry:
+    """Validate one entry's mapping (defaults already merged in) into an Entry."""
     for key, value in data.items():
         _check_field(path, str(key), value)
     for key in REQUIRED:
         if key not in data:
             raise invalid(path, f"`{key}` is required")
     target = data.get("target", "cubie")
-    written = data if written is None else written
-    refused = quantization.target_problem(target, written, data.get("variants") or [])
-    if refused:
-        raise invalid(path, refused)
-    data = quantization.applicable(target, data, written)
     if target == "mobilint" and not data.get("device"):
         raise invalid(path, f"`device` is required for target mobilint: one of {', '.join(MOBILINT_DEVICES)}")
     output = data.get("output")
@@ -308,7 +301,7 @@ def _load(path: Path, defaults: dict[str, Any] | None, drop: bool) -> list[Entry
     base = dict(defaults or {})
     if "models" not in data:
         try:
-            return [build_entry(path, {**base, **data}, data.get("name") or path.stem, drop=drop, written=data)]
+            return [build_entry(path, {**base, **data}, data.get("name") or path.stem, drop=drop)]
         except SaigeError as exc:
             raise _named(exc, data) from None
     models = _models(path, data)
@@ -318,5 +311,5 @@ def _load(path: Path, defaults: dict[str, Any] | None, drop: bool) -> list[Entry
         if "onnx" not in model:
             raise invalid(path, f"models[{index}]: `onnx` is required in a multi-model manifest")
         stem = model.get("name") or f"{path.stem}.{model.get('task', index)}"
-        entries.append(build_entry(path, {**base, **top, **model}, stem, drop=drop, written={**top, **model}))
+        entries.append(build_entry(path, {**base, **top, **model}, stem, drop=drop))
     return entries

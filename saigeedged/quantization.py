@@ -1,12 +1,15 @@
-"""Which quantization settings each target honours (pure checks, SPEC §4, §17): a setting a target's compiler is never
-given would compile the same model under another name, so a manifest may not ask for it."""
+"""Which quantization settings each target honours (pure, SPEC §4, §17): a setting a target's compiler is never given
+compiles the same model under another name, which validate and the job log say as a warning (a drop that asks for it
+still compiles: SPEC §17 has mobilint's emulated report follow the manifest's algorithm)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saigeedged import safeyaml
+
+if TYPE_CHECKING:
+    from saigeedged.manifest import Entry
 
 # The entry's quantization fields and their defaults (manifest.Entry): a default value asks for nothing
 DEFAULTS: dict[str, Any] = {"calibration_method": "ema", "qtype": "uint8", "quantizer": "asymmetric_affine",
@@ -17,9 +20,9 @@ HYBRID_DTYPES = ("float16", "dynamic_fixed_point-i16", "bfloat16-bfloat16")
 
 _MOBILINT = ("qbcompiler is never given it: its parse and quantize take a --config-preset and a --compile-config, no "
              "calibration method, qtype, quantizer or hybrid layers (notes/mobilint.md), so every value compiles the "
-             "same .mxq")
+             "same .mxq; only the report's emulation follows it")
 _HYBRID = "hybrid layers are a cubie (pegasus) setting; the host target quantizes every tensor alike"
-# target -> field -> (the values its compiler honours, why the others are refused); a field not listed takes any value
+# target -> field -> (the values its compiler honours, why the others change nothing); a field not listed takes any value
 HONOURED: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
     "mobilint": {key: ((value,), _MOBILINT) for key, value in DEFAULTS.items()},
     "host": {"qtype": (("uint8", "int16"), "the host target quantizes uint8 or int16 (onnxruntime QDQ)"),
@@ -28,32 +31,19 @@ HONOURED: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
 }
 
 
-def refused(target: str, key: str, value: Any, where: str) -> str | None:
-    """Why `key: value` (written as `where`) is refused for `target`, or None: the target's compiler honours it."""
+def unhonoured(target: str, key: str, value: Any, where: str) -> str | None:
+    """Why `key: value` (written as `where`) changes nothing for `target`, or None: the target's compiler honours it."""
     rule = HONOURED.get(target, {}).get(key)
     if rule is None or value in rule[0]:
         return None
     allowed, why = rule
     takes = f"only {safeyaml.shown(allowed[0])}" if len(allowed) == 1 else f"one of {', '.join(map(str, allowed))}"
-    return f"`{where}` {safeyaml.shown(value)} is not supported for target {target} (it takes {takes}): {why}"
+    return f"`{where}` {safeyaml.shown(value)} has no effect for target {target} (it takes {takes}): {why}"
 
 
-def applicable(target: str, data: dict[str, Any], written: Mapping[str, Any]) -> dict[str, Any]:
-    """An entry's merged fields without the daemon config's `defaults:` that `target` does not honour (a default
-    meant for cubie, `qtype: int16`, does not apply to a mobilint drop): never recorded as what made its model."""
-    return {k: v for k, v in data.items() if k in written or refused(target, k, v, k) is None}
-
-
-def target_problem(target: str, written: Mapping[str, Any], variants: Sequence[Mapping[str, Any]]) -> str | None:
-    """Why an entry for `target` asks for a setting its compiler does not honour: `written`, the fields the manifest
-    itself sets (not the daemon config's `defaults:`, which serve every target), then each variant's."""
-    for key in DEFAULTS:
-        found = refused(target, key, written[key], key) if key in written else None
-        if found is not None:
-            return found
-    for i, overrides in enumerate(variants):
-        for key, value in overrides.items():
-            found = refused(target, key, value, f"variants[{i}].{key}") if key in DEFAULTS else None
-            if found is not None:
-                return found
-    return None
+def warnings(entry: Entry) -> list[str]:
+    """The settings of an entry, then of each of its variants, that its target's compiler does not honour."""
+    said = [unhonoured(entry.target, key, getattr(entry, key), key) for key in DEFAULTS]
+    said += [unhonoured(entry.target, key, value, f"variants[{i}].{key}")
+             for i, overrides in enumerate(entry.variants or []) for key, value in overrides.items() if key in DEFAULTS]
+    return [text for text in said if text is not None]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from saigeedged import jobid, manifest
+from saigeedged import jobid, manifest, quantization
 from saigeedged.adapters.docker import Containers
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.adapters.outbox import place_file
@@ -62,7 +62,7 @@ def describe(config: Config, entry: Entry, out: TextIO) -> None:
                                                              "the calibration file or lower n_samples"), file=out)
     for line in variant_lines(entry, bool(held)):
         print(line, file=out)
-    for text in cubie.precision_warnings(entry):
+    for text in cubie.precision_warnings(entry) + quantization.warnings(entry):
         print(f"  warning     {text}", file=out)
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from saigeedged import files
+from saigeedged import files, quantization
 from saigeedged.adapters.joblog import JobLog
 from saigeedged.compile import bundle, inputs, prepare, report, reuse, variants
 from saigeedged.compile.backends import Context, cubie
@@ -160,7 +160,7 @@ def _compile(job: Job, step: _Steps) -> Compiled:
     step("validate")
     prep = bounded.validate(entry, job.work_dir, job.policy, job.config.limits.max_onnx_bytes,
                             lambda digest: job.on_inputs({"onnx_sha256": digest}))
-    _warn(job, cubie.precision_warnings(entry))
+    _warn(job, cubie.precision_warnings(entry) + quantization.warnings(entry))
     if inputs.needs_surgery(entry):
         step("surgery")
         prep = bounded.surgery(prep)
