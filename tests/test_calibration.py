@@ -113,3 +113,62 @@ def test_stage_hardlinks_and_writes_dataset(tmp_path: Path) -> None:
     first = Path(lines[0])
     assert first.name == f"0000_{chosen[0].image.name}"
     assert os.stat(first).st_ino == os.stat(chosen[0].image).st_ino
+
+
+def _held_out_of(path: Path) -> tuple[calibration.CalibSet, list[Sample], list[Sample]]:
+    calib = calibration.read(path, 3)
+    chosen = calibration.pick(calib, 8, 1337, "balanced")
+    return calib, chosen, calibration.held_out(calib, chosen, 16, 1337, "balanced")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "no image"])
+def test_a_held_out_image_that_does_not_decode_is_named(tmp_path: Path, damage: str) -> None:
+    """The held-out images are decode-checked when chosen, like the calibration sample: CALIB_INVALID naming the file."""
+    calib, chosen, held = _held_out_of(valjson(tmp_path, random_labels(24, 3)))
+    data = held[1].image.read_bytes()
+    held[1].image.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not an image at all")
+    with pytest.raises(SaigeError) as err:
+        calibration.evaluation(calib, chosen, 16, 1337, "balanced")
+    assert err.value.code == "CALIB_INVALID" and held[1].image.name in err.value.message
+    assert "held-out" in err.value.message
+
+
+def test_one_image_file_is_one_image_whatever_its_path(tmp_path: Path) -> None:
+    """A row repeated, another spelling of a path and a symlink are the same image: once in the set, never both in the
+    calibration sample and held out, never twice held out (SPEC §5: no image is chosen twice)."""
+    path = valjson(tmp_path, random_labels(12, 3))
+    data = json.loads(path.read_text())
+    rows = data["validation"]
+    os.symlink(rows[4]["image"], tmp_path / "images" / "link.jpg")
+    again = [dict(r) for r in rows] + [{**rows[3], "image": str(tmp_path / "images" / ".." / "images" / "img0003.jpg")},
+                                       {**rows[4], "image": str(tmp_path / "images" / "link.jpg")}]
+    data["validation"] = again
+    path.write_text(json.dumps(data))
+    calib, chosen, held = _held_out_of(path)
+    assert len(calib.samples) == 12
+    files = [s.image.resolve() for s in [*chosen, *held]]
+    assert len(files) == len(set(files)) == 12
+
+
+def test_one_image_file_with_two_sets_of_labels_is_refused(tmp_path: Path) -> None:
+    """The same file listed under two paths with different labels is CALIB_INVALID naming both rows."""
+    path = valjson(tmp_path, [[0], [1], [2]])
+    data = json.loads(path.read_text())
+    data["validation"].append({"image": str(tmp_path / "images" / ".." / "images" / "img0001.jpg"), "labels": [2]})
+    path.write_text(json.dumps(data))
+    with pytest.raises(SaigeError) as err:
+        calibration.read(path, 3)
+    assert err.value.code == "CALIB_INVALID" and "validation[1]" in err.value.message \
+        and "validation[3]" in err.value.message and "different labels" in err.value.message
+
+
+def test_n_classes_must_be_a_number(tmp_path: Path) -> None:
+    """`"n_classes": "3"` is named as a string, not reported as a mismatch of 3 with 3."""
+    path = valjson(tmp_path, [[0], [1], [2]])
+    data = json.loads(path.read_text())
+    data["n_classes"] = "3"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SaigeError) as err:
+        calibration.read(path, 3)
+    assert err.value.code == "CALIB_INVALID" and "n_classes must be an integer, got '3'" in err.value.message
+    assert "not a string" in err.value.hint

@@ -14,6 +14,7 @@ import pytest
 from factory import classifier, manifest, random_labels, valjson, yolox
 
 from saigeedged.cli import main as cli
+from saigeedged.errors import SaigeError
 
 
 def inputs(tmp_path: Path) -> dict[str, Any]:
@@ -183,3 +184,26 @@ def test_job_commands_name_what_to_do_next(tmp_path: Path, config_path: Path, ca
     for command, newest in (("cancel", "typo-2"), ("retry", "typo-1")):  # ids only (a name may be many jobs): a name
         first, hint = refused(command, "typo", "-c", str(config_path))  # gets the newest id the command can act on
         assert first == "saigeedged: INPUT_NOT_FOUND: no job typo" and hint.endswith(f"to {command} is {newest}"), hint
+
+
+def test_a_held_out_image_that_does_not_decode_stops_validate(tmp_path: Path, config_path: Path, capsys: Any) -> None:
+    """A truncated held-out image is CALIB_INVALID naming it (exit 2) in validate, --dry-run and compile, and in the
+    daemon's validate step (prepare.inspect_job), before any compile step: not INTERNAL after the compile."""
+    from saigeedged import manifest as manifestmod
+    from saigeedged.compile import calibration, prepare
+    from saigeedged.compile.inputs import PathPolicy
+
+    fields = {**inputs(tmp_path), "calib": str(valjson(tmp_path / "data", random_labels(24, 3))), "n_samples": 8}
+    calib = calibration.read(Path(fields["calib"]), 3)
+    held = calibration.held_out(calib, calibration.pick(calib, 8, 0, "balanced"), 16, 0, "balanced")
+    broken = held[0].image
+    broken.write_bytes(broken.read_bytes()[:300])
+    mf = manifest(tmp_path / "det.yml", **fields, seed=0)
+    for argv in (["validate", str(mf)], ["compile", str(mf), "--dry-run"], ["compile", str(mf)]):
+        assert cli.main([*argv, "-c", str(config_path)]) == 2, argv
+        err = capsys.readouterr().err
+        assert "saigeedged: CALIB_INVALID:" in err and broken.name in err and "held-out" in err and "hint:" in err, err
+    entry = manifestmod.load(mf)[0]
+    with pytest.raises(SaigeError) as exc:
+        prepare.inspect_job(entry, tmp_path / "work", PathPolicy(), "0" * 64)
+    assert exc.value.code == "CALIB_INVALID" and broken.name in exc.value.message

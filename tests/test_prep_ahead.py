@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import zlib
 from pathlib import Path
@@ -276,14 +277,15 @@ def test_changed_input_is_prepared_again(cubie_daemon: Any, tmp_path: Path, det_
 
 
 def slow_calibration(folder: Path, count: int) -> Path:
-    """A val.json over `count` names of one large PNG: each decode takes a while, so the calibration check is long."""
+    """A val.json over `count` copies of one large PNG (70 KB on disk): each decode takes a while, so the calibration
+    check is long. Copies, not hard links: links of one file are one image, listed once (calibration.distinct)."""
     folder.mkdir(parents=True, exist_ok=True)
     pixels = np.full((4000, 4000, 3), 128, np.uint8)
     pixels[::7, ::5] = 3
     first = folder / "big0000.png"
     Image.fromarray(pixels).save(first)
     for i in range(1, count):
-        os.link(first, folder / f"big{i:04d}.png")
+        shutil.copyfile(first, folder / f"big{i:04d}.png")
     rows = [{"image": str(folder / f"big{i:04d}.png"), "labels": [i % 3]} for i in range(count)]
     path = folder / "slow.json"
     path.write_text(json.dumps({"n_classes": 3, "validation": rows}))

@@ -43,7 +43,7 @@ def describe(config: Config, entry: Entry, out: TextIO) -> None:
         if inputs.needs_surgery(entry):
             inputs.surgery(prep)
         chosen = calibration.choose(prep.calib, entry.n_samples, entry.seed, entry.profile.sampler)
-        held = calibration.held_out(prep.calib, chosen, entry.eval_samples, entry.seed, entry.profile.sampler)
+        held = calibration.evaluation(prep.calib, chosen, entry.eval_samples, entry.seed, entry.profile.sampler)
     profile = entry.profile
     print(f"{entry.stem}: task {entry.task} -> {profile.bundle_task}, target {entry.target}", file=out)
     print(f"  onnx        {entry.onnx}  (sha256 {prep.onnx_sha256[:12]}...)", file=out)

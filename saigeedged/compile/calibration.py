@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
 import shutil
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +20,15 @@ from saigeedged import safeyaml
 from saigeedged.errors import SaigeError
 
 MAX_NAMED = 3  # offenders named in one message
+BOX_HINT = "COCO boxes are [x, y, width, height] in the image's pixels: fix or remove the annotation"
+Box = tuple[float, float, float, float]  # xyxy pixels
 
 
 @dataclass(frozen=True)
 class Sample:
     image: Path
     labels: tuple[int, ...]
-    boxes: tuple[tuple[float, float, float, float], ...] | None = None  # COCO only: xyxy pixels, one per label
+    boxes: tuple[Box, ...] | None = None  # COCO only: xyxy pixels, one per label
 
 
 @dataclass(frozen=True)
@@ -34,8 +38,8 @@ class CalibSet:
     class_names: tuple[str, ...] | None
 
 
-def _bad(path: Path, message: str) -> SaigeError:
-    return SaigeError("CALIB_INVALID", f"{path.name}: {message}")
+def _bad(path: Path, message: str, hint: str | None = None) -> SaigeError:
+    return SaigeError("CALIB_INVALID", f"{path.name}: {message}", hint=hint)
 
 
 def _from_valjson(path: Path, data: dict[str, Any], base: Path) -> tuple[list[Sample], list[str] | None, Any]:
@@ -56,30 +60,60 @@ def _from_valjson(path: Path, data: dict[str, Any], base: Path) -> tuple[list[Sa
 def _from_coco(path: Path, data: dict[str, Any], base: Path) -> tuple[list[Sample], list[str] | None, Any]:
     categories = sorted(data["categories"], key=lambda c: c["id"])
     index = {c["id"]: i for i, c in enumerate(categories)}
-    labels: dict[Any, list[int]] = {img["id"]: [] for img in data["images"]}
-    boxes: dict[Any, list[tuple[float, float, float, float]] | None] = {img["id"]: [] for img in data["images"]}
-    for ann in data["annotations"]:
+    labels: dict[Any, list[int]] = {}
+    for i, img in enumerate(data["images"]):
+        if img["id"] in labels:
+            raise _bad(path, f"images[{i}] repeats image id {safeyaml.shown(img['id'])} ({safeyaml.shown(img.get('file_name'))})",
+                       "give every image its own `id`: annotations of a repeated id cannot be told apart")
+        labels[img["id"]] = []
+    boxes: dict[Any, list[Box]] = {key: [] for key in labels}
+    with_box = _with_boxes(path, data["annotations"])
+    for i, ann in enumerate(data["annotations"]):
         if ann.get("image_id") in labels:
-            labels[ann["image_id"]].append(index.get(ann.get("category_id"), -1))
-            boxes[ann["image_id"]] = _box(ann, boxes[ann["image_id"]])
-    samples = [Sample(base / img["file_name"], tuple(labels[img["id"]]), _boxes(boxes[img["id"]]))
+            labels[ann["image_id"]].append(_category(path, i, ann, index))
+            if with_box:
+                boxes[ann["image_id"]].append(_box(path, i, ann))
+    samples = [Sample(base / img["file_name"], tuple(labels[img["id"]]), tuple(boxes[img["id"]]) if with_box else None)
                for img in data["images"]]
     return samples, [str(c.get("name", c["id"])) for c in categories], len(categories)
 
 
-def _box(ann: dict[str, Any], found: list[tuple[float, float, float, float]] | None
-         ) -> list[tuple[float, float, float, float]] | None:
-    """COCO `bbox` [x, y, w, h] appended as xyxy; an annotation without one leaves the image without boxes."""
-    bbox = ann.get("bbox")
-    if found is None or not (isinstance(bbox, list) and len(bbox) == 4
-                             and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox)):
-        return None
+def _named(i: int, ann: dict[str, Any]) -> str:
+    """An annotation as a message names it: its index, its id and its image's id."""
+    return f"annotations[{i}] (id {safeyaml.shown(ann.get('id'))}, image_id {safeyaml.shown(ann.get('image_id'))})"
+
+
+def _with_boxes(path: Path, annotations: list[dict[str, Any]]) -> bool:
+    """Whether the file has boxes: all its annotations or none (one without `bbox` would leave its image, and so the
+    whole held-out set, without a box to measure mAP against)."""
+    have = [i for i, ann in enumerate(annotations) if "bbox" in ann]
+    if have and len(have) < len(annotations):
+        i = next(i for i, ann in enumerate(annotations) if "bbox" not in ann)
+        raise _bad(path, f"{_named(i, annotations[i])} has no `bbox` while {len(have)} other annotation(s) have one",
+                   "give every annotation its `bbox` [x, y, width, height], or none of them (no mAP against labels)")
+    return bool(have)
+
+
+def _category(path: Path, i: int, ann: dict[str, Any], index: dict[Any, int]) -> int:
+    if ann.get("category_id") not in index:
+        known = ", ".join(safeyaml.shown(k) for k in list(index)[:8]) + (", ..." if len(index) > 8 else "")
+        raise _bad(path, f"{_named(i, ann)} has category_id {safeyaml.shown(ann.get('category_id'))}, "
+                   f"not one of the categories' ids ({known})", "add the category to `categories` or fix the annotation")
+    return index[ann["category_id"]]
+
+
+def _box(path: Path, i: int, ann: dict[str, Any]) -> Box:
+    """COCO `bbox` [x, y, w, h] as xyxy: four finite numbers, width and height above 0, else CALIB_INVALID."""
+    bbox = ann["bbox"]
+    if not (isinstance(bbox, list) and len(bbox) == 4
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox)):
+        raise _bad(path, f"{_named(i, ann)}: bbox must be [x, y, width, height], got {safeyaml.shown(bbox)}",
+                   BOX_HINT)
     x, y, w, h = (float(v) for v in bbox)
-    return [*found, (x, y, x + w, y + h)]
-
-
-def _boxes(found: list[tuple[float, float, float, float]] | None) -> tuple[tuple[float, float, float, float], ...] | None:
-    return tuple(found) if found is not None else None
+    if not all(math.isfinite(v) for v in (x, y, w, h, x + w, y + h)) or w <= 0 or h <= 0:
+        raise _bad(path, f"{_named(i, ann)}: bbox {safeyaml.shown(bbox)} is not a box (finite numbers, width and height above 0)",
+                   BOX_HINT)
+    return (x, y, x + w, y + h)
 
 
 def read(path: Path, num_classes: int, check_path: Callable[[Path], None] | None = None) -> CalibSet:
@@ -111,11 +145,10 @@ def _parse(path: Path, num_classes: int, check_path: Callable[[Path], None] | No
 
 def _read(path: Path, data: dict[str, Any], num_classes: int, check_path: Callable[[Path], None] | None) -> CalibSet:
     base = path.parent
-    if {"images", "annotations", "categories"} <= set(data):
-        samples, names, n_classes = _from_coco(path, data, base)
-    else:
-        samples, names, n_classes = _from_valjson(path, data, base)
+    coco = {"images", "annotations", "categories"} <= set(data)
+    samples, names, n_classes = (_from_coco if coco else _from_valjson)(path, data, base)
     _check(path, samples, n_classes, num_classes)
+    samples = distinct(path, samples, "images" if coco else "validation")
     if check_path is not None:
         for sample in samples:
             check_path(sample.image)
@@ -124,18 +157,51 @@ def _read(path: Path, data: dict[str, Any], num_classes: int, check_path: Callab
 
 
 def _check(path: Path, samples: list[Sample], n_classes: Any, num_classes: int) -> None:
-    """An empty split, a class count mismatch, out-of-range labels and missing images are CALIB_INVALID."""
+    """An empty split, a class count mismatch and out-of-range labels are CALIB_INVALID."""
     if not samples:
         raise _bad(path, "the split is empty")
+    if n_classes is not None and (not isinstance(n_classes, int) or isinstance(n_classes, bool)):
+        raise _bad(path, f"n_classes must be an integer, got {safeyaml.shown(n_classes)}",
+                   f"write `\"n_classes\": {num_classes}` (a number, not a string), or leave it out")
     if n_classes is not None and n_classes != num_classes:
         raise _bad(path, f"n_classes is {n_classes} but the manifest's num_classes is {num_classes}")
     out_of_range = [s for s in samples if any(not 0 <= v < num_classes for v in s.labels)]
     if out_of_range:
         listed = ", ".join(f"{s.image.name} {list(s.labels)}" for s in out_of_range[:MAX_NAMED])
         raise _bad(path, f"{len(out_of_range)} image(s) with class ids outside [0, {num_classes}): {listed}")
-    missing = [s.image for s in samples if not s.image.is_file()]
+
+
+def distinct(path: Path, samples: Sequence[Sample], key: str) -> list[Sample]:
+    """Each image file once, told by the file itself (device and inode: another spelling of its path, a symlink or
+    a hard link is the same image): a row repeated with the same labels is dropped, one with other labels is
+    CALIB_INVALID; a missing image (or one that is no regular file) is CALIB_INVALID, naming the first."""
+    seen: dict[tuple[int, int], int] = {}
+    kept: list[Sample] = []
+    missing: list[Path] = []
+    for i, sample in enumerate(samples):
+        try:
+            st = sample.image.stat()
+        except (OSError, ValueError):  # ValueError: a NUL in the path
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            missing.append(sample.image)
+            continue
+        first = seen.setdefault((st.st_dev, st.st_ino), i)
+        if first == i:
+            kept.append(sample)
+        elif _truth(samples[first]) != _truth(sample):
+            raise _bad(path, f"{key}[{first}] ({safeyaml.shown(str(samples[first].image))}) and {key}[{i}] "
+                       f"({safeyaml.shown(str(sample.image))}) are the same image file with different labels",
+                       "list each image once, with all its labels")
     if missing:
         raise _bad(path, f"{len(missing)} image(s) missing: {', '.join(str(p) for p in missing[:MAX_NAMED])}")
+    return kept
+
+
+def _truth(sample: Sample) -> list[tuple[int, Box | None]]:
+    """A sample's labels (with their boxes), in no particular order."""
+    boxes: Sequence[Box | None] = sample.boxes if sample.boxes is not None else [None] * len(sample.labels)
+    return sorted(zip(sample.labels, boxes, strict=True), key=repr)
 
 
 def sample_uniform(samples: Sequence[Sample], n: int, seed: int) -> list[Sample]:
@@ -189,25 +255,49 @@ def pick(calib: CalibSet, n: int, seed: int, sampler: str) -> list[Sample]:
 
 def held_out(calib: CalibSet, chosen: Sequence[Sample], n: int, seed: int, sampler: str) -> list[Sample]:
     """Up to `n` images calibration did not use, by the same seeded sampler (SPEC §17): disjoint from `chosen`,
-    deterministic, every image there is when fewer remain."""
+    deterministic, every image there is when fewer remain. (read() left each image file once in the set.)"""
     used = {s.image for s in chosen}
     rest = [s for s in calib.samples if s.image not in used]
     return pick(CalibSet(calib.source, tuple(rest), calib.class_names), n, seed, sampler) if rest and n > 0 else []
 
 
-def check_decodes(source: Path, chosen: Sequence[Sample]) -> None:
-    """Every chosen image decodes (JPEG/PNG/BMP), else CALIB_INVALID naming the first that do not."""
-    broken = []
+def evaluation(calib: CalibSet, chosen: Sequence[Sample], n: int, seed: int, sampler: str) -> list[Sample]:
+    """held_out(), each image checked like the calibration sample (check_decodes): at validate, not after the
+    compile, where a broken one would end the report."""
+    held = held_out(calib, chosen, n, seed, sampler)
+    check_decodes(calib.source, held, "held-out image(s) for the accuracy report")
+    return held
+
+
+def check_decodes(source: Path, chosen: Sequence[Sample], what: str = "image(s)") -> None:
+    """Every chosen image decodes (JPEG/PNG/BMP) and each of its boxes overlaps it, else CALIB_INVALID naming the
+    first that do not."""
+    broken, outside = [], []
     for sample in chosen:
-        try:
-            with Image.open(sample.image) as img:
-                img.load()
-        except MemoryError:
-            raise  # the child's memory bound: child.run names the limit
-        except Exception:  # Pillow raises many types for broken files
+        size = _decoded_size(sample.image)
+        if size is None:
             broken.append(sample.image)
+            continue
+        outside += [f"{sample.image.name} box {k} {list(box)} (x1, y1, x2, y2) of {size[0]}x{size[1]}"
+                    for k, box in enumerate(sample.boxes or ())
+                    if box[0] >= size[0] or box[1] >= size[1] or box[2] <= 0 or box[3] <= 0]
     if broken:
-        raise _bad(source, f"{len(broken)} image(s) do not decode: {', '.join(str(p) for p in broken[:MAX_NAMED])}")
+        raise _bad(source, f"{len(broken)} {what} do not decode: {', '.join(str(p) for p in broken[:MAX_NAMED])}")
+    if outside:
+        raise _bad(source, f"{len(outside)} box(es) entirely outside their image ({what}): "
+                   f"{', '.join(outside[:MAX_NAMED])}", BOX_HINT)
+
+
+def _decoded_size(image: Path) -> tuple[int, int] | None:
+    """(width, height) of the decoded image, None when it does not decode."""
+    try:
+        with Image.open(image) as img:
+            img.load()
+            return img.size
+    except MemoryError:
+        raise  # the child's memory bound: child.run names the limit
+    except Exception:  # Pillow raises many types for broken files
+        return None
 
 
 def staged_name(image: Path) -> str:

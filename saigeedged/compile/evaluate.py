@@ -182,10 +182,10 @@ def compare(spec: Spec, outputs: list[str], ref_out: list[list[NDArray[Any]]],
     for ref, got in zip(ref_out, got_out, strict=True):
         for name, r, g in zip(outputs, ref, got, strict=True):
             outs.add(name, r, g)
-    return {"method": spec.method, "images": len(spec.images), "notes": list(spec.notes),
+    task = task_metric(spec, ref_out, got_out)
+    return {"method": spec.method, "images": len(spec.images), "notes": [*spec.notes, *task.pop("notes", [])],
             "held_out": [Path(p).name for p in spec.images],
-            "outputs": {n: outs.row(n) for n in outputs if n in outs.cos},
-            "task": task_metric(spec, ref_out, got_out)}
+            "outputs": {n: outs.row(n) for n in outputs if n in outs.cos}, "task": task}
 
 
 def task_metric(spec: Spec, ref: list[list[NDArray[Any]]], got: list[list[NDArray[Any]]]) -> dict[str, Any]:
@@ -205,7 +205,7 @@ def task_metric(spec: Spec, ref: list[list[NDArray[Any]]], got: list[list[NDArra
             labels[i, list(classes)] = True
         float_map = accuracy.multilabel_map(np.concatenate([r[0].reshape(1, -1) for r in ref]), labels)
         comp_map = accuracy.multilabel_map(np.concatenate([g[0].reshape(1, -1) for g in got]), labels)
-        return {"metric": "mAP", **_both(float_map, comp_map)}
+        return {"metric": "mAP", **_both(float_map, comp_map), **_labels_note(spec, 0)}
     return {}
 
 
@@ -230,14 +230,24 @@ def _detection(spec: Spec, ref: list[list[NDArray[Any]]], got: list[list[NDArray
                            "score_cosine_mean": round(float(np.mean(scores)), 6),
                            "map50_vs_float": _round(accuracy.map50(found_got, agreed, spec.num_classes))}
     if all(boxes is not None for boxes, _ in spec.truth):
-        truth = [(_letterboxed(spec, path, boxes or ()), np.asarray(labels, np.int64))
-                 for path, (boxes, labels) in zip(spec.images, spec.truth, strict=True)]
+        placed = [_letterboxed(spec, path, boxes or ()) for path, (boxes, _) in zip(spec.images, spec.truth, strict=True)]
+        truth = [(arr, np.asarray(labels, np.int64)) for (arr, _), (_, labels) in zip(placed, spec.truth, strict=True)]
         out.update(_both(accuracy.map50(found_ref, truth, spec.num_classes),
                          accuracy.map50(found_got, truth, spec.num_classes)))
+        out.update(_labels_note(spec, sum(clipped for _, clipped in placed)))
     else:
         out.update(_both(None, None))
-        out["labels"] = "the calibration file has no boxes (val.json): mAP against labels not measured"
+        out["labels"] = "the calibration file has no boxes (a val.json, or COCO without `bbox`): mAP against labels " \
+            "not measured"
     return out
+
+
+def _labels_note(spec: Spec, clipped: int) -> dict[str, Any]:
+    """Why there is no mAP against the labels (`labels`, the table's line where a drop would be), or what was done to
+    them (`notes`, which compare() moves to the report's notes)."""
+    if not any(labels for _, labels in spec.truth):
+        return {"labels": f"none of the {len(spec.truth)} held-out images has a label: mAP against labels not measured"}
+    return {"notes": [f"{clipped} ground-truth box(es) partly outside their image clipped to it"]} if clipped else {}
 
 
 def _centred(ref: NDArray[np.float64], got: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -247,8 +257,11 @@ def _centred(ref: NDArray[np.float64], got: NDArray[np.float64]) -> tuple[NDArra
     return ref - centre, got - centre
 
 
-def _letterboxed(spec: Spec, path: str, boxes: Sequence[tuple[float, float, float, float]]) -> NDArray[np.float64]:
-    """Ground-truth boxes in the model's input pixels: the letterbox scales by one ratio and pads right and bottom."""
+def _letterboxed(spec: Spec, path: str, boxes: Sequence[tuple[float, float, float, float]]
+                 ) -> tuple[NDArray[np.float64], int]:
+    """Ground-truth boxes in the model's input pixels (the letterbox scales by one ratio and pads right and bottom),
+    each first clipped to its image; and how many clipping changed (read() refused boxes that are not boxes, and
+    check_decodes those entirely outside their image)."""
     from PIL import Image
 
     with Image.open(path) as img:
@@ -257,5 +270,8 @@ def _letterboxed(spec: Spec, path: str, boxes: Sequence[tuple[float, float, floa
         rx = ry = min(spec.size[0] / height, spec.size[1] / width)
     else:
         rx, ry = spec.size[1] / width, spec.size[0] / height
-    arr: NDArray[np.float64] = np.asarray(boxes, np.float64).reshape(-1, 4) * np.array([rx, ry, rx, ry])
-    return arr
+    given = np.asarray(boxes, np.float64).reshape(-1, 4)
+    inside = np.clip(given, 0.0, np.array([width, height, width, height], np.float64))
+    clipped = int(np.any(inside != given, axis=1).sum())
+    arr: NDArray[np.float64] = inside * np.array([rx, ry, rx, ry])
+    return arr, clipped

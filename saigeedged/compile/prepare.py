@@ -27,7 +27,7 @@ def inspect_job(entry: Entry, work_dir: Path, policy: PathPolicy, digest: str) -
     held-out evaluation images are chosen from what it left)."""
     prep = inputs.inspect(entry, work_dir, policy, digest)
     picked = calibration.pick(prep.calib, entry.n_samples, entry.seed, entry.profile.sampler)
-    prep.held_out = tuple(calibration.held_out(prep.calib, picked, entry.eval_samples, entry.seed, entry.profile.sampler))
+    prep.held_out = tuple(calibration.evaluation(prep.calib, picked, entry.eval_samples, entry.seed, entry.profile.sampler))
     prep.calib = CalibSet(prep.calib.source, tuple(picked), prep.calib.class_names)
     return prep
 
