@@ -71,3 +71,10 @@ def test_a_box_entirely_outside_its_image_is_refused_when_chosen(tmp_path: Path)
         calibration.check_decodes(calib.source, calib.samples)
     assert err.value.code == "CALIB_INVALID" and "img1.jpg box 1" in err.value.message
     assert "entirely outside" in err.value.message and "[x, y, width, height]" in err.value.hint
+
+
+def test_no_annotation_at_all_is_images_without_labels(tmp_path: Path) -> None:
+    """COCO with an empty `annotations` is images with boxes but no label: the report says no image has a label
+    (evaluate._labels_note), not that the file has no boxes."""
+    calib = calibration.read(coco(tmp_path, lambda data: data.update(annotations=[])), 3)
+    assert all(s.boxes == () and s.labels == () for s in calib.samples)

@@ -85,13 +85,14 @@ def _named(i: int, ann: dict[str, Any]) -> str:
 
 def _with_boxes(path: Path, annotations: list[dict[str, Any]]) -> bool:
     """Whether the file has boxes: all its annotations or none (one without `bbox` would leave its image, and so the
-    whole held-out set, without a box to measure mAP against)."""
+    whole held-out set, without a box to measure mAP against). No annotation at all: boxes, none of them (the report
+    then says no image has a label, not that the file has no boxes)."""
     have = [i for i, ann in enumerate(annotations) if "bbox" in ann]
     if have and len(have) < len(annotations):
         i = next(i for i, ann in enumerate(annotations) if "bbox" not in ann)
         raise _bad(path, f"{_named(i, annotations[i])} has no `bbox` while {len(have)} other annotation(s) have one",
                    "give every annotation its `bbox` [x, y, width, height], or none of them (no mAP against labels)")
-    return bool(have)
+    return bool(have) or not annotations
 
 
 def _category(path: Path, i: int, ann: dict[str, Any], index: dict[Any, int]) -> int:
