@@ -4,12 +4,9 @@ still compiles: SPEC §17 has mobilint's emulated report follow the manifest's a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from saigeedged import safeyaml
-
-if TYPE_CHECKING:
-    from saigeedged.manifest import Entry
 
 # The entry's quantization fields and their defaults (manifest.Entry): a default value asks for nothing
 DEFAULTS: dict[str, Any] = {"calibration_method": "ema", "qtype": "uint8", "quantizer": "asymmetric_affine",
@@ -41,8 +38,9 @@ def unhonoured(target: str, key: str, value: Any, where: str) -> str | None:
     return f"`{where}` {safeyaml.shown(value)} has no effect for target {target} (it takes {takes}): {why}"
 
 
-def warnings(entry: Entry) -> list[str]:
-    """The settings of an entry, then of each of its variants, that its target's compiler does not honour."""
+def warnings(entry: Any) -> list[str]:
+    """The settings of a manifest.Entry (not imported: manifest imports this module), then of each of its variants,
+    that its target's compiler does not honour."""
     said = [unhonoured(entry.target, key, getattr(entry, key), key) for key in DEFAULTS]
     said += [unhonoured(entry.target, key, value, f"variants[{i}].{key}")
              for i, overrides in enumerate(entry.variants or []) for key, value in overrides.items() if key in DEFAULTS]
