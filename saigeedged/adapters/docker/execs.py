@@ -11,7 +11,7 @@ from pathlib import Path
 
 from saigeedged import files as filesmod
 from saigeedged.adapters.docker import detached, stream
-from saigeedged.adapters.docker.api import ENGINE_ERRORS, ContainerRef, DockerAPI, NotFound
+from saigeedged.adapters.docker.api import ENGINE_ERRORS, APIError, ContainerRef, DockerAPI, NotFound
 from saigeedged.adapters.docker.lifecycle import Lifecycle, OnEvent, image_of, root_id
 from saigeedged.adapters.docker.spec import MANAGED_LABEL, Spec, exec_user
 from saigeedged.errors import SaigeError
@@ -116,6 +116,8 @@ class Container(Lifecycle):
         mark.touch()
         try:
             code = self._exec(ctr, ["sh", "-c", 'test -e "$0"', str(mark)], "/", None, lambda _: None)
+        except APIError:  # the engine refused the exec: the step's own exec says so in its words, asked again later
+            return True
         finally:
             mark.unlink(missing_ok=True)
         if code == 1:
