@@ -62,6 +62,21 @@ def test_hand_drop_is_compiled_and_published(daemon: Any, det_inputs: dict[str, 
                                                          "report", "bundle", "publish"]
 
 
+def test_a_second_daemon_on_the_same_state_dir_is_refused(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """A second `saigeedged run` on a state_dir a daemon holds exits 3 naming the state_dir and the holder's pid (it
+    started beside the first and failed its fresh claims); the first goes on; once it stopped, one starts again."""
+    d = daemon()
+    second = subprocess.run([sys.executable, "-m", "saigeedged", "run", "-c", str(d.config)], capture_output=True,
+                            text=True, timeout=60)
+    assert second.returncode == 3, second.stdout + second.stderr
+    assert f"is in use by another `saigeedged run` (pid {d.proc.pid}, started " in second.stderr
+    assert "one daemon per state_dir" in second.stderr and "hint: stop that one first" in second.stderr
+    drop(d.inbox, "det", det_inputs["onnx"], det_inputs["manifest"])
+    assert d.wait_job("det")["state"] == "succeeded"
+    d.stop()
+    d.start()  # the lock went with the first
+
+
 def test_submit_wait(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
     """`submit --wait` drops safely, prints the status path and exits 0 on success, 1 on failure."""
     d = daemon()

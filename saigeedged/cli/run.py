@@ -3,16 +3,36 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
+from saigeedged.adapters import instance
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
+
+EXIT_NOT_READY = 3  # cli/main.py's: the environment is not ready
 
 
 def run(config: Config) -> int:
     if not config.named_dirs:
         raise SaigeError("MANIFEST_INVALID", "`run` needs a config that names `inbox` and `outbox`",
                          hint="saigeedged run -c /etc/saigeedged/saigeedged.yml")
+    try:
+        lock = instance.hold(config.state_dir)
+    except instance.Taken as taken:
+        print(f"saigeedged: state_dir {config.state_dir} is in use by another `saigeedged run` ({taken}): one daemon "
+              "per state_dir\n  hint: stop that one first (`systemctl stop saigeedged`), or give this one a state_dir "
+              "of its own", file=sys.stderr)
+        return EXIT_NOT_READY
+    except OSError as exc:  # a state_dir that takes no new file (full): the daemon still starts and waits for room
+        print(f"saigeedged: warning: cannot lock {config.state_dir / instance.NAME} ({exc.strerror}): a second "
+              "daemon on this state_dir would not be refused", file=sys.stderr)
+        return _serve(config)
+    with lock:  # held for the daemon's life
+        return _serve(config)
+
+
+def _serve(config: Config) -> int:
     from saigeedged.adapters import journal, signals
     from saigeedged.adapters.notify import Notifier
     from saigeedged.service import daemon, room
