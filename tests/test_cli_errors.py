@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import write_config
 from factory import classifier, manifest, random_labels, valjson, yolox
 
 from saigeedged.cli import main as cli
@@ -120,6 +121,20 @@ def test_validate_prints_the_resolved_profile(tmp_path: Path, config_path: Path,
         mf = manifest(tmp_path / "det.yml", **{**inputs(tmp_path), **fields})
         assert cli.main(["validate", str(mf), "-c", str(config_path)]) == 0
         assert said in capsys.readouterr().out.splitlines()
+
+
+def test_validate_warns_of_a_calibration_file_a_daemon_would_refuse(tmp_path: Path, capsys: Any) -> None:
+    """With a daemon config, validate warns that a calibration file (or its images) outside the inbox and
+    allowed_roots makes the drop fail PATH_NOT_ALLOWED (it said `valid`, and `submit` then failed); inside, no word."""
+    mf = manifest(tmp_path / "det.yml", **inputs(tmp_path))
+    outside = write_config(tmp_path)
+    assert cli.main(["validate", str(mf), "-c", str(outside)]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "PATH_NOT_ALLOWED" in line]
+    assert said and said[0].startswith("  warning     a daemon with this config refuses the drop") and \
+        f"{tmp_path / 'data' / 'val.json'} resolves to" in said[0] and "allowed_roots" in said[0]
+    inside = write_config(tmp_path, allowed_roots=[str(tmp_path / "data")])
+    assert cli.main(["validate", str(mf), "-c", str(inside)]) == 0
+    assert "PATH_NOT_ALLOWED" not in capsys.readouterr().out
 
 
 def test_only_selects_entries(tmp_path: Path, config_path: Path, capsys: Any) -> None:

@@ -62,8 +62,23 @@ def describe(config: Config, entry: Entry, out: TextIO) -> None:
                                                              "the calibration file or lower n_samples"), file=out)
     for line in variant_lines(entry, bool(held)):
         print(line, file=out)
-    for text in cubie.precision_warnings(entry) + quantization.warnings(entry):
+    for text in cubie.precision_warnings(entry) + quantization.warnings(entry) + _outside(config, prep.calib):
         print(f"  warning     {text}", file=out)
+
+
+def _outside(config: Config, calib: calibration.CalibSet) -> list[str]:
+    """What a daemon with this config refuses in the drop (SPEC §5: PATH_NOT_ALLOWED): its calibration file or an image
+    it lists outside the inbox and allowed_roots (`saigeedged compile` takes them; the ONNX goes with the drop)."""
+    if not config.named_dirs:
+        return []
+    policy = inputs.PathPolicy((config.inbox, *config.allowed_roots))
+    for path in (calib.source, *(sample.image for sample in calib.samples)):
+        try:
+            policy.check(path)
+        except SaigeError as exc:
+            return [f"a daemon with this config refuses the drop (PATH_NOT_ALLOWED): {exc.message}; add its folder to "
+                    "allowed_roots, or put the files in the inbox"]
+    return []
 
 
 def variant_lines(entry: Entry, compared: bool) -> list[str]:
