@@ -56,7 +56,8 @@ HINTS: dict[Code, str] = {
     "NBG_INVALID": "the NBG targets another chip than the platform (on the board: vip_create_network status=-4); "
     "check `platform:` and `optimize:`",
     "TIMEOUT": "raise limits.step_timeout_s / limits.job_timeout_s, or check the job log for a hung step",
-    "PUBLISH_FAILED": "the outbox is full or not writable; the job is retried",
+    "PUBLISH_FAILED": "the outbox is full or not writable (or a file is in the way): make room or fix its permissions; "
+    "the daemon tries a built bundle again for limits.publish_patience_s",
     "CANCELLED": "the job was cancelled; `saigeedged retry JOB_ID` runs it again",
     "INTERNAL": "a bug in saigeedged: please report it with the job log",
     "ACCURACY_GATE": "the compiled model is too far from the float ONNX (the report is in the job log and the status "
@@ -64,6 +65,13 @@ HINTS: dict[Code, str] = {
     "OUT_OF_MEMORY": "the work needed more memory than a bound allows; the message names it (RLIMIT_AS from "
     "prlimit/LimitAS=, limits.child_memory_bytes, or the unit's MemoryMax=): raise that bound, or give the job a "
     "smaller input (the accuracy report: fewer `eval_samples`)",
+}
+
+# The hint of a retryable code's error that ends its job for good (raised with `exhausted=True`: waiting will not
+# help any more, decision.decide ends the job): its HINTS line says the job is retried, which is no longer true.
+EXHAUSTED_HINTS: dict[Code, str] = {
+    "PUBLISH_FAILED": "the job failed for good, its bundle unpublished: make room on the outbox or fix its permissions, "
+    "then `saigeedged retry JOB_ID` once it takes files (the inputs are kept under <inbox>/.saigeedged/failed/<job_id>/)",
 }
 
 FATAL_HINTS: dict[int, str] = {
@@ -90,7 +98,7 @@ class SaigeError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-        self.hint = hint or HINTS[code]
+        self.hint = hint or (EXHAUSTED_HINTS.get(code) if fields.get("exhausted") else None) or HINTS[code]
         self.fields = fields
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -432,7 +432,7 @@ def test_what_a_full_outbox_refused_is_written_once_it_has_room(daemon: Any, det
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
 def test_full_outbox_is_publish_failed_never_succeeded(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
     """An outbox without room for the bundle: the bundle is tried again until publish_patience_s, then the job
-    fails PUBLISH_FAILED without being compiled again; no bundle, no succeeded."""
+    fails PUBLISH_FAILED without being compiled again, its hint saying to retry it; no bundle, no succeeded."""
     with full_outbox(tmp_path) as filler:
         os.truncate(filler, filler.stat().st_size - 16 * 1024)  # room for status files and the log, not a bundle
         # 8 s: two tries and the 1 s pause between them fit with seconds to spare on a loaded machine
@@ -441,6 +441,7 @@ def test_full_outbox_is_publish_failed_never_succeeded(daemon: Any, det_inputs: 
         done = d.wait_job("full", ("failed",))
         assert done["error"]["code"] == "PUBLISH_FAILED" and done["attempt"] == 1
         assert "No space left" in done["error"]["message"] and "publish_patience_s" in done["error"]["message"]
+        assert "saigeedged retry JOB_ID" in done["error"]["hint"]  # failed for good: not "the job is retried"
         assert len(d.events("publish.retrying")) >= 2 and not d.events("job.requeued")
         assert not d.events("job.succeeded")
         assert sorted(p.name for p in d.outbox.iterdir()) == [".filler", "logs", "status"]

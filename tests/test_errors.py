@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from mypy import api
 
+from saigeedged.adapters.outbox import Outbox
 from saigeedged.errors import CODES, ENVIRONMENT_CODES, HINTS, INPUT_CODES, RETRYABLE, SaigeError
+from saigeedged.service.publishing import publish_patiently
 
 # SPEC §10's list, plus ENGINE_LOST of §11 and CHILD_LOST (SPEC lives outside the repository, so CI cannot read it).
 SPEC_CODES = {
@@ -50,3 +55,24 @@ def test_mypy_rejects_a_misspelt_code() -> None:
     assert status == 1
     assert 'Argument 1 to "SaigeError" has incompatible type' in out, out
     assert "Non-overlapping equality check" in out, out
+
+
+def test_a_publish_out_of_patience_says_to_retry_the_job(tmp_path: Path) -> None:
+    """A bundle the outbox still refuses past publish_patience_s fails the job for good with a hint to `saigeedged
+    retry` it (the hint said the job is retried); a refusal before that keeps the hint of a bundle tried again."""
+    outbox = Outbox(tmp_path / "outbox")
+    outbox.root.mkdir()
+    (outbox.root / "sub").write_text("a file where the bundle's folder goes")
+    bundle = tmp_path / "det.host.saigeedge"
+    bundle.write_bytes(b"PK")
+    rel = Path("sub/det.host.saigeedge")
+    with pytest.raises(SaigeError) as refused:
+        outbox.publish_bundle(bundle, rel, "det-20261130T031500Z-a1b2c3")
+    assert refused.value.retryable and "publish_patience_s" in refused.value.hint
+    assert "saigeedged retry" not in refused.value.hint
+    with pytest.raises(SaigeError) as final:
+        publish_patiently(lambda: outbox.publish_bundle(bundle, rel, "det-20261130T031500Z-a1b2c3"), 0.0,
+                          lambda: None, lambda exc, wait_s: None)
+    assert final.value.code == "PUBLISH_FAILED" and final.value.fields["exhausted"]
+    assert "`saigeedged retry JOB_ID` once it takes files" in final.value.hint and "is retried" not in final.value.hint
+    assert final.value.as_dict("publish")["hint"] == final.value.hint

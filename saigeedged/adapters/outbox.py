@@ -94,7 +94,9 @@ class Outbox:
         if job_id is not None and not _place(bundle, None, self.root / rel, exclusive=True):
             rel = noclobber.unique_name(rel, job_id)
             if not _place(bundle, None, self.root / rel, exclusive=True):
-                raise SaigeError("PUBLISH_FAILED", f"{rel} exists already", exhausted=True)  # waiting will not help
+                raise SaigeError("PUBLISH_FAILED", f"{rel} exists already", exhausted=True,  # waiting will not help
+                                 hint=f"move {rel} out of the outbox (this job's own name there), then `saigeedged "
+                                 "retry JOB_ID`")
         elif job_id is None:
             _place(bundle, None, self.root / rel)
         return {"path": rel.as_posix(), "sha256": digest, "bytes": size}
