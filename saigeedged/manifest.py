@@ -18,6 +18,8 @@ QUANTIZERS = ("asymmetric_affine", "dynamic_fixed_point", "perchannel_symmetric_
 QTYPES = ("uint8", "int16", "int8", "qbfloat16", "float16")
 METHODS = ("ema", "minmax", "kl", "normal", "auto")
 TOP_LEVEL_DEFAULTS = ("target", "calibration_method", "n_samples", "seed")
+INTERNAL_HINT = ("a bug in saigeedged, not in the manifest: please report it with this message; after the fix, drop the "
+                 "manifest and its ONNX (kept under <inbox>/.saigeedged/failed/<job_id>/) into the inbox again")
 
 # field -> (accepted types, allowed values or None)
 SCHEMA: dict[str, tuple[tuple[type, ...], tuple[Any, ...] | None]] = {
@@ -254,14 +256,18 @@ def build_entry(path: Path, data: dict[str, Any], stem: str, *, drop: bool) -> E
 def load(path: Path, defaults: dict[str, Any] | None = None, *, drop: bool = False) -> list[Entry]:
     """Parse a manifest file into entries; a `models:` list gives one entry per model.
 
-    Whatever is in the file, the outcome is entries or a SaigeError: anyone can drop a manifest.
+    Whatever is in the file, the outcome is entries or a SaigeError: anyone can drop a manifest. Every refusal of
+    its content is raised by a check as MANIFEST_INVALID (or INPUT_NOT_FOUND); any other exception is INTERNAL.
     """
     try:
         return _load(path, defaults, drop)
     except SaigeError:
         raise
-    except Exception as exc:  # a guard: a value of a shape no check foresaw fails this manifest, not the caller
-        raise invalid(path, f"cannot be read ({type(exc).__name__})") from None
+    except Exception as exc:  # a guard: the caller (the inbox's scan, validate) goes on, this manifest fails; but no
+        # check raised it, so it is saigeedged's bug (a check missing, code changed under a running daemon), and
+        # MANIFEST_INVALID would fail a valid drop for good telling its dropper to fix it
+        raise SaigeError("INTERNAL", f"{guards.printable(path.name)}: reading the manifest raised "
+                         f"{type(exc).__name__}: {guards.printable(str(exc)[:200])}", hint=INTERNAL_HINT) from exc
 
 
 def _named(exc: SaigeError, data: dict[str, Any]) -> SaigeError:

@@ -105,3 +105,14 @@ def test_not_yaml(tmp_path: Path) -> None:
 def test_stem_is_restricted(tmp_path: Path) -> None:
     """Job stems keep only [A-Za-z0-9._-]."""
     assert load_one(tmp_path / "my model (v2).yml").stem == "my_model__v2_"
+
+
+def test_an_exception_no_check_raised_is_internal_never_the_manifests_fault(tmp_path: Path) -> None:
+    """An exception no check raised while a valid manifest is read (here a caller's `defaults` that are not a
+    mapping: a bug) is INTERNAL naming the file and the exception with a bug's hint, never MANIFEST_INVALID."""
+    path = manifest(tmp_path / "det.yml", **BASE)
+    with pytest.raises(SaigeError) as refused:
+        manifestmod.load(path, ["target"], drop=True)  # type: ignore[arg-type]
+    assert refused.value.code == "INTERNAL" and refused.value.message.startswith("det.yml: ")
+    assert "ValueError: dictionary update sequence" in refused.value.message
+    assert "a bug in saigeedged, not in the manifest" in refused.value.hint
