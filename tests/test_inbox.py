@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -123,6 +125,54 @@ def test_a_rejected_manifest_never_takes_an_onnx_another_manifest_names(tmp_path
     (tmp_path / "a.yml").unlink()  # as the daemon does: to failed/
     (drop,) = s.scan(2.0)
     assert isinstance(drop, Drop) and drop.files == [tmp_path / "c.yml", tmp_path / "a.onnx"]
+
+
+def test_a_manifest_whose_onnx_another_manifest_took_fails_at_the_next_scan(tmp_path: Path) -> None:
+    """yy.yaml and yy.yml both naming yy.onnx: one is claimed with it and the other fails at the next scan,
+    INPUT_NOT_FOUND saying which manifest took it (it waited orphan_timeout_s, then said yy.onnx never appeared),
+    whether both were ready in one scan or the other came later; a manifest written after the claim still waits."""
+    s = scanner(tmp_path, settle=1, orphan=600)
+    yolox(tmp_path / "yy.onnx")
+    write(tmp_path / "yy.yaml", M)
+    write(tmp_path / "yy.yml", {**M, "name": "yy2", "request_id": "r2"})
+    assert s.scan(0.0) == []
+    (first,) = s.scan(1.0)  # both ready: the first is claimed, the other waits for the next scan, due at once
+    assert isinstance(first, Drop) and first.files == [tmp_path / "yy.yaml", tmp_path / "yy.onnx"] and s.next_due == 1.0
+    claim(first.files, tmp_path, tmp_path / ".saigeedged" / "claimed" / "yy-1")
+    s.forget(first.files)
+    (other,) = s.scan(1.0)
+    assert isinstance(other, Rejected) and other.files == [tmp_path / "yy.yml"] and other.error.code == "INPUT_NOT_FOUND"
+    assert other.error.message.startswith("yy.onnx named by yy.yml went with yy.yaml, another manifest that names it")
+    assert "under a name of its own" in other.error.hint and other.error.fields["request_id"] == "r2"
+    s.forget(other.files)
+    (tmp_path / "yy.yml").unlink()
+    yolox(tmp_path / "zz.onnx")
+    write(tmp_path / "zz.yml", M)
+    assert s.scan(10.0) == []
+    write(tmp_path / "late.yml", {**M, "onnx": "zz.onnx"})  # still settling when zz.yml is claimed with zz.onnx
+    (zz,) = s.scan(11.0)
+    assert isinstance(zz, Drop) and zz.files == [tmp_path / "zz.yml", tmp_path / "zz.onnx"]
+    claim(zz.files, tmp_path, tmp_path / ".saigeedged" / "claimed" / "zz-1")
+    s.forget(zz.files)
+    (late,) = s.scan(11.0)
+    assert isinstance(late, Rejected) and "zz.onnx named by late.yml went with zz.yml" in late.error.message
+    s.forget(late.files)
+    (tmp_path / "late.yml").unlink()
+    write(tmp_path / "after.yml", {**M, "onnx": "zz.onnx"})  # zz.onnx may still come for it: the orphan wait holds
+    assert s.scan(12.0) == [] and s.scan(611.0) == []
+
+
+def test_the_daemon_fails_the_manifest_that_lost_its_onnx_at_once(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """yy.yaml and yy.yml sharing yy.onnx in a daemon's inbox: one job compiles, the other fails INPUT_NOT_FOUND
+    naming the manifest that took yy.onnx within seconds, not after orphan_timeout_s (600 s)."""
+    d = daemon()
+    shutil.copy(det_inputs["onnx"], d.inbox / "yy.onnx")
+    for suffix, name in ((".yaml", "yya"), (".yml", "yyl")):
+        write(d.inbox / f".yy{suffix}.tmp", {**det_inputs["manifest"], "name": name}).rename(d.inbox / f"yy{suffix}")
+    done = [d.wait_job(name, timeout=30) for name in ("yya", "yyl")]
+    (won,), (lost,) = ([j for j in done if j["state"] == state] for state in ("succeeded", "failed"))
+    assert lost["error"]["code"] == "INPUT_NOT_FOUND"
+    assert f"named by {lost['inputs']['manifest']} went with {won['inputs']['manifest']}" in lost["error"]["message"]
 
 
 def test_an_unparsable_manifests_sibling_goes_with_its_external_data(tmp_path: Path) -> None:

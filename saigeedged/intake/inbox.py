@@ -18,6 +18,8 @@ from saigeedged.manifest import Entry
 
 IGNORED_SUFFIXES = (".tmp", ".part", ".partial", ".crdownload", ".swp", "~")
 MANIFEST_SUFFIXES = (".yml", ".yaml")
+TAKEN_HINT = ("drop the model again under a name of its own for this manifest (its `onnx:` naming that file), or list both "
+              "settings in one manifest's `models:`")
 MAX_DEPTH = 32  # inbox sub-folder levels scanned; deeper drops are never seen (and a deep tree costs nothing)
 
 Signature = tuple[int, int, int]  # size, mtime_ns, inode
@@ -101,6 +103,8 @@ class Scanner:
     _digests: dict[tuple[Path, Signature], str] = field(default_factory=dict)
     _symlinks: set[Path] = field(default_factory=set)
     _parsed: dict[Path, tuple[Signature, list[Entry] | SaigeError]] = field(default_factory=dict)
+    # a manifest (as it was then) whose ONNX went with another manifest's claim: {its ONNX: that manifest}
+    _taken: dict[Path, tuple[Signature, dict[Path, Path]]] = field(default_factory=dict)
     max_digest_bytes: int = 8 << 30  # limits.max_onnx_bytes: the scan (the main loop) never reads a larger ONNX
     # Manifests parsed per scan: a burst of thousands of drops is claimed a batch at a time (the next scan comes at
     # once, see next_due) instead of after every manifest of the burst has been parsed.
@@ -150,8 +154,9 @@ class Scanner:
                 result = self._guarded(path, files, now)
                 if result is not None:
                     found.append(result)
-        found = self._leave_named(found, files, unparsed)
+        found = self._one_claim_per_file(self._leave_named(found, files, unparsed), now)
         live = set(files)
+        self._taken = {p: t for p, t in self._taken.items() if p in live}
         self._seen = {p: s for p, s in self._seen.items() if p in live}
         self._first = {p: t for p, t in self._first.items() if p in live}
         self._digests = {k: v for k, v in self._digests.items() if k[0] in live}
@@ -197,19 +202,46 @@ class Scanner:
         missing = [e for e in waiting if e.onnx not in files or self._digest_checked(e, files)]
         if not missing:
             return None
-        if now - first < self.orphan_timeout_s:
+        lost = self._lost(path, files, missing)
+        if lost is None and now - first < self.orphan_timeout_s:
             self._due(first + self.orphan_timeout_s)
             return None
-        entry = missing[0]
+        entry = lost[0] if lost else missing[0]
         # a single model's failed job is named as the manifest names it, and carries its request id (`submit`)
         own = {"drop_name": entry.stem, "request_id": entry.request_id} if len(entries) == 1 else {}
-        if entry.onnx in files:
+        if lost:
+            error = SaigeError("INPUT_NOT_FOUND", f"{entry.onnx.name} named by {path.name} went with {lost[1].name}, "
+                               "another manifest that names it (claimed with it): an ONNX goes with one manifest",
+                               hint=TAKEN_HINT, **own)
+        elif entry.onnx in files:
             error = SaigeError("INPUT_INCOMPLETE", f"{entry.onnx.name} does not match the manifest's sha256 after "
                                f"{self.orphan_timeout_s:.0f}s", **own)
         else:
             error = SaigeError("INPUT_NOT_FOUND", f"{entry.onnx.name} named by {path.name} did not appear within "
                                f"{self.orphan_timeout_s:.0f}s (orphan_timeout_s)", **own)
         return Rejected(path, error, [path] + [e.onnx for e in entries if e.onnx in files])
+
+    def _lost(self, path: Path, files: dict[Path, Signature], missing: list[Entry]) -> tuple[Entry, Path] | None:
+        """The first missing entry whose ONNX another manifest's claim took while this manifest (unchanged since) was
+        in the inbox, with that manifest: it can never appear for this one (a new file of that name would be new)."""
+        marked = self._taken.get(path)
+        if marked is None or marked[0] != files[path]:
+            return None
+        return next(((e, marked[1][e.onnx]) for e in missing if e.onnx not in files and e.onnx in marked[1]), None)
+
+    def _one_claim_per_file(self, found: list[Drop | Rejected], now: float) -> list[Drop | Rejected]:
+        """Of drops ready in one scan that share a file (yy.yml and yy.yaml, both naming yy.onnx), the first is
+        claimed; the others wait for the next scan, at once, which finds the file taken (or, if the claim failed, free)."""
+        held: set[Path] = set()
+        kept: list[Drop | Rejected] = []
+        for result in found:
+            if isinstance(result, Drop):
+                if held.intersection(result.files):
+                    self._due(now)
+                    continue
+                held.update(result.files)
+            kept.append(result)
+        return kept
 
     def _sibling(self, manifest: Path, files: dict[Path, Signature], now: float) -> list[Path]:
         """The settled `<stem>.onnx` beside a manifest that does not parse: the rest of its drop (SPEC §3), which goes
@@ -260,10 +292,22 @@ class Scanner:
         return all(settled)
 
     def forget(self, paths: list[Path]) -> None:
+        """After a claim (or a rejection) moved `paths`: a later file of these names is new. Each other manifest parsed
+        meanwhile that names one of them has lost it to the manifest among them (_lost)."""
+        taker = next((p for p in paths if p.suffix in MANIFEST_SUFFIXES), None)
+        if taker is not None:
+            self._mark_taken(taker, set(paths))
         for p in paths:
             self._seen.pop(p, None)
             self._first.pop(p, None)
             self._parsed.pop(p, None)
+
+    def _mark_taken(self, taker: Path, gone: set[Path]) -> None:
+        for other, (sig, parsed) in self._parsed.items():
+            lost = {e.onnx: taker for e in parsed if e.onnx in gone} if isinstance(parsed, list) else {}
+            if lost and other not in gone:
+                before = self._taken.get(other)
+                self._taken[other] = (sig, {**(before[1] if before and before[0] == sig else {}), **lost})
 
 
 def claim(files: list[Path], base: Path, dest: Path, root: Path | None = None) -> dict[Path, Path]:
