@@ -166,6 +166,33 @@ def test_status_lists_the_host_slot_with_its_job(tmp_path: Path, capsys: Any) ->
     assert capsys.readouterr().out.splitlines()[-1].split() == ["this", "host", "up", "host:", "cls", "quantize", "4/7"]
 
 
+def test_status_names_the_job_a_slot_runs_and_lists_the_finishing_one_apart(tmp_path: Path, capsys: Any) -> None:
+    """sl1 in the finishing stage (its bundle step) while sl2 compiles in local's cubie slot, and a host job
+    publishing while the host slot is free: the slot lines (`status`, the dashboard) name sl2 and an idle host slot,
+    and `status` lists the two others as finishing (the cubie slot said `sl1 bundle 10/11`, sl2 nowhere)."""
+    from saigeedged.config import load
+    from saigeedged.service.ops import Ops
+
+    path = write_config(tmp_path)
+    store = Store(Path(yaml.safe_load(path.read_text())["state_dir"]) / "saigeedged.db")
+    store.set_engine("local", True, None, ["cubie", "mobilint"])
+    for job_id, target, step, index, count, at in (("sl1-1", "cubie", "bundle", 10, 11, T0),
+                                                   ("sl2-2", "cubie", "quantize", 8, 11, T1),
+                                                   ("hp-3", "host", "publish", 8, 8, T2)):
+        running = job(job_id, target, state=RUNNING, step=step, step_index=index, step_count=count)
+        begin_attempt(running, "local" if target == "cubie" else "host", at)
+        store.add(running)
+    slots = [(s.engine, s.target, s.job.name if s.job else None) for s in Ops(load(path), store).view().slots]
+    assert slots == [("local", "cubie", "sl2"), ("local", "mobilint", None), ("this host", "host", None)]
+    store.close()
+    assert cli.main(["status", "-c", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (local,) = [line for line in lines if line.startswith("local ")]
+    assert local.split() == ["local", "up", "cubie:", "sl2", "quantize", "8/11;", "mobilint:", "idle"]
+    assert lines[-2:] == ["this host        up    host: idle",
+                          "finishing        -     cubie: sl1 bundle 10/11; host: hp publish 8/8"]
+
+
 def test_status_of_a_job_names_its_engine_and_attempts(tmp_path: Path, capsys: Any) -> None:
     """`saigeedged status JOB` shows the engine of the attempt and each attempt (--json: the status document's)."""
     path = status_setup(tmp_path)

@@ -7,7 +7,7 @@ from typing import Any
 
 from saigeedged.adapters.store import EngineState
 from saigeedged.jobs import RUNNING, Job, begin_attempt
-from saigeedged.service.statusline import SlotView, slot_views, status_line
+from saigeedged.service.statusline import SlotView, finishing, slot_views, status_line
 
 
 def job(name: str, target: str = "cubie", step: str | None = "quantize", index: int = 5, count: int = 11,
@@ -53,3 +53,15 @@ def test_slots_of_recorded_engines_hold_their_running_jobs() -> None:
     slots = slot_views(engines, [remote, old, host])
     assert [(s.engine, s.target, s.job.name if s.job else None) for s in slots] == \
         [("local", "cubie", "seg"), ("local", "mobilint", None), ("compile2", "cubie", "det"), ("host", "host", "cls")]
+
+
+def test_a_slot_holds_the_job_its_worker_runs_not_the_one_finishing() -> None:
+    """A job in the finishing stage (bundle, publish) beside the one its slot now compiles: the slot holds the
+    compiling one, in either order of the rows (it held the finishing one, the compiling one shown nowhere)."""
+    engines = [EngineState("local", True, None, "t", ("cubie",))]
+    ending, compiling = job("sl1", step="bundle", index=10), job("sl2")
+    for running in ([ending, compiling], [compiling, ending]):
+        (slot,) = slot_views(engines, running)
+        assert slot.job is compiling and finishing(ending) and not finishing(compiling)
+    (slot,) = slot_views(engines, [ending])
+    assert slot.job is None  # its worker is free: the finishing stage makes the report

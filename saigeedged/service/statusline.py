@@ -9,6 +9,10 @@ from saigeedged.adapters.store import EngineState
 from saigeedged.config import Config
 from saigeedged.jobs import HOST_ENGINE, Job, status_text
 
+# A job's steps after its slot's work: the finishing stage makes them (service/finishing.py) while the slot's worker
+# runs its next job, so a row in one of them is not the job of its slot
+FINISHING_STEPS = ("bundle", "publish")
+
 
 @dataclass(frozen=True)
 class SlotView:
@@ -41,13 +45,19 @@ def status_line(slots: Sequence[SlotView], queued: int, down: Sequence[str]) -> 
     return "; ".join([*parts, f"{queued} queued"])
 
 
+def finishing(job: Job) -> bool:
+    """Is this running job in the finishing stage (its report, bundle or publication), its slot free for the next?"""
+    return job.step in FINISHING_STEPS
+
+
 def slot_views(engines: Sequence[EngineState], running: Sequence[Job]) -> list[SlotView]:
-    """The slots of the recorded engines, each with the running job whose attempt is there.
+    """The slots of the recorded engines, each with the running job whose attempt is there: the one its worker runs,
+    never one the finishing stage holds (those are `finishing(job)`, listed apart).
 
     A running job with no engine recorded (started before the pool kept one) sits in the first slot of its target.
     """
     slots = [SlotView(e.name, target, None) for e in engines for target in e.slots]
-    for job in running:
+    for job in (j for j in running if not finishing(j)):
         engine = HOST_ENGINE if job.target == "host" else job.engine
         at = next((i for i, s in enumerate(slots) if s.target == job.target and s.job is None
                    and (engine is None or s.engine == engine)), None)
