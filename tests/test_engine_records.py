@@ -213,7 +213,9 @@ def test_status_numbers_attempts_as_the_status_file_does_after_a_retry(tmp_path:
     failed = store.get("det-1")
     assert failed is not None
     end_attempt(failed, T1, "TIMEOUT")
-    failed.state = FAILED
+    inputs = Path(yaml.safe_load(path.read_text())["inbox"]) / ".saigeedged" / "failed" / "det-1"
+    inputs.mkdir(parents=True)  # its inputs, kept for a retry
+    failed.state, failed.claim_dir = FAILED, str(inputs)
     store.save(failed)
     store.close()
     assert cli.main(["retry", "det-1", "-c", str(path)]) == 0

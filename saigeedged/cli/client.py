@@ -241,6 +241,9 @@ def retry(config: Config, job_id: str, out: TextIO) -> int:
     if job.state not in (FAILED, CANCELLED):
         raise SaigeError("MANIFEST_INVALID", f"job {job_id} is {job.state}",
                          hint="only failed or cancelled jobs can be retried")
+    if not Path(job.claim_dir).is_dir():  # removed by hand: queued again, it could only fail INPUT_NOT_FOUND
+        raise SaigeError("INPUT_NOT_FOUND", f"job {job_id}: its inputs are gone: {job.claim_dir} was removed",
+                         hint="drop its manifest and ONNX into the inbox again")
     from saigeedged.service.lifecycle import Jobs, Places  # docker-py and structlog: only the commands that need them
 
     places = Places(config.inbox, config.state_dir)

@@ -1,0 +1,42 @@
+"""`saigeedged retry` of a failed job: a job whose inputs are gone is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from harness import drop
+
+from saigeedged.cli import main as cli
+
+
+def failed_drop(d: Any, det_inputs: dict[str, Any], name: str) -> tuple[dict[str, Any], Path, str]:
+    """A drop that fails CALIB_INVALID (a label out of range): its final status, its calibration file, the good text."""
+    calib = Path(det_inputs["manifest"]["calib"])
+    good = calib.read_text()
+    doc = json.loads(good)
+    doc["validation"][0]["labels"] = [9]
+    calib.write_text(json.dumps(doc))
+    drop(d.inbox, name, det_inputs["onnx"], det_inputs["manifest"])
+    failed = d.wait_job(name)
+    assert failed["error"]["code"] == "CALIB_INVALID"
+    return failed, calib, good
+
+
+def test_retry_of_a_job_whose_inputs_were_removed_is_refused(daemon: Any, det_inputs: dict[str, Any],
+                                                              capsys: Any) -> None:
+    """A failed job whose failed/<job_id>/ folder was removed by hand: `retry` says its inputs are gone, where they
+    were and to drop it again (exit 2), and the job stays failed (it was queued, then failed INPUT_NOT_FOUND)."""
+    d = daemon()
+    failed, _, _ = failed_drop(d, det_inputs, "gone")
+    job_id = failed["job_id"]
+    inputs = d.inbox / ".saigeedged" / "failed" / job_id
+    shutil.rmtree(inputs)
+    capsys.readouterr()
+    assert cli.main(["retry", job_id, "-c", str(d.config)]) == 2
+    first, hint = capsys.readouterr().err.splitlines()
+    assert first == f"saigeedged: INPUT_NOT_FOUND: job {job_id}: its inputs are gone: {inputs} was removed"
+    assert "drop its manifest and ONNX into the inbox again" in hint
+    assert d.status(job_id) == failed
