@@ -1,4 +1,4 @@
-"""`saigeedged retry` of a failed job: a job whose inputs are gone is refused."""
+"""`saigeedged retry` of a failed job: the job log keeps every attempt, and a job whose inputs are gone is refused."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from harness import drop
+from harness import drop, wait_for
 
 from saigeedged.cli import main as cli
 
@@ -23,6 +23,25 @@ def failed_drop(d: Any, det_inputs: dict[str, Any], name: str) -> tuple[dict[str
     failed = d.wait_job(name)
     assert failed["error"]["code"] == "CALIB_INVALID"
     return failed, calib, good
+
+
+def test_a_retried_jobs_log_keeps_the_earlier_attempts(daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """A failed job retried to success: its log in the outbox holds attempt 1 with its failure, then attempt 2 (the
+    retry's log replaced it, starting at `attempt 2`)."""
+    d = daemon()
+    failed, calib, good = failed_drop(d, det_inputs, "again")
+    job_id = failed["job_id"]
+    outbox_log = d.outbox / "logs" / f"{job_id}.log"
+    first = outbox_log.read_text()
+    assert f"### {job_id} attempt 1 " in first and "### CALIB_INVALID" in first
+    calib.write_text(good)
+    assert cli.main(["retry", job_id, "-c", str(d.config)]) == 0
+    done = d.wait_state(job_id, ("succeeded",))
+    assert done["attempt"] == 2
+    local = d.state_dir / "logs" / f"{job_id}.log"
+    wait_for(lambda: not local.exists(), 30, "the log moved to the outbox")
+    both = outbox_log.read_text()
+    assert both.startswith(first) and f"### {job_id} attempt 2 " in both[len(first):]
 
 
 def test_retry_of_a_job_whose_inputs_were_removed_is_refused(daemon: Any, det_inputs: dict[str, Any],

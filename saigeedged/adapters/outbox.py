@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,15 @@ class Outbox:
         elif job_id is None:
             _place(bundle, None, self.root / rel)
         return {"path": rel.as_posix(), "sha256": digest, "bytes": size}
+
+    def fetch_log(self, job_id: str, local: Path) -> bool:
+        """Copy <outbox>/logs/<job_id>.log to the host-local `local`; False when there is none. Only a regular file is
+        read (anyone may write on the share: a link there would copy any file of the host into the job's log). OSError
+        when the share refuses it."""
+        if not os.path.lexists(self.root / "logs" / f"{job_id}.log"):
+            return False
+        local.parent.mkdir(parents=True, exist_ok=True)
+        return files.copy_file(self.root / "logs" / f"{job_id}.log", local, nofollow=True)
 
     def move_log(self, local: Path, job_id: str) -> None:
         """Copy the host-local job log to <outbox>/logs/, then delete the local one."""

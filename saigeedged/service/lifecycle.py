@@ -113,8 +113,21 @@ class Jobs:
             if job is not None:
                 self._write_status(job)
         if job is not None:
+            self._carry_log(job)
             self._observe(job)
         return job
+
+    def _carry_log(self, job: Job) -> None:
+        """A job run again after it ended (`saigeedged retry`) goes on in the log its earlier attempts left in the
+        outbox: its end moves the local log there, which must hold every attempt (a requeued job's never left)."""
+        local = self.places.local_log(job.job_id)
+        if job.attempt == 1 or local.exists():
+            return
+        try:
+            self.outbox.fetch_log(job.job_id, local)
+        except OSError as exc:  # the share refuses it: this attempt's end replaces that log
+            log.warning("log.fetch_failed", job_id=job.job_id, job_name=job.name, message=f"the log of the earlier "
+                        f"attempts cannot be read from the outbox ({exc}): this attempt's log replaces it")
 
     def still_current(self, attempt: Attempt) -> bool:
         """Does the store still name this attempt (running)? A stale attempt must not publish or record anything."""
@@ -201,7 +214,7 @@ class Jobs:
 
     def _log_again(self, job_id: str) -> None:
         job = self.store.get(job_id)
-        if job is not None and job.state in TERMINAL:  # a retried job writes its log anew
+        if job is not None and job.state in TERMINAL:  # a retried job moves its log at its end (its attempt took this one on)
             self.outbox.move_log(self.places.local_log(job_id), job_id)
         self.store.mark_behind(job_id, "log", False)
 
