@@ -88,11 +88,11 @@ def open_temp(dest: Path) -> tuple[int, Path]:
 
 
 def atomic_write(dest: Path, fill: Callable[[BinaryIO], object], *, exclusive: bool = False,
-                 tmp: Path | None = None) -> bool:
+                 tmp: Path | None = None, commit: Callable[[], object] | None = None) -> bool:
     """`fill` writes a temp file beside `dest` (or `tmp`), fsync, rename onto `dest`, fsync the folder.
 
-    `exclusive`: never replace an existing `dest` (False then, the temp file removed). Any error removes the temp
-    file and propagates.
+    `exclusive`: never replace an existing `dest` (False then, the temp file removed). `commit()`: called just before
+    the rename; what it raises stops the write there. Any error removes the temp file and propagates.
     """
     if tmp is None:
         fd, tmp = open_temp(dest)
@@ -108,6 +108,8 @@ def atomic_write(dest: Path, fill: Callable[[BinaryIO], object], *, exclusive: b
             fill(out)
             out.flush()
             os.fsync(out.fileno())
+        if commit is not None:
+            commit()
         if not exclusive:
             os.replace(tmp, dest)
         elif not take(tmp, dest):
@@ -156,13 +158,13 @@ def write_bytes(dest: Path, data: bytes, *, exclusive: bool = False, tmp: Path |
 
 
 def copy_file(src: Path, dest: Path, *, exclusive: bool = False, tmp: Path | None = None,
-              nofollow: bool = False) -> bool:
+              nofollow: bool = False, commit: Callable[[], object] | None = None) -> bool:
     """A copy of `src` to `dest` atomically (see atomic_write); `nofollow`: `src` only as a regular file of its own
     folder (open_output: a bundle in a work folder the next job's step could swap for a link), else NotOutput."""
     def fill(out: BinaryIO) -> None:
         with open_output(src) if nofollow else src.open("rb") as fh:
             shutil.copyfileobj(fh, out, 1 << 20)
-    return atomic_write(dest, fill, exclusive=exclusive, tmp=tmp)
+    return atomic_write(dest, fill, exclusive=exclusive, tmp=tmp, commit=commit)
 
 
 def take(tmp: Path, dest: Path) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,17 @@ from saigeedged.jobs import Job
 STATUS_SCHEMA = 1
 
 
-def _place(src: Path | None, data: bytes | None, dest: Path, exclusive: bool = False) -> bool:
+def _place(src: Path | None, data: bytes | None, dest: Path, exclusive: bool = False,
+           commit: Callable[[], object] | None = None) -> bool:
     """Copy `src` (or write `data`) to `dest` by files.atomic_write; an OSError is PUBLISH_FAILED (retryable).
 
-    `exclusive`: never replace an existing `dest` (False when it exists, the temp file removed).
+    `exclusive`: never replace an existing `dest` (False when it exists, the temp file removed). `commit`: see
+    files.atomic_write (a copy only).
     """
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)  # inside the try: a sub-folder that cannot be made is retryable
-        if src is not None:
-            return files.copy_file(src, dest, exclusive=exclusive, nofollow=True)  # never a link a step swapped in
+        if src is not None:  # never a link a step swapped in
+            return files.copy_file(src, dest, exclusive=exclusive, nofollow=True, commit=commit)
         return files.write_bytes(dest, data or b"", exclusive=exclusive)
     except OSError as exc:
         raise SaigeError("PUBLISH_FAILED", f"cannot write {dest}: {exc.strerror or exc}") from None
@@ -83,23 +86,25 @@ class Outbox:
         except (OSError, ValueError):
             return None
 
-    def publish_bundle(self, bundle: Path, rel: Path, job_id: str | None = None) -> dict[str, Any]:
+    def publish_bundle(self, bundle: Path, rel: Path, job_id: str | None = None,
+                       commit: Callable[[], object] | None = None) -> dict[str, Any]:
         """Place the bundle at <outbox>/<rel>; returns the status file's `bundle` object.
 
         With `job_id`, a file already at `rel` (another job's bundle, a re-drop's predecessor) is never replaced:
-        this bundle then takes a name of its own, so every recorded digest stays true.
+        this bundle then takes a name of its own, so every recorded digest stays true. `commit()`: called just before
+        each rename onto a bundle's name (files.atomic_write): what it raises leaves nothing in the outbox.
         """
         from saigeedged.files import sha256_file
 
         digest, size = sha256_file(bundle), bundle.stat().st_size
-        if job_id is not None and not _place(bundle, None, self.root / rel, exclusive=True):
+        if job_id is not None and not _place(bundle, None, self.root / rel, exclusive=True, commit=commit):
             rel = noclobber.unique_name(rel, job_id)
-            if not _place(bundle, None, self.root / rel, exclusive=True):
+            if not _place(bundle, None, self.root / rel, exclusive=True, commit=commit):
                 raise SaigeError("PUBLISH_FAILED", f"{rel} exists already", exhausted=True,  # waiting will not help
                                  hint=f"move {rel} out of the outbox (this job's own name there), then `saigeedged "
                                  "retry JOB_ID`")
         elif job_id is None:
-            _place(bundle, None, self.root / rel)
+            _place(bundle, None, self.root / rel, commit=commit)
         return {"path": rel.as_posix(), "sha256": digest, "bytes": size}
 
     def fetch_log(self, job_id: str, local: Path) -> bool:

@@ -48,6 +48,9 @@ from saigeedged.records import AttemptRecord
 __all__ = ["ENDING", "FINAL", "SCHEMA_VERSION", "CorruptDatabase", "EngineState", "NewerDatabase", "Store", "StoreFull"]
 
 ENDING = "ending"  # a `behind` kind: an ended row whose status file is not written yet (Store.save, Jobs._end)
+# the `cancel` column of a running row: a cancel is asked for (the daemon ends the job cancelled), or the bundle's
+# rename into the outbox has begun (Store.begin_publishing: a cancel comes too late); any new state clears it
+CANCEL_ASKED, PUBLISHING = 1, 2
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ class Store(History, AttemptRecords):
             row = db.execute("SELECT state, cancel FROM jobs WHERE job_id = ?", (job.job_id,)).fetchone()
             if row is None:
                 raise KeyError(job.job_id)
-            stored, flagged = str(row[0]), bool(row[1])
+            stored, flagged = str(row[0]), row[1] == CANCEL_ASKED
             if fence is not None and stored != (expect or RUNNING):
                 raise Superseded(f"job {job.job_id} is {stored}: attempt {fence.attempt} on {fence.engine} is over")
             if expect is not None and stored != expect:
@@ -281,13 +284,41 @@ class Store(History, AttemptRecords):
 
     def request_cancel(self, job_id: str) -> bool:
         """Flag a running job for the daemon to cancel (a column of its own: the worker rewrites the doc); False when
-        it is not running (any more): only a running row carries the flag, so a queued one is always takeable."""
+        it is not running (any more), or its bundle is being published (too late: Store.begin_publishing). Only a running
+        row carries the flag, so a queued one is always takeable."""
         with self._tx() as db:
-            return bool(db.execute("UPDATE jobs SET cancel = 1 WHERE job_id = ? AND state = ?", (job_id, RUNNING)).rowcount)
+            return bool(db.execute("UPDATE jobs SET cancel = ? WHERE job_id = ? AND state = ? AND cancel != ?",
+                                   (CANCEL_ASKED, job_id, RUNNING, PUBLISHING)).rowcount)
 
     def cancel_requested(self, job_id: str) -> bool:
         rows = self._rows("SELECT cancel FROM jobs WHERE job_id = ?", (job_id,))
-        return bool(rows and rows[0][0])
+        return bool(rows and rows[0][0] == CANCEL_ASKED)
+
+    def publishing(self, job_id: str) -> bool:
+        """Is the bundle of this running job being published (Store.begin_publishing): too late for a cancel?"""
+        rows = self._rows("SELECT cancel FROM jobs WHERE job_id = ? AND state = ?", (job_id, RUNNING))
+        return bool(rows and rows[0][0] == PUBLISHING)
+
+    @patient
+    def begin_publishing(self, fence: Attempt) -> None:
+        """Mark the publication of the running attempt `fence` begun (the bundle's rename follows): a cancel asked for
+        from here on is refused as too late. CancelWins when a cancel came first (the job ends cancelled, its bundle
+        never published), Superseded when the store names another attempt."""
+        with self._tx() as db:
+            row = db.execute(f"SELECT cancel FROM jobs WHERE job_id = ? AND state = ? AND {FENCE}",
+                             (fence.job_id, RUNNING, *fence_args(fence))).fetchone()
+            if row is None:
+                raise Superseded(f"job {fence.job_id}: attempt {fence.attempt} on {fence.engine} is over")
+            if row[0] == CANCEL_ASKED:
+                raise CancelWins(f"job {fence.job_id} was cancelled before its bundle was published")
+            db.execute("UPDATE jobs SET cancel = ? WHERE job_id = ?", (PUBLISHING, fence.job_id))
+
+    @patient
+    def unpublishing(self, fence: Attempt) -> None:
+        """The rename did not happen (the outbox refused it): a cancel may win again while the job waits."""
+        with self._tx() as db:
+            db.execute(f"UPDATE jobs SET cancel = 0 WHERE job_id = ? AND state = ? AND cancel = ? AND {FENCE}",
+                       (fence.job_id, RUNNING, PUBLISHING, *fence_args(fence)))
 
     @patient
     def mark_behind(self, job_id: str, kind: str, behind: bool = True) -> None:

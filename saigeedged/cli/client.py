@@ -260,7 +260,8 @@ CANCEL_TRIES = 5  # a job racing between states (taken, requeued) settles within
 
 
 def cancel(config: Config, job_id: str, out: TextIO) -> int:
-    """A queued job is cancelled at once; a running one is flagged and its step killed by the daemon.
+    """A queued job is cancelled at once; a running one is flagged and its step killed by the daemon; one whose bundle
+    is being published (Store.begin_publishing) is not: too late, exit 1 (it ends succeeded).
 
     The daemon may move the job meanwhile (a slot takes it, an attempt is requeued): read it again and act on its new
     state, so the operator gets one line, never a traceback.
@@ -276,6 +277,9 @@ def cancel(config: Config, job_id: str, out: TextIO) -> int:
         if job.state == RUNNING and store.request_cancel(job_id):
             print(f"{job_id}: cancel requested", file=out)
             return 0
+        if job.state == RUNNING and store.publishing(job_id):
+            print(f"{job_id}: too late to cancel: its bundle is being published (the job ends succeeded)", file=out)
+            return 1
         if job.state == QUEUED:
             try:
                 jobs.end(job, CANCELLED, SaigeError("CANCELLED", "cancelled while queued"), expect=QUEUED,

@@ -9,7 +9,7 @@ from typing import Any
 
 from saigeedged.adapters.events import event
 from saigeedged.errors import SaigeError
-from saigeedged.jobs import Attempt, Job
+from saigeedged.jobs import Attempt, CancelWins, Job
 from saigeedged.service.lifecycle import Jobs
 from saigeedged.service.publishing import publish_patiently
 
@@ -53,5 +53,18 @@ class Progress:
     def publish(self, bundle: Path) -> None:
         job = self.job
         with self.jobs.holding(self.attempt):  # no requeue or move of the job can land while it is published
-            job.bundle = publish_patiently(lambda: self.jobs.outbox.publish_bundle(bundle, self.rel, job.job_id),
-                                           self.patience_s, self.interrupted, self._refused)
+            job.bundle = publish_patiently(lambda: self._place(bundle), self.patience_s, self.interrupted, self._refused)
+
+    def _place(self, bundle: Path) -> dict[str, Any]:
+        """One try: the store decides at the rename whether a cancel came first (the job ends cancelled, nothing of its
+        bundle in the outbox) or comes too late (`saigeedged cancel` says so); a refused rename lets a cancel win again."""
+        if self.interrupted() == "cancel":  # known already: no copy to the share at all
+            raise SaigeError("CANCELLED", "cancelled before its bundle was published", reason="cancel")
+        try:
+            return self.jobs.outbox.publish_bundle(bundle, self.rel, self.job.job_id,
+                                                   lambda: self.jobs.store.begin_publishing(self.attempt))
+        except CancelWins:
+            raise SaigeError("CANCELLED", "cancelled before its bundle was published", reason="cancel") from None
+        except SaigeError:
+            self.jobs.store.unpublishing(self.attempt)
+            raise
