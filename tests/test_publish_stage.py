@@ -1,8 +1,10 @@
-"""Publication and a cancel: the store decides at the bundle's rename (won before it, too late after it; SPEC §15)."""
+"""Publication as the finishing stage's: a cancel decided by the store at the bundle's rename (won before it, too late
+after it), and a job without a report handed over too, so an outbox that refuses bundles holds no slot (SPEC §8, §15)."""
 
 from __future__ import annotations
 
 import io
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,8 @@ from saigeedged.errors import SaigeError
 from saigeedged.jobs import Attempt, CancelWins, Job
 from saigeedged.service.lifecycle import Jobs, Places
 from saigeedged.service.progress import Progress
+
+QUANTIZE = "pegasus.py quantize "  # a quantize in the stand-in's record of its calls
 
 
 def running(tmp_path: Path) -> tuple[Jobs, Job, Attempt]:
@@ -112,3 +116,41 @@ def test_a_cancel_in_the_finishing_steps_ends_as_the_cli_says(docker_config: Pat
         out = io.StringIO()
         code = client.cancel(configmod.load(d.config), doc["job_id"], out)
         _ended_as_the_cli_said(d, doc["job_id"], out.getvalue(), code)
+
+
+def _blocked_pair(d: Any, tmp_path: Path) -> list[dict[str, Any]]:
+    """Two cubie jobs without a report dropped under sub/ while <outbox>/sub is a file: the first waits to publish in
+    the finishing stage while the second runs its container steps; their running status documents."""
+    (d.outbox / "sub").write_text("in the way")
+    calib = valjson(tmp_path / "data", random_labels(12, 3))
+    fields = {"task": "detection", "num_classes": 3, "calib": str(calib), "n_samples": 4, "eval_samples": 0,
+              "cache": False}
+    for n, name in enumerate(("held", "next")):
+        drop(d.inbox / "sub", name, yolox_nano(tmp_path / f"{name}.onnx", 320, seed=n), fields)
+    wait_for(lambda: [e for e in d.events("publish.retrying") if e["job_name"] == "held"], 120, "held's refused publish")
+    wait_for(lambda: [e for e in d.events("job.started") if e["job_name"] == "next"], 60,
+             "the next job started while the first waits to publish")
+    assert "held" in {e["job_name"] for e in d.events("job.finishing")}
+    return [d.wait_job(name, ("running",)) for name in ("held", "next")]
+
+
+@pytest.mark.docker
+def test_a_refused_outbox_holds_no_slot_and_a_stop_does_not_recompile(docker_config: Path, daemon: Any,
+                                                                     docker_client: Any, tmp_path: Path) -> None:
+    """Jobs without a report (eval_samples 0) wait to publish in the finishing stage, so the next job compiles
+    meanwhile; a stop while they wait, then an outbox that takes bundles again: both succeed in attempt 1, each
+    quantized once in the container."""
+    settings = yaml.safe_load(docker_config.read_text())
+    d = _cubie(daemon, docker_config)
+    held, nxt = _blocked_pair(d, tmp_path)
+    wait_for(lambda: len({e["job_name"] for e in d.events("publish.retrying")}) == 2, 180, "both waiting to publish")
+    d.signal(signal.SIGTERM)
+    assert d.proc.wait(30) == 0
+    (d.outbox / "sub").unlink()
+    d.start()
+    done = [d.wait_state(j["job_id"], ("succeeded", "failed", "cancelled"), timeout=180) for j in (held, nxt)]
+    assert [(j["state"], j["attempt"]) for j in done] == [("succeeded", 1)] * 2, done
+    assert all((d.outbox / j["bundle"]["path"]).is_file() for j in done)
+    ctr = docker_client.containers.get(settings["cubie"]["container"])
+    record = ctr.exec_run(["cat", "/tmp/standin-calls.log"]).output.decode().splitlines()
+    assert len([c for c in record if QUANTIZE in c]) == 2, record

@@ -1,6 +1,7 @@
 """The finishing stage (issue 25): a job's accuracy report, bundle and publication, made after its last container
 step (a host job: after its quantize and §6c report) while its slot takes the next job; the container (SPEC §2's serial
-resource), or the host compile that is a host job's, never waits for a report.
+resource), or the host compile that is a host job's, never waits for a report, nor for an outbox that refuses bundles
+(a job without a report is handed over too: its publication may wait limits.publish_patience_s).
 
 REPORTS_AT_ONCE reports at a time, taken in hand-over order: on a small compile host the container's steps leave a
 core idle while they wait (a stand-in compiler or a real one), and one report stage alone was the burst's bottleneck

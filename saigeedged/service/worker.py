@@ -58,7 +58,7 @@ class Worker(threading.Thread):
         self.facts = Facts(jobs.store, lambda: self.attempt)  # its record in the store
         containers.book = self.facts  # its steps' exec ids and log offsets go there too
         self.kept = False  # the current attempt's work dir stays: its step runs on, or is the monitor's to reap
-        self.finisher: Finishing | None = None  # takes container jobs after their last container step (None: not)
+        self.finisher: Finishing | None = None  # takes jobs after their last container step or compile (None: not)
         self.handed_off = False  # the current job went to the finishing stage: its work dir and its end are its
 
     def run(self) -> None:
@@ -244,14 +244,15 @@ class Worker(threading.Thread):
             event("job.quantization_flagged", job, "warning", outputs=",".join(result.report["flagged"]))
 
     def _hand_off(self, job: Job, compiled: pipeline.Compiled) -> bool:
-        """Give a job whose report is still to make to the finishing stage (True), so this slot is free: a container
-        job's next compile, or a host job's (its compile is the host's own serial work), never waits for a report."""
-        if self.finisher is None or compiled.planned is None:
+        """Give a job past its compile to the finishing stage (True), so this slot is free: a container job's next
+        compile, or a host job's (its compile is the host's own serial work), never waits for a report, nor for an
+        outbox that refuses bundles (a job without a report is handed over too: its publication may wait an hour)."""
+        if self.finisher is None:
             return False
         if self.attempt is None or not self.jobs.still_current(self.attempt):
             raise Superseded(f"{job.job_id}: attempt {job.attempt} is not the store's any more")
         left = None
-        if compiled.planned.simulator:  # its call runs in the container beside this slot's next job
+        if compiled.planned is not None and compiled.planned.simulator:  # its call runs beside this slot's next job
             active = self.containers.active
             left = None if active is None else active.beside()
             if left is None:
