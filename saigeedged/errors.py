@@ -70,6 +70,12 @@ HINTS: dict[Code, str] = {
 # The hint of a retryable code's error that ends its job for good (raised with `exhausted=True`: waiting will not
 # help any more, decision.decide ends the job): its HINTS line says the job is retried, which is no longer true.
 EXHAUSTED_HINTS: dict[Code, str] = {
+    "CONTAINER_LOST": "the compiler container died under every attempt (limits.max_attempts): check `journalctl -u "
+    "docker` and `journalctl -k` (OOM?), then `saigeedged retry JOB_ID`",
+    "ENGINE_LOST": "the Docker engine stopped answering under every attempt (limits.max_attempts): `saigeedged check` "
+    "names the engine; `saigeedged retry JOB_ID` once it answers",
+    "CHILD_LOST": "the host process that ran onnxruntime for the job was killed under every attempt "
+    "(limits.max_attempts): `journalctl -k` says whether the kernel killed it; `saigeedged retry JOB_ID`",
     "PUBLISH_FAILED": "the job failed for good, its bundle unpublished: make room on the outbox or fix its permissions, "
     "then `saigeedged retry JOB_ID` once it takes files (the inputs are kept under <inbox>/.saigeedged/failed/<job_id>/)",
 }
@@ -133,3 +139,11 @@ INPUT_CODES: frozenset[Code] = frozenset({
     "INPUT_SIZE_MISMATCH", "SURGERY_OUTPUTS_NOT_FOUND", "CALIB_INVALID"})
 # The host is not ready (exit 3).
 ENVIRONMENT_CODES: frozenset[Code] = frozenset({"DOCKER_UNAVAILABLE", "IMAGE_NOT_FOUND", "CONTAINER_FAILED"})
+
+
+def out_of_attempts(exc: SaigeError) -> SaigeError:
+    """A retryable error that ended its job because limits.max_attempts ran out: the same error with the hint of one
+    that ends the job for good (its HINTS line says the job runs again)."""
+    if not exc.retryable or exc.hint != HINTS[exc.code] or exc.code not in EXHAUSTED_HINTS:
+        return exc
+    return SaigeError(exc.code, exc.message, hint=EXHAUSTED_HINTS[exc.code], **exc.fields)

@@ -17,7 +17,7 @@ from saigeedged.adapters.joblog import JobLog
 from saigeedged.compile import ahead, pipeline
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
-from saigeedged.errors import SaigeError
+from saigeedged.errors import SaigeError, out_of_attempts
 from saigeedged.jobs import RUNNING, SUCCEEDED, Attempt, Job, Superseded, end_attempt, entry_from_doc, remaining_s
 from saigeedged.service import room
 from saigeedged.service.attempt import Facts
@@ -299,7 +299,7 @@ class Worker(threading.Thread):
         stopped = done.reason == "stop"  # a stop is no error of the attempt's (it was counted CANCELLED)
         end_attempt(job, jobid.iso(jobid.utc_now()), None if stopped else exc.code, stopped)
         if done.action == END:
-            self.jobs.end(job, done.reason, exc, fence=fence)
+            self.jobs.end(job, done.reason, out_of_attempts(exc), fence=fence)
             return kept
         if done.recreate:
             self.containers.container(job.target).recreate()  # it died under the job: made afresh
