@@ -11,7 +11,7 @@ def worst_cosine(result: dict[str, Any]) -> float | None:
     values = [row["cosine"] for row in result.get("outputs", {}).values()]
     score = (result.get("task") or {}).get("score_cosine")
     values += [score] if score is not None else []
-    if None in values:  # not a finite number (compile/report.nulled): no worst to show
+    if None in values:  # not a finite number (compile/accuracy.nulled): no worst to show
         return None
     return min(float(v) for v in values) if values else None
 
@@ -20,21 +20,21 @@ def table(result: dict[str, Any]) -> list[str]:
     """The report as the job log and `saigeedged status JOB` print it."""
     lines = [f"accuracy ({result['method']}, {result['images']} held-out images)"]
     lines += [f"  output {name:<28} {_cosine(row, 'cosine', 'cosine_mean')}  "
-              f"max abs {_n(row['max_abs_error'], '.4g')}" for name, row in result["outputs"].items()]
+              f"max abs {figure(row['max_abs_error'], '.4g')}" for name, row in result["outputs"].items()]
     task = result.get("task") or {}
     if task.get("score_cosine") is not None:
         lines.append(f"  decoded scores                      {_cosine(task, 'score_cosine', 'score_cosine_mean')}")
     if task.get("map50_vs_float") is not None:
-        lines.append(f"  {task['metric']} against the float model's detections {_n(task['map50_vs_float'])}")
+        lines.append(f"  {task['metric']} against the float model's detections {figure(task['map50_vs_float'])}")
     if task.get("drop") is not None:
-        lines.append(f"  {task['metric']} float {_n(task['float'])}  compiled {_n(task['compiled'])}  "
-                     f"drop {_n(task['drop'])}")
+        lines.append(f"  {task['metric']} float {figure(task['float'])}  compiled {figure(task['compiled'])}  "
+                     f"drop {figure(task['drop'])}")
     elif task.get("labels"):
         lines.append(f"  {task['labels']}")
     if result.get("worst_layers") and result.get("layer_images"):
         lines.append(f"  worst layers over the first {result['layer_images']} held-out images:")
-    lines += [f"  layer {row['tensor']:<29} cosine mean {_n(row['cosine_mean'])}  max abs {_n(row['max_abs_error'], '.4g')}"
-              for row in result.get("worst_layers", [])[:3]]
+    lines += [f"  layer {row['tensor']:<29} cosine mean {figure(row['cosine_mean'])}  "
+              f"max abs {figure(row['max_abs_error'], '.4g')}" for row in result.get("worst_layers", [])[:3]]
     if result.get("default_quantization"):
         lines.append(f"  left at default quantization (scale 1, zero point 0): {', '.join(result['default_quantization'])}")
     if result.get("gate"):
@@ -50,11 +50,11 @@ def table(result: dict[str, Any]) -> list[str]:
 def _cosine(row: dict[str, Any], worst: str, mean: str) -> str:
     """The mean over the held-out images (what the gate reads), then the worst image's (a report of before the mean
     has none)."""
-    return f"cosine {_n(row[worst])}" if mean not in row else f"cosine mean {_n(row[mean])} worst {_n(row[worst])}"
+    return f"cosine {figure(row[worst])}" if mean not in row else f"cosine mean {figure(row[mean])} worst {figure(row[worst])}"
 
 
-def _n(value: float | None, spec: str = ".4f") -> str:
-    """A figure of the report; None: one that was not a finite number (compile/report.nulled)."""
+def figure(value: float | None, spec: str = ".4f") -> str:
+    """A figure of the report; None: one that was not a finite number (compile/accuracy.nulled)."""
     return "NaN/inf" if value is None else format(value, spec)
 
 

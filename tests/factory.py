@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 from saigeedged.cli.examples import OPSET, classifier, const, image, random_labels, valjson, yolox
 
 __all__ = ["checkpoint", "classifier", "collapsing", "det_manifest", "image", "manifest", "random_labels", "undefined",
-           "valjson", "yolox"]
+           "valjson", "yolox", "infinite"]
 
 
 def collapsing(path: Path, size: tuple[int, int] = (32, 32)) -> Path:
@@ -40,6 +40,19 @@ def undefined(path: Path, op: str, conv: bool = False, size: tuple[int, int] = (
                               [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, *size])],
                               [helper.make_tensor_value_info("emb", TensorProto.FLOAT, [1, width])],
                               [const("w", rng.normal(0, 0.1, (8, 3, 4, 4)))] if conv else [])
+    onnx.save(helper.make_model(graph, opset_imports=OPSET), str(path))
+    return path
+
+
+def infinite(path: Path, size: tuple[int, int] = (64, 64)) -> Path:
+    """A re-id model with an infinite tensor on every image, bounded after it (the 1/0 of a Relu below zero, clipped to
+    10, as a -inf mask before a Softmax is): its range is infinite, its output finite."""
+    nodes = [helper.make_node("GlobalAveragePool", ["input"], ["p"]), helper.make_node("Sub", ["p", "big"], ["s"]),
+             helper.make_node("Relu", ["s"], ["z"]), helper.make_node("Reciprocal", ["z"], ["inv"]),
+             helper.make_node("Clip", ["inv", "lo", "hi"], ["c"]), helper.make_node("Flatten", ["c"], ["emb"])]
+    graph = helper.make_graph(nodes, "infinite", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, *size])],
+                              [helper.make_tensor_value_info("emb", TensorProto.FLOAT, [1, 3])],
+                              [const("big", np.array(1000.0)), const("lo", np.array(0.0)), const("hi", np.array(10.0))])
     onnx.save(helper.make_model(graph, opset_imports=OPSET), str(path))
     return path
 

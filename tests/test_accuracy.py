@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import yaml
-from factory import classifier, image, manifest, random_labels, undefined, valjson, yolox
+from factory import classifier, image, infinite, manifest, random_labels, undefined, valjson, yolox
 from harness import container_output, drop, reported_beside
 from realmodels import yolox_nano
 
@@ -246,9 +246,35 @@ def test_a_model_undefined_on_every_calibration_image_is_onnx_invalid(tmp_path: 
                   calibration_method=method, output=str(tmp_path / "m.saigeedge"))
     assert cli.main(["compile", str(mf), "-c", str(config_path)]) == 2  # invalid input, as a validation failure
     err = capsys.readouterr().err
-    assert "ONNX_INVALID: the float model computes no finite number (NaN or inf)" in err and "INTERNAL" not in err
+    assert "ONNX_INVALID: the float model computes no number (NaN)" in err and "INTERNAL" not in err
     assert " in emb, p on the calibration images" in err if method != "kl" else "onnxruntime" in err
     assert not (tmp_path / "m.saigeedge").exists()
+
+
+def test_an_infinite_range_quantizes_as_before(tmp_path: Path, config_path: Path) -> None:
+    """A tensor that is inf on every image, bounded after it (a -inf mask before a Softmax): onnxruntime quantizes it,
+    so it is no ONNX_INVALID (only NaN is: it has no range at all)."""
+    calib = valjson(tmp_path / "data", [[0]] * 12)
+    mf = manifest(tmp_path / "m.yml", task="reid", num_classes=1, calib=str(calib), n_samples=8, target="host",
+                  onnx=str(infinite(tmp_path / "m.onnx")), input_size=[64, 64], output=str(tmp_path / "m.saigeedge"))
+    assert cli.main(["compile", str(mf), "-c", str(config_path)]) == 0
+    assert (tmp_path / "m.saigeedge").is_file()
+
+
+def test_a_quantization_report_with_nan_stays_json_and_is_flagged(daemon: Any, tmp_path: Path) -> None:
+    """The host's own quantization report (the calibration images) of a model NaN on some of them: the cosine is null
+    and flagged, the job succeeds (it published, then ended INTERNAL "malformed JSON": the store's doc held NaN)."""
+    calib = valjson(tmp_path / "data", [[0]] * 12, grey=200)
+    for i in range(0, 12, 2):
+        image(tmp_path / "data" / "images" / f"img{i:04d}.jpg", seed=i, grey=20)
+    d = daemon()
+    drop(d.inbox, "qnan", undefined(tmp_path / "qnan.onnx", "Log"),
+         {"task": "reid", "num_classes": 1, "calib": str(calib), "n_samples": 8, "input_size": [64, 64],
+          "eval_samples": 0})
+    doc = d.wait_job("qnan")
+    assert doc["state"] == "succeeded", doc
+    row = doc["quantization_report"]["outputs"]["emb"]
+    assert row["cosine"] is None and row["flagged"] and doc["quantization_report"]["flagged"] == ["emb"]
 
 
 def test_a_report_with_nan_fails_the_gate_and_its_status_stays_json(daemon: Any, tmp_path: Path) -> None:

@@ -145,7 +145,8 @@ def _report(report: dict[str, Any] | None) -> str:
     """The float-vs-compiled comparison: the worst REPORT_LINES outputs, flagged ones marked."""
     if not report or not report.get("outputs"):
         return '<td data-label="quantization"></td>'
-    outputs = sorted(report["outputs"].items(), key=lambda item: float(item[1].get("cosine", 0.0)))
+    # a cosine that was not a finite number is null (compile/accuracy.nulled): worst of all
+    outputs = sorted(report["outputs"].items(), key=lambda item: float(item[1].get("cosine") or -2.0))
     lines = []
     for name, row in outputs[:REPORT_LINES]:
         mark = ' <span class="flag">FLAGGED</span>' if row.get("flagged") else ""
@@ -153,8 +154,9 @@ def _report(report: dict[str, Any] | None) -> str:
         lines.append(f'{_e(shown)}: cosine {_e(row.get("cosine"))}, max abs error {_e(row.get("max_abs_error"))}{mark}')
     if len(outputs) > REPORT_LINES:
         lines.append(f"and {len(outputs) - REPORT_LINES} more outputs (every one is in the status file)")
-    worst = float(outputs[0][1].get("cosine", 0.0))
-    summary = (f'{len(report["flagged"])} flagged' if report.get("flagged") else "ok") + f", cosine ≥ {worst:.4f}"
+    worst = outputs[0][1].get("cosine")
+    summary = (f'{len(report["flagged"])} flagged' if report.get("flagged") else "ok") + \
+        (f", cosine ≥ {float(worst):.4f}" if worst is not None else ", cosine NaN/inf")
     css = ' class="flag"' if report.get("flagged") else ""
     return (f'<td data-label="quantization"><details><summary{css}>{summary}</summary>'
             f'{"<br>".join(lines)}</details></td>')

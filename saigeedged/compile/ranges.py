@@ -80,16 +80,17 @@ def collect(float_path: Path, input_name: str, batches: Iterable[NDArray[np.uint
     with warnings.catch_warnings():  # an all-NaN tensor ("Mean of empty slice") is said by undefined()
         warnings.simplefilter("ignore", RuntimeWarning)
         pairs = {n: (low(lo, axis=0), high(hi, axis=0)) for n, lo, hi in zip(names, lows, highs, strict=True)}
-    undefined([n for n, (lo, hi) in pairs.items() if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)))])
+    # NaN only: an infinite range (a -inf mask before a Softmax) quantizes as onnxruntime's own calibration does it
+    undefined([n for n, (lo, hi) in pairs.items() if np.any(np.isnan(lo)) or np.any(np.isnan(hi))])
     return TensorsData(CalibrationMethod.MinMax, pairs)
 
 
 def undefined(tensors: list[str], why: str = "") -> None:
-    """ONNX_INVALID when the float model computes NaN or inf where calibration needs a range (onnxruntime's quantizer
-    failed `AssertionError: scale issue`, an INTERNAL)."""
+    """ONNX_INVALID when the float model computes NaN where calibration needs a range (onnxruntime's quantizer failed
+    `AssertionError: scale issue`, an INTERNAL)."""
     if tensors or why:
         named = f" in {', '.join(tensors[:5])}" + (f" and {len(tensors) - 5} more" if len(tensors) > 5 else "")
-        raise SaigeError("ONNX_INVALID", f"the float model computes no finite number (NaN or inf){named if tensors else ''}"
+        raise SaigeError("ONNX_INVALID", f"the float model computes no number (NaN){named if tensors else ''}"
                          f" on the calibration images, so it has no range to quantize{why}",
                          hint="a Log, Sqrt, division or Pow of values outside its domain: fix the model there (a "
                          "clamp before it), or check that the images are what the model was trained on")

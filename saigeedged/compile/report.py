@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import resource
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from saigeedged.accuracytable import table as table
-from saigeedged.compile import emulated, simulate
+from saigeedged.compile import accuracy, emulated, simulate
 from saigeedged.compile.backends import cubie
 from saigeedged.errors import SaigeError
 from saigeedged.profiles import mean_scale
@@ -194,7 +193,7 @@ def made(prep: Prepared, planned: Plan, ctx: Context) -> dict[str, Any]:
     if planned.simulator:
         planned = _simulator_late(prep, ctx, planned)
     result: dict[str, Any] = ctx.in_background(costed, (planned.job, planned.args), "accuracy")
-    unmeasured = nulled(result)
+    unmeasured = accuracy.nulled(result)
     if unmeasured:  # JSON has no NaN: the status file, the store's doc and accuracy.json carry null, and the gate fails
         result["non_finite"] = unmeasured
         result["notes"].append(f"not a finite number (NaN or inf), shown as null: {', '.join(unmeasured[:SHOWN])}"
@@ -208,20 +207,6 @@ def made(prep: Prepared, planned: Plan, ctx: Context) -> dict[str, Any]:
 
 
 SHOWN = 5  # non-finite values named in a note or a gate failure
-
-
-def nulled(value: Any, at: str = "") -> list[str]:
-    """Every float of the report that is NaN or inf replaced by None, in place; their paths (`outputs.emb.cosine`)."""
-    found: list[str] = []
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        path = f"{at}.{key}" if at else str(key)
-        if isinstance(item, float) and not math.isfinite(item):
-            value[key] = None
-            found.append(path)
-        else:
-            found += nulled(item, path)
-    return found
 
 
 def measure(prep: Prepared, art: Artifact, ctx: Context, key: str | None = None) -> dict[str, Any] | None:

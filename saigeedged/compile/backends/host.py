@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from saigeedged.accuracytable import figure
 from saigeedged.compile.backends import Artifact, Context
 from saigeedged.profiles import mean_scale
 
@@ -192,6 +193,8 @@ def report(float_path: Path, int8_path: Path, input_name: str, batches: list[NDA
     import numpy as np
     import onnxruntime as ort
 
+    from saigeedged.compile import accuracy
+
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     # no busy-waiting worker threads: on a small compile host they would starve the daemon's main loop
@@ -205,9 +208,12 @@ def report(float_path: Path, int8_path: Path, input_name: str, batches: list[NDA
         ref, got = (s.run(names, {input_name: batch}) for s in sessions)
         for name, r, g in zip(names, ref, got, strict=True):
             cos[name].append(cosine(r, g))
-            err[name] = max(err[name], float(np.max(np.abs(r.astype(np.float64) - g.astype(np.float64)))))
-    outputs = {n: {"cosine": round(min(cos[n]), 6), "cosine_mean": round(float(np.mean(cos[n])), 6),
-                   "max_abs_error": round(err[n], 6), "flagged": min(cos[n]) < COSINE_FLAG} for n in names}
+            err[name] = float(np.max([err[name], np.max(np.abs(r.astype(np.float64) - g.astype(np.float64)))]))
+    # np.min keeps a NaN (min() kept whichever came first); a NaN is flagged, then null (accuracy.nulled)
+    outputs = {n: {"cosine": round(float(np.min(cos[n])), 6), "cosine_mean": round(float(np.mean(cos[n])), 6),
+                   "max_abs_error": round(err[n], 6), "flagged": not float(np.min(cos[n])) >= COSINE_FLAG}
+               for n in names}
+    accuracy.nulled(outputs)
     return {"images": min(len(batches), REPORT_IMAGES), "threshold": COSINE_FLAG, "outputs": outputs,
             "flagged": [n for n in names if outputs[n]["flagged"]]}
 
@@ -234,7 +240,7 @@ def compile(prep: Prepared, ctx: Context) -> Artifact:
     result = ctx.in_child(report_job, (wrapped, int8, prep.info.input_name, calib), "report")
     for name, row in result["outputs"].items():
         flag = "  << FLAGGED: INT8 output diverges" if row["flagged"] else ""
-        ctx.log.line(f"report {name}: cosine {row['cosine']:.4f} max_abs_error {row['max_abs_error']:.4g}{flag}")
+        ctx.log.line(f"report {name}: cosine {figure(row['cosine'])} max_abs_error {figure(row['max_abs_error'], '.4g')}{flag}")
     quant = {"format": "QDQ", "activations": f"uint{bits}", "weights": f"int{bits}",
              "method": METHODS[entry.calibration_method][0], "calibration_method": entry.calibration_method,
              "n_samples": len(prep.chosen), "seed": entry.seed}
