@@ -77,6 +77,23 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused(daemon: Any, det_input
     d.start()  # the lock went with the first
 
 
+def test_a_lock_file_the_daemon_cannot_write_still_keeps_a_second_daemon_out(daemon: Any, tmp_path: Path) -> None:
+    """A daemon.lock the service cannot open for writing (left by a `sudo saigeedged run`; immutable here, as root)
+    is locked read-only: the daemon started unlocked with a warning about a full state_dir, and a second one ran."""
+    lock = tmp_path / "state" / "daemon.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    subprocess.run(["chattr", "+i", str(lock)], check=True)
+    try:
+        d = daemon()
+        second = subprocess.run([sys.executable, "-m", "saigeedged", "run", "-c", str(d.config)], capture_output=True,
+                                text=True, timeout=60)
+        assert second.returncode == 3 and "is in use by another `saigeedged run`" in second.stderr, second.stderr
+        d.stop()
+    finally:
+        subprocess.run(["chattr", "-i", str(lock)], check=True)
+
+
 def test_submit_wait(daemon: Any, det_inputs: dict[str, Any], tmp_path: Path) -> None:
     """`submit --wait` drops safely, prints the status path and exits 0 on success, 1 on failure."""
     d = daemon()

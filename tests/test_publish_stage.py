@@ -77,6 +77,17 @@ def test_a_cancel_once_the_rename_began_is_refused_as_too_late(tmp_path: Path, c
         store.begin_publishing(attempt)
 
 
+def test_a_publishing_mark_a_crash_left_is_forgotten_at_start(tmp_path: Path, capsys: Any) -> None:
+    """A daemon killed between the mark and the job's end left it set: the re-attached job answered every cancel "too
+    late" for good. The next start (Daemon.recover) clears it, and a cancel is heard again."""
+    jobs, _, attempt = running(tmp_path)
+    store, config = jobs.store, str(write_config(tmp_path))
+    store.begin_publishing(attempt)
+    assert store.forget_publishing() == 1 and not store.publishing("a-1")
+    assert cli.main(["cancel", "a-1", "-c", config]) == 0 and store.cancel_requested("a-1")
+    assert store.forget_publishing() == 0 and store.cancel_requested("a-1")  # a cancel's own flag stays
+
+
 def _cubie(daemon: Any, docker_config: Path, **kwargs: Any) -> Any:
     settings = yaml.safe_load(docker_config.read_text())
     return daemon(cubie=settings["cubie"], mobilint=settings["mobilint"], limits=settings["limits"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import os
 from pathlib import Path
 from typing import TextIO
@@ -22,7 +23,10 @@ def hold(state_dir: Path) -> TextIO:
     """The lock, held until the returned file is closed or the process ends; Taken when another daemon holds it.
     Two daemons on one state_dir both claim, re-attach and settle the same jobs (one failed the other's fresh claim)."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    fh = (state_dir / NAME).open("a+")
+    try:
+        fh = (state_dir / NAME).open("a+")
+    except PermissionError:  # left by a `sudo saigeedged run`: flock needs no write access, only the pid line does
+        fh = (state_dir / NAME).open("r")
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -30,7 +34,7 @@ def hold(state_dir: Path) -> TextIO:
         holder = fh.read(200).strip() or "a process that has not written its pid yet"
         fh.close()
         raise Taken(holder) from None
-    with contextlib.suppress(OSError):  # a full state_dir: the lock holds without the line
+    with contextlib.suppress(OSError, io.UnsupportedOperation):  # a full state_dir, a read-only file: no line
         fh.seek(0)
         fh.truncate()
         fh.write(f"pid {os.getpid()}, started {jobid.iso(jobid.utc_now())}\n")

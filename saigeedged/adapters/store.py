@@ -314,6 +314,14 @@ class Store(History, AttemptRecords):
             db.execute("UPDATE jobs SET cancel = ? WHERE job_id = ?", (PUBLISHING, fence.job_id))
 
     @patient
+    def forget_publishing(self) -> int:
+        """At start (one daemon per state_dir: no publication is under way): every publishing mark a crash left between
+        begin_publishing and the job's end is cleared, so a cancel of the re-attached job is heard again (it said "too
+        late" for good). The count cleared."""
+        with self._tx() as db:
+            return int(db.execute("UPDATE jobs SET cancel = 0 WHERE cancel = ?", (PUBLISHING,)).rowcount)
+
+    @patient
     def unpublishing(self, fence: Attempt) -> None:
         """The rename did not happen (the outbox refused it): a cancel may win again while the job waits."""
         with self._tx() as db:

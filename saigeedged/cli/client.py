@@ -278,7 +278,7 @@ def cancel(config: Config, job_id: str, out: TextIO) -> int:
             print(f"{job_id}: cancel requested", file=out)
             return 0
         if job.state == RUNNING and store.publishing(job_id):
-            print(f"{job_id}: too late to cancel: its bundle is being published (the job ends succeeded)", file=out)
+            print(f"{job_id}: too late to cancel: its bundle is being published", file=out)
             return 1
         if job.state == QUEUED:
             try:

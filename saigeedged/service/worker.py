@@ -249,6 +249,9 @@ class Worker(threading.Thread):
         outbox that refuses bundles (a job without a report is handed over too: its publication may wait an hour)."""
         if self.finisher is None:
             return False
+        if compiled.planned is None and self.config.executor.kind != "local":
+            return False  # on a Slurm node the hand-over ends the cluster job: a stop while the bundle waited for the
+            # outbox would then have the next start wait for a node to replay the steps of a bundle already built
         if self.attempt is None or not self.jobs.still_current(self.attempt):
             raise Superseded(f"{job.job_id}: attempt {job.attempt} is not the store's any more")
         left = None
