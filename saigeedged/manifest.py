@@ -40,7 +40,7 @@ SCHEMA: dict[str, tuple[tuple[type, ...], tuple[Any, ...] | None]] = {
     "quantizer": ((str,), QUANTIZERS),
     "qtype": ((str,), QTYPES),
     "hybrid_topn": ((int,), None),
-    "hybrid_dtype": ((str,), quantization.HYBRID_DTYPES),
+    "hybrid_dtype": ((str,), None),  # quantization.hybrid_dtype_problem
     "optimize": ((str,), None),
     "device": ((str,), MOBILINT_DEVICES),
     "preset": ((str,), None),
@@ -149,6 +149,8 @@ def problem(key: str, value: Any, where: str | None = None) -> str | None:
         return f"`{where}` must be {types[0].__name__}, got {got}"
     if choices is not None and value not in choices:
         return f"`{where}` must be one of {', '.join(map(str, choices))}, got {got}"
+    if key == "hybrid_dtype" and isinstance(value, str):
+        return quantization.hybrid_dtype_problem(value, where)
     if isinstance(value, int) and not -INT_LIMIT < value < (2 * INT_LIMIT if key == "seed" else INT_LIMIT):
         return f"`{where}` is out of range, got {safeyaml.shown(value)}"
     if key == "accuracy" and isinstance(value, dict):

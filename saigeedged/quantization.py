@@ -4,6 +4,7 @@ still compiles: SPEC §17 has mobilint's emulated report follow the manifest's a
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from saigeedged import safeyaml
@@ -11,9 +12,12 @@ from saigeedged import safeyaml
 # The entry's quantization fields and their defaults (manifest.Entry): a default value asks for nothing
 DEFAULTS: dict[str, Any] = {"calibration_method": "ema", "qtype": "uint8", "quantizer": "asymmetric_affine",
                             "hybrid_topn": 0, "hybrid_dtype": "float16"}
-# notes/pegasus.md "Hybrid quantization": `<layer>: <quantizer>-<qtype>` lines, seen `dynamic_fixed_point-i16` and
-# `bfloat16-bfloat16`; `float16` is the manifest's default (README: the A733 warns of it)
-HYBRID_DTYPES = ("float16", "dynamic_fixed_point-i16", "bfloat16-bfloat16")
+# notes/pegasus.md "Hybrid quantization": `<layer>: <quantizer>-<qtype>` lines (dynamic_fixed_point-i16,
+# asymmetric_affine-u8, perchannel_symmetric_affine-i8, bfloat16-bfloat16, ...), and `float16` (the manifest's default;
+# README: the A733 warns of it). The form only: which pairs a given pegasus takes is its own to say (its quantize step
+# names the layer), and a closed list refused spellings it does take.
+HYBRID_DTYPE = re.compile(r"float16|[a-z][a-z0-9_]*-[a-z][a-z0-9_]*")
+HYBRID_DTYPE_FORM = "float16 or <quantizer>-<qtype> as pegasus writes them (dynamic_fixed_point-i16, asymmetric_affine-u8)"
 
 _MOBILINT = ("qbcompiler is never given it: its parse and quantize take a --config-preset and a --compile-config, no "
              "calibration method, qtype, quantizer or hybrid layers (notes/mobilint.md), so every value compiles the "
@@ -45,3 +49,10 @@ def warnings(entry: Any) -> list[str]:
     said += [unhonoured(entry.target, key, value, f"variants[{i}].{key}")
              for i, overrides in enumerate(entry.variants or []) for key, value in overrides.items() if key in DEFAULTS]
     return [text for text in said if text is not None]
+
+
+def hybrid_dtype_problem(value: str, where: str) -> str | None:
+    """Why `value` is no hybrid_dtype (written as `where`), or None: `float16` or a `<quantizer>-<qtype>` spelling."""
+    if len(value) <= 64 and HYBRID_DTYPE.fullmatch(value):
+        return None
+    return f"`{where}` must be {HYBRID_DTYPE_FORM}, got {safeyaml.shown(value)}"

@@ -75,12 +75,24 @@ def test_host_int16_report_names_int16(tmp_path: Path, config_path: Path) -> Non
     ({"variants": [{"calibration_method": "entropy"}]},
      "`variants[0].calibration_method` must be one of ema, minmax, kl, normal, auto, got 'entropy'"),
     ({"variants": [{}, {"hybrid_topn": -1}]}, "`variants[1].hybrid_topn` must be >= 0, got -1"),
-    ({"hybrid_dtype": "nonsense"}, "`hybrid_dtype` must be one of float16, dynamic_fixed_point-i16, bfloat16-bfloat16"),
-    ({"variants": [{"hybrid_dtype": "nonsense"}]}, "`variants[0].hybrid_dtype` must be one of float16,"),
+    ({"hybrid_dtype": "nonsense"}, "`hybrid_dtype` must be float16 or <quantizer>-<qtype> as pegasus writes them "
+     "(dynamic_fixed_point-i16, asymmetric_affine-u8), got 'nonsense'"),
+    ({"variants": [{"hybrid_dtype": "nonsense"}]}, "`variants[0].hybrid_dtype` must be float16 or <quantizer>-<qtype>"),
+    ({"hybrid_dtype": "int8"}, "`hybrid_dtype` must be float16 or <quantizer>-<qtype>"),
+    ({"hybrid_dtype": "dynamic_fixed_point-i16: x"}, "`hybrid_dtype` must be float16 or <quantizer>-<qtype>"),
     ({"variants": [{"name": "x" * 5000}]}, "`variants[0].name` must be at most 120 characters, got 5000"),
     ({"variants": [{"name": "a\x1b[2Jb"}]}, "`variants[0].name` must not contain control characters"),
 ])
 def test_variant_errors_name_the_variant(tmp_path: Path, fields: dict[str, Any], text: str) -> None:
-    """A bad variant value is MANIFEST_INVALID naming `variants[i].field`; hybrid_dtype is checked against the
-    values notes/pegasus.md knows; a variant's name is bounded and printable."""
+    """A bad variant value is MANIFEST_INVALID naming `variants[i].field`; a hybrid_dtype of neither form pegasus
+    writes is refused naming the form; a variant's name is bounded and printable."""
     assert text in _refusal(det_manifest(tmp_path, target="cubie", **fields))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "dynamic_fixed_point-i16", "dynamic_fixed_point-i8", "asymmetric_affine-u8",
+                                   "perchannel_symmetric_affine-i8", "bfloat16-bfloat16"])
+def test_any_quantizer_qtype_spelling_is_a_hybrid_dtype(tmp_path: Path, dtype: str) -> None:
+    """hybrid_dtype takes float16 and any `<quantizer>-<qtype>` (notes/pegasus.md's form), top level or a variant's:
+    a closed list of three refused spellings pegasus takes (dynamic_fixed_point-i8, asymmetric_affine-u8)."""
+    mf = det_manifest(tmp_path, target="cubie", hybrid_topn=2, hybrid_dtype=dtype, variants=[{"hybrid_dtype": dtype}])
+    assert manifestmod.load(mf)[0].hybrid_dtype == dtype
