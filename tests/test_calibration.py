@@ -150,16 +150,34 @@ def test_one_image_file_is_one_image_whatever_its_path(tmp_path: Path) -> None:
     assert len(files) == len(set(files)) == 12
 
 
-def test_one_image_file_with_two_sets_of_labels_is_refused(tmp_path: Path) -> None:
-    """The same file listed under two paths with different labels is CALIB_INVALID naming both rows."""
+def test_one_image_file_with_two_sets_of_labels_is_one_image_with_all_of_them(tmp_path: Path) -> None:
+    """The same file listed on several rows with other labels (another spelling of its path, a hard link) is one image
+    in its first row's place holding every row's labels; a row repeating one of them adds nothing."""
     path = valjson(tmp_path, [[0], [1], [2]])
+    os.link(tmp_path / "images" / "img0001.jpg", tmp_path / "images" / "hard.jpg")
     data = json.loads(path.read_text())
-    data["validation"].append({"image": str(tmp_path / "images" / ".." / "images" / "img0001.jpg"), "labels": [2]})
+    data["validation"] += [{"image": str(tmp_path / "images" / ".." / "images" / "img0001.jpg"), "labels": [2]},
+                           {"image": str(tmp_path / "images" / "hard.jpg"), "labels": [0, 2]},
+                           {"image": str(tmp_path / "images" / "img0001.jpg"), "labels": [2]}]
     path.write_text(json.dumps(data))
-    with pytest.raises(SaigeError) as err:
-        calibration.read(path, 3)
-    assert err.value.code == "CALIB_INVALID" and "validation[1]" in err.value.message \
-        and "validation[3]" in err.value.message and "different labels" in err.value.message
+    calib = calibration.read(path, 3)
+    assert [(s.image.name, s.labels) for s in calib.samples] == [("img0000.jpg", (0,)), ("img0001.jpg", (1, 2, 0, 2)),
+                                                                  ("img0002.jpg", (2,))]
+
+
+def test_the_sample_of_a_file_without_repeated_images_is_pinned(tmp_path: Path) -> None:
+    """The seeded sample and held-out set of a duplicate-free file stay as they were (the cache key, calib_digests.txt
+    and a resumed attempt depend on them): reading the file keeps its rows and their order."""
+    labels = [[i % 3] + ([(i // 3) % 3] if i % 4 else []) for i in range(20)]
+    calib = calibration.read(valjson(tmp_path, labels), 3)
+    assert [s.labels for s in calib.samples] == [tuple(lab) for lab in labels]
+    picked = {}
+    for sampler in ("uniform", "balanced"):
+        chosen = calibration.pick(calib, 6, 1337, sampler)
+        held = calibration.held_out(calib, chosen, 5, 1337, sampler)
+        picked[sampler] = ([s.image.name[3:7] for s in chosen], [s.image.name[3:7] for s in held])
+    assert picked == {"uniform": (["0019", "0017", "0011", "0005", "0010", "0006"], ["0013", "0012", "0015", "0007", "0018"]),
+                      "balanced": (["0002", "0013", "0001", "0007", "0003", "0009"], ["0004", "0011", "0000", "0016", "0008"])}
 
 
 def test_n_classes_must_be_a_number(tmp_path: Path) -> None:

@@ -222,3 +222,44 @@ def test_a_held_out_image_that_does_not_decode_stops_validate(tmp_path: Path, co
     with pytest.raises(SaigeError) as exc:
         prepare.inspect_job(entry, tmp_path / "work", PathPolicy(), "0" * 64)
     assert exc.value.code == "CALIB_INVALID" and broken.name in exc.value.message
+
+
+def test_a_coco_file_with_boxes_that_are_none_compiles_and_the_report_says_so(tmp_path: Path, config_path: Path,
+                                                                               capsys: Any) -> None:
+    """COCO with `"bbox": null`, a NaN box, a box entirely outside its image, annotations without `bbox` among boxed
+    ones and one image file on two entries: validate, --dry-run and the daemon's validate step take it (these refused
+    it CALIB_INVALID, breaking files that compiled before), and the compiled bundle's accuracy report counts what it
+    dropped and left out of mAP against labels."""
+    import zipfile
+
+    from saigeedged import manifest as manifestmod
+    from saigeedged.cli.examples import image
+    from saigeedged.compile import prepare
+    from saigeedged.compile.inputs import PathPolicy
+
+    (tmp_path / "coco").mkdir()
+    for i in range(12):
+        image(tmp_path / "coco" / f"img{i}.jpg", i, size=(64, 64))
+    bboxes: list[Any] = [None, [float("nan"), 4, 20, 10], [5000, 5000, 50, 50], "no bbox"] + [[4, 4, 30, 20]] * 8
+    anns = [{"id": i, "image_id": i, "category_id": 1 + i % 3, **({} if b == "no bbox" else {"bbox": b})}
+            for i, b in enumerate(bboxes)]
+    data = {"images": [{"id": i, "file_name": f"img{i}.jpg"} for i in range(12)] + [{"id": 99, "file_name": "img5.jpg"}],
+            "annotations": [*anns, {"id": 99, "image_id": 99, "category_id": 3, "bbox": [40, 40, 10, 10]}],
+            "categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}, {"id": 3, "name": "c"}]}
+    (tmp_path / "coco" / "instances.json").write_text(json.dumps(data), encoding="utf-8")
+    fields = {**inputs(tmp_path), "calib": str(tmp_path / "coco" / "instances.json"), "n_samples": 1,
+              "eval_samples": 11, "onnx": str(yolox(tmp_path / "det64.onnx", size=(64, 64))),
+              "output": str(tmp_path / "det.saigeedge"), "seed": 3}
+    mf = manifest(tmp_path / "det.yml", **fields)
+    for argv in (["validate", str(mf)], ["compile", str(mf), "--dry-run"]):
+        assert cli.main([*argv, "-c", str(config_path)]) == 0, capsys.readouterr().err
+    prep = prepare.inspect_job(manifestmod.load(mf)[0], tmp_path / "work", PathPolicy(), "0" * 64)
+    assert len(prep.calib.samples) + len(prep.held_out) == 12
+    assert cli.main(["compile", str(mf), "-c", str(config_path)]) == 0, capsys.readouterr().err
+    with zipfile.ZipFile(tmp_path / "det.saigeedge") as zf:
+        report = json.loads(zf.read("accuracy.json"))
+    assert sorted(report["held_out"]) == sorted(f"img{i}.jpg" for i in range(1, 12))  # img0 calibrates (seed 3)
+    assert report["notes"] == ["2 ground-truth box(es) dropped: not a box (no finite [x, y, width, height] with width "
+                               "and height above 0) or entirely outside its image",
+                               "3 held-out image(s) left out of mAP against labels: a label without a usable box"]
+    assert "labels" not in report["task"] and report["task"]["float"] is not None, report["task"]

@@ -1,4 +1,5 @@
-"""COCO instances files (SPEC §5, §17): boxes, image ids and categories checked when read, boxes against their image."""
+"""COCO instances files (SPEC §5, §17): image ids and categories checked when read; a box that is none is dropped, never
+refused (the accuracy report counts it)."""
 
 import json
 from pathlib import Path
@@ -32,13 +33,6 @@ def _bbox(value: Any) -> Any:
 
 
 BAD = [
-    ("nan", _bbox([float("nan"), 4, 20, 10]), "annotations[3] (id 103, image_id 1)"),
-    ("inf", _bbox([4, 4, float("inf"), 10]), "annotations[3] (id 103, image_id 1)"),
-    ("huge", _bbox([1e308, 1e308, 1e308, 1e308]), "not a box"),
-    ("zero width", _bbox([4, 4, 0, 10]), "width and height above 0"),
-    ("negative height", _bbox([4, 4, 20, -10]), "width and height above 0"),
-    ("three numbers", _bbox([4, 4, 20]), "bbox must be [x, y, width, height]"),
-    ("one without bbox", lambda data: data["annotations"][5].pop("bbox"), "annotations[5] (id 105, image_id 2) has no `bbox`"),
     ("repeated image id", lambda data: data["images"][2].update(id=1), "images[2] repeats image id 1"),
     ("unknown category", lambda data: data["annotations"][6].update(category_id=77),
      "annotations[6] (id 106, image_id 3) has category_id 77, not one of the categories' ids (1, 2, 3)"),
@@ -46,13 +40,55 @@ BAD = [
 
 
 @pytest.mark.parametrize(("label", "mutate", "named"), BAD, ids=[b[0] for b in BAD])
-def test_what_is_not_a_box_or_an_image_is_named(tmp_path: Path, label: str, mutate: Any, named: str) -> None:
-    """Non-finite or empty boxes, a missing bbox among boxed annotations, a repeated image id and an unknown category
-    are CALIB_INVALID naming the annotation or image and the value, with a hint; never a silently skewed mAP."""
+def test_what_can_never_be_right_is_named(tmp_path: Path, label: str, mutate: Any, named: str) -> None:
+    """A repeated image id and an unknown category are CALIB_INVALID naming the image or annotation and the value,
+    with a hint: their labels cannot be told apart or named."""
     with pytest.raises(SaigeError) as err:
         calibration.read(coco(tmp_path, mutate), 3)
     assert err.value.code == "CALIB_INVALID" and named in err.value.message, err.value.message
     assert err.value.hint and "fix the calibration file: every image" not in err.value.hint
+
+
+NOT_BOXES = [
+    ("nan", [float("nan"), 4, 20, 10]), ("inf", [4, 4, float("inf"), 10]), ("huge", [1e308, 1e308, 1e308, 1e308]),
+    ("zero width", [4, 4, 0, 10]), ("negative height", [4, 4, 20, -10]), ("three numbers", [4, 4, 20]),
+    ("a string", "4 4 20 10"),
+]
+
+
+@pytest.mark.parametrize(("label", "bbox"), NOT_BOXES, ids=[b[0] for b in NOT_BOXES])
+def test_a_box_that_is_no_box_is_dropped_not_refused(tmp_path: Path, label: str, bbox: Any) -> None:
+    """Non-finite, empty or malformed boxes leave their label without a box and are counted (the report's notes say
+    so and leave the image out of mAP): the file is read, and its labels stay whole for mlc and reid."""
+    calib = calibration.read(coco(tmp_path, _bbox(bbox)), 3)
+    one = calib.samples[1]
+    assert one.labels == (0, 1) and one.boxes == ((4.0, 4.0, 24.0, 14.0), None) and one.dropped == 1
+    assert all(s.boxes == ((4.0, 4.0, 24.0, 14.0),) * 2 and s.dropped == 0 for k, s in enumerate(calib.samples) if k != 1)
+
+
+@pytest.mark.parametrize("empty", [None, []], ids=["null", "empty list"])
+def test_null_or_empty_bbox_is_no_box(tmp_path: Path, empty: Any) -> None:
+    """`"bbox": null` or `[]` (tag-style exports) is no box: on every annotation the file has no boxes; on some, those
+    labels have none (not a dropped box: nothing was given)."""
+    calib = calibration.read(coco(tmp_path, lambda data: [a.update(bbox=empty) for a in data["annotations"]]), 3)
+    assert all(s.boxes is None and s.labels == (0, 1) for s in calib.samples)
+    calib = calibration.read(coco(tmp_path, _bbox(empty)), 3)
+    assert calib.samples[1].boxes == ((4.0, 4.0, 24.0, 14.0), None) and calib.samples[1].dropped == 0
+
+
+def test_some_annotations_without_bbox_leave_only_theirs_without_a_box(tmp_path: Path) -> None:
+    """A file where some annotations have a bbox and some do not is read: those labels have no box, the image keeps
+    them; whether the file has boxes is told from the listed images' annotations only (an orphan is ignored)."""
+    calib = calibration.read(coco(tmp_path, lambda data: data["annotations"][5].pop("bbox")), 3)
+    assert calib.samples[2].labels == (0, 1) and calib.samples[2].boxes == ((4.0, 4.0, 24.0, 14.0), None)
+    assert calib.samples[0].boxes == ((4.0, 4.0, 24.0, 14.0),) * 2
+
+    def orphan_with_box(data: dict[str, Any]) -> None:
+        for ann in data["annotations"]:
+            ann.pop("bbox")
+        data["annotations"].append({"id": 999, "image_id": 77, "category_id": 1, "bbox": [1, 1, 5, 5]})
+    calib = calibration.read(coco(tmp_path, orphan_with_box), 3)
+    assert all(s.boxes is None for s in calib.samples)
 
 
 def test_no_bbox_at_all_is_a_file_without_boxes(tmp_path: Path) -> None:
@@ -61,16 +97,24 @@ def test_no_bbox_at_all_is_a_file_without_boxes(tmp_path: Path) -> None:
     assert all(s.boxes is None for s in calib.samples) and calib.samples[0].labels == (0, 1)
 
 
-def test_a_box_entirely_outside_its_image_is_refused_when_chosen(tmp_path: Path) -> None:
-    """A box that misses its image is CALIB_INVALID when the image is chosen (its size is known once it decodes); one
-    partly outside is kept as it is (the report clips it)."""
-    calib = calibration.read(coco(tmp_path, _bbox([50, 40, 100, 100])), 3)
-    calibration.check_decodes(calib.source, calib.samples)
+def test_a_box_entirely_outside_its_image_does_not_stop_calibration(tmp_path: Path) -> None:
+    """A box that misses its image is the accuracy report's to drop (evaluate._letterboxed): the calibration's decode
+    check passes it, for the sample and the held-out images alike."""
     calib = calibration.read(coco(tmp_path, _bbox([5000, 5000, 50, 50])), 3)
-    with pytest.raises(SaigeError) as err:
-        calibration.check_decodes(calib.source, calib.samples)
-    assert err.value.code == "CALIB_INVALID" and "img1.jpg box 1" in err.value.message
-    assert "entirely outside" in err.value.message and "[x, y, width, height]" in err.value.hint
+    calibration.check_decodes(calib.source, calib.samples)
+    assert calibration.evaluation(calib, calib.samples[:1], 3, 0, "uniform")
+
+
+def test_the_same_file_on_two_image_entries_is_one_image_with_both_annotations(tmp_path: Path) -> None:
+    """Two image entries (two ids) naming one file, or a hard link of it, are one image in the first entry's place,
+    holding both entries' labels and boxes."""
+    def twice(data: dict[str, Any]) -> None:
+        data["images"].append({"id": 9, "file_name": "img1.jpg"})
+        data["annotations"].append({"id": 900, "image_id": 9, "category_id": 3, "bbox": [30, 20, 10, 10]})
+    calib = calibration.read(coco(tmp_path, twice), 3)
+    assert [s.image.name for s in calib.samples] == ["img0.jpg", "img1.jpg", "img2.jpg", "img3.jpg"]
+    assert calib.samples[1].labels == (0, 1, 2)
+    assert calib.samples[1].boxes == ((4.0, 4.0, 24.0, 14.0), (4.0, 4.0, 24.0, 14.0), (30.0, 20.0, 40.0, 30.0))
 
 
 def test_no_annotation_at_all_is_images_without_labels(tmp_path: Path) -> None:
@@ -78,3 +122,15 @@ def test_no_annotation_at_all_is_images_without_labels(tmp_path: Path) -> None:
     (evaluate._labels_note), not that the file has no boxes."""
     calib = calibration.read(coco(tmp_path, lambda data: data.update(annotations=[])), 3)
     assert all(s.boxes == () and s.labels == () for s in calib.samples)
+
+
+def test_a_resumed_attempt_keeps_labels_without_a_box(tmp_path: Path) -> None:
+    """The attempt's stored samples (resume) keep a label's missing box and the dropped count; a document written
+    before either existed reads as every box there and none dropped."""
+    from saigeedged.compile import resume
+
+    calib = calibration.read(coco(tmp_path, _bbox([4, 4, 0, 10])), 3)
+    doc = json.loads(json.dumps(resume._sample_doc(calib.samples[1])))
+    assert resume._sample(doc) == calib.samples[1] and calib.samples[1].dropped == 1
+    old = {"image": "/d/a.jpg", "labels": [0], "boxes": [[1.0, 2.0, 3.0, 4.0]]}
+    assert resume._sample(old) == calibration.Sample(Path("/d/a.jpg"), (0,), ((1.0, 2.0, 3.0, 4.0),), 0)

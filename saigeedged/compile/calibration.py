@@ -9,7 +9,7 @@ import random
 import re
 import shutil
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,6 @@ from saigeedged import safeyaml
 from saigeedged.errors import SaigeError
 
 MAX_NAMED = 3  # offenders named in one message
-BOX_HINT = "COCO boxes are [x, y, width, height] in the image's pixels: fix or remove the annotation"
 Box = tuple[float, float, float, float]  # xyxy pixels
 
 
@@ -28,7 +27,10 @@ Box = tuple[float, float, float, float]  # xyxy pixels
 class Sample:
     image: Path
     labels: tuple[int, ...]
-    boxes: tuple[Box, ...] | None = None  # COCO only: xyxy pixels, one per label
+    # COCO with boxes only: xyxy pixels, one per label; None where that label has no usable box (its annotation has
+    # none, or one that is not a box: `dropped` counts those). The accuracy report leaves such an image out of mAP.
+    boxes: tuple[Box | None, ...] | None = None
+    dropped: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,15 +68,18 @@ def _from_coco(path: Path, data: dict[str, Any], base: Path) -> tuple[list[Sampl
             raise _bad(path, f"images[{i}] repeats image id {safeyaml.shown(img['id'])} ({safeyaml.shown(img.get('file_name'))})",
                        "give every image its own `id`: annotations of a repeated id cannot be told apart")
         labels[img["id"]] = []
-    boxes: dict[Any, list[Box]] = {key: [] for key in labels}
-    with_box = _with_boxes(path, data["annotations"])
-    for i, ann in enumerate(data["annotations"]):
-        if ann.get("image_id") in labels:
-            labels[ann["image_id"]].append(_category(path, i, ann, index))
-            if with_box:
-                boxes[ann["image_id"]].append(_box(path, i, ann))
-    samples = [Sample(base / img["file_name"], tuple(labels[img["id"]]), tuple(boxes[img["id"]]) if with_box else None)
-               for img in data["images"]]
+    boxes: dict[Any, list[Box | None]] = {key: [] for key in labels}
+    dropped = dict.fromkeys(labels, 0)
+    listed = [(i, ann) for i, ann in enumerate(data["annotations"]) if ann.get("image_id") in labels]
+    with_box = _with_boxes(ann for _, ann in listed)
+    for i, ann in listed:
+        labels[ann["image_id"]].append(_category(path, i, ann, index))
+        if with_box:
+            box = _box(ann)
+            boxes[ann["image_id"]].append(box)
+            dropped[ann["image_id"]] += box is None and _given(ann)
+    samples = [Sample(base / img["file_name"], tuple(labels[img["id"]]),
+                      tuple(boxes[img["id"]]) if with_box else None, dropped[img["id"]]) for img in data["images"]]
     return samples, [str(c.get("name", c["id"])) for c in categories], len(categories)
 
 
@@ -83,16 +88,21 @@ def _named(i: int, ann: dict[str, Any]) -> str:
     return f"annotations[{i}] (id {safeyaml.shown(ann.get('id'))}, image_id {safeyaml.shown(ann.get('image_id'))})"
 
 
-def _with_boxes(path: Path, annotations: list[dict[str, Any]]) -> bool:
-    """Whether the file has boxes: all its annotations or none (one without `bbox` would leave its image, and so the
-    whole held-out set, without a box to measure mAP against). No annotation at all: boxes, none of them (the report
+def _given(ann: dict[str, Any]) -> bool:
+    """Whether the annotation gives a box: `bbox` there, not null and not `[]` (a tag-style export's "no box")."""
+    return ann.get("bbox") not in (None, [])
+
+
+def _with_boxes(annotations: Iterable[dict[str, Any]]) -> bool:
+    """Whether the file has boxes: one annotation of a listed image gives one (the others then have none: their images
+    leave the report's mAP, not the file), or there is no such annotation at all (boxes, none of them: the report
     then says no image has a label, not that the file has no boxes)."""
-    have = [i for i, ann in enumerate(annotations) if "bbox" in ann]
-    if have and len(have) < len(annotations):
-        i = next(i for i, ann in enumerate(annotations) if "bbox" not in ann)
-        raise _bad(path, f"{_named(i, annotations[i])} has no `bbox` while {len(have)} other annotation(s) have one",
-                   "give every annotation its `bbox` [x, y, width, height], or none of them (no mAP against labels)")
-    return bool(have) or not annotations
+    seen = False
+    for ann in annotations:
+        if _given(ann):
+            return True
+        seen = True
+    return not seen
 
 
 def _category(path: Path, i: int, ann: dict[str, Any], index: dict[Any, int]) -> int:
@@ -103,17 +113,17 @@ def _category(path: Path, i: int, ann: dict[str, Any], index: dict[Any, int]) ->
     return index[ann["category_id"]]
 
 
-def _box(path: Path, i: int, ann: dict[str, Any]) -> Box:
-    """COCO `bbox` [x, y, w, h] as xyxy: four finite numbers, width and height above 0, else CALIB_INVALID."""
-    bbox = ann["bbox"]
+def _box(ann: dict[str, Any]) -> Box | None:
+    """COCO `bbox` [x, y, w, h] as xyxy; None when there is none or it is not a box (four finite numbers, width and
+    height above 0): that label has no box, its image leaves the report's mAP and the report counts the dropped boxes
+    (a box never refuses the file: an mlc or reid job does not use them)."""
+    bbox = ann.get("bbox")
     if not (isinstance(bbox, list) and len(bbox) == 4
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox)):
-        raise _bad(path, f"{_named(i, ann)}: bbox must be [x, y, width, height], got {safeyaml.shown(bbox)}",
-                   BOX_HINT)
+        return None
     x, y, w, h = (float(v) for v in bbox)
     if not all(math.isfinite(v) for v in (x, y, w, h, x + w, y + h)) or w <= 0 or h <= 0:
-        raise _bad(path, f"{_named(i, ann)}: bbox {safeyaml.shown(bbox)} is not a box (finite numbers, width and height above 0)",
-                   BOX_HINT)
+        return None
     return (x, y, x + w, y + h)
 
 
@@ -149,7 +159,7 @@ def _read(path: Path, data: dict[str, Any], num_classes: int, check_path: Callab
     coco = {"images", "annotations", "categories"} <= set(data)
     samples, names, n_classes = (_from_coco if coco else _from_valjson)(path, data, base)
     _check(path, samples, n_classes, num_classes)
-    samples = distinct(path, samples, "images" if coco else "validation")
+    samples = distinct(path, samples)
     if check_path is not None:
         for sample in samples:
             check_path(sample.image)
@@ -172,14 +182,17 @@ def _check(path: Path, samples: list[Sample], n_classes: Any, num_classes: int) 
         raise _bad(path, f"{len(out_of_range)} image(s) with class ids outside [0, {num_classes}): {listed}")
 
 
-def distinct(path: Path, samples: Sequence[Sample], key: str) -> list[Sample]:
+def distinct(path: Path, samples: Sequence[Sample]) -> list[Sample]:
     """Each image file once, told by the file itself (device and inode: another spelling of its path, a symlink or
-    a hard link is the same image): a row repeated with the same labels is dropped, one with other labels is
-    CALIB_INVALID; a missing image (or one that is no regular file) is CALIB_INVALID, naming the first."""
-    seen: dict[tuple[int, int], int] = {}
+    a hard link is the same image), in its first row's place: a row repeating one before it for that file (the same
+    labels and boxes) adds nothing, one with others adds its labels (and boxes) to the image's. A missing image (or
+    one that is no regular file) is CALIB_INVALID, naming the first. A file without such rows keeps its order and
+    samples as they were (the seeded sample, and so the cache key and a resumed attempt, depend on it)."""
+    first: dict[tuple[int, int], int] = {}  # file -> its place in `kept`
+    rows: dict[tuple[int, int], list[list[tuple[int, Box | None]]]] = {}  # file -> the truths of its rows so far
     kept: list[Sample] = []
     missing: list[Path] = []
-    for i, sample in enumerate(samples):
+    for sample in samples:
         try:
             st = sample.image.stat()
         except (OSError, ValueError):  # ValueError: a NUL in the path
@@ -187,16 +200,23 @@ def distinct(path: Path, samples: Sequence[Sample], key: str) -> list[Sample]:
         if st is None or not stat.S_ISREG(st.st_mode):
             missing.append(sample.image)
             continue
-        first = seen.setdefault((st.st_dev, st.st_ino), i)
-        if first == i:
+        key = (st.st_dev, st.st_ino)
+        truth = _truth(sample)
+        if key not in first:
+            first[key], rows[key] = len(kept), [truth]
             kept.append(sample)
-        elif _truth(samples[first]) != _truth(sample):
-            raise _bad(path, f"{key}[{first}] ({safeyaml.shown(str(samples[first].image))}) and {key}[{i}] "
-                       f"({safeyaml.shown(str(sample.image))}) are the same image file with different labels",
-                       "list each image once, with all its labels")
+        elif truth not in rows[key]:
+            rows[key].append(truth)
+            kept[first[key]] = _merged(kept[first[key]], sample)
     if missing:
         raise _bad(path, f"{len(missing)} image(s) missing: {', '.join(str(p) for p in missing[:MAX_NAMED])}")
     return kept
+
+
+def _merged(into: Sample, more: Sample) -> Sample:
+    """`into` (the image's first row, whose path it keeps) with the labels, boxes and dropped boxes of `more`."""
+    boxes = None if into.boxes is None or more.boxes is None else into.boxes + more.boxes
+    return Sample(into.image, into.labels + more.labels, boxes, into.dropped + more.dropped)
 
 
 def _truth(sample: Sample) -> list[tuple[int, Box | None]]:
@@ -271,34 +291,22 @@ def evaluation(calib: CalibSet, chosen: Sequence[Sample], n: int, seed: int, sam
 
 
 def check_decodes(source: Path, chosen: Sequence[Sample], what: str = "image(s)") -> None:
-    """Every chosen image decodes (JPEG/PNG/BMP) and each of its boxes overlaps it, else CALIB_INVALID naming the
-    first that do not."""
-    broken, outside = [], []
-    for sample in chosen:
-        size = _decoded_size(sample.image)
-        if size is None:
-            broken.append(sample.image)
-            continue
-        outside += [f"{sample.image.name} box {k} {list(box)} (x1, y1, x2, y2) of {size[0]}x{size[1]}"
-                    for k, box in enumerate(sample.boxes or ())
-                    if box[0] >= size[0] or box[1] >= size[1] or box[2] <= 0 or box[3] <= 0]
+    """Every chosen image decodes (JPEG/PNG/BMP), else CALIB_INVALID naming the first that do not. (A box entirely
+    outside its image is the accuracy report's to drop and count, evaluate._letterboxed: never the calibration's.)"""
+    broken = [sample.image for sample in chosen if not _decodes(sample.image)]
     if broken:
         raise _bad(source, f"{len(broken)} {what} do not decode: {', '.join(str(p) for p in broken[:MAX_NAMED])}")
-    if outside:
-        raise _bad(source, f"{len(outside)} box(es) entirely outside their image ({what}): "
-                   f"{', '.join(outside[:MAX_NAMED])}", BOX_HINT)
 
 
-def _decoded_size(image: Path) -> tuple[int, int] | None:
-    """(width, height) of the decoded image, None when it does not decode."""
+def _decodes(image: Path) -> bool:
     try:
         with Image.open(image) as img:
             img.load()
-            return img.size
     except MemoryError:
         raise  # the child's memory bound: child.run names the limit
     except Exception:  # Pillow raises many types for broken files
-        return None
+        return False
+    return True
 
 
 def staged_name(image: Path) -> str:

@@ -17,7 +17,9 @@ from saigeedged.compile import accuracy, images
 
 WORST_LAYERS = 10
 LAYER_IMAGES = 2  # per-layer errors on the first held-out images only: the worst 10 of a 640 detector are those of 16
-Truth = tuple[tuple[tuple[float, float, float, float], ...] | None, tuple[int, ...]]  # (boxes xyxy or None, labels)
+Box = tuple[float, float, float, float]  # xyxy pixels
+# (boxes or None: the file has none; else one per label, None where that label has no usable box), labels
+Truth = tuple[tuple[Box | None, ...] | None, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Spec:
     num_classes: int
     conf: float = 0.25  # the task's postprocess threshold: what the float model "detects" for the agreement mAP
     notes: tuple[str, ...] = field(default=())
+    dropped: int = 0  # boxes of the held-out images the calibration file gave that are not boxes (Sample.dropped)
 
 
 def session(path: Path | bytes) -> Any:
@@ -205,7 +208,7 @@ def task_metric(spec: Spec, ref: list[list[NDArray[Any]]], got: list[list[NDArra
             labels[i, list(classes)] = True
         float_map = accuracy.multilabel_map(np.concatenate([r[0].reshape(1, -1) for r in ref]), labels)
         comp_map = accuracy.multilabel_map(np.concatenate([g[0].reshape(1, -1) for g in got]), labels)
-        return {"metric": "mAP", **_both(float_map, comp_map), **_labels_note(spec, 0)}
+        return {"metric": "mAP", **_both(float_map, comp_map), **_labels_note(spec)}
     return {}
 
 
@@ -230,11 +233,7 @@ def _detection(spec: Spec, ref: list[list[NDArray[Any]]], got: list[list[NDArray
                            "score_cosine_mean": round(float(np.mean(scores)), 6),
                            "map50_vs_float": _round(accuracy.map50(found_got, agreed, spec.num_classes))}
     if all(boxes is not None for boxes, _ in spec.truth):
-        placed = [_letterboxed(spec, path, boxes or ()) for path, (boxes, _) in zip(spec.images, spec.truth, strict=True)]
-        truth = [(arr, np.asarray(labels, np.int64)) for (arr, _), (_, labels) in zip(placed, spec.truth, strict=True)]
-        out.update(_both(accuracy.map50(found_ref, truth, spec.num_classes),
-                         accuracy.map50(found_got, truth, spec.num_classes)))
-        out.update(_labels_note(spec, sum(clipped for _, clipped in placed)))
+        out.update(_against_labels(spec, found_ref, found_got))
     else:
         out.update(_both(None, None))
         out["labels"] = "the calibration file has no boxes (a val.json, or COCO without `bbox`): mAP against labels " \
@@ -242,12 +241,38 @@ def _detection(spec: Spec, ref: list[list[NDArray[Any]]], got: list[list[NDArray
     return out
 
 
-def _labels_note(spec: Spec, clipped: int) -> dict[str, Any]:
-    """Why there is no mAP against the labels (`labels`, the table's line where a drop would be), or what was done to
-    them (`notes`, which compare() moves to the report's notes)."""
+def _against_labels(spec: Spec, found_ref: list[accuracy.Detections], found_got: list[accuracy.Detections]
+                    ) -> dict[str, Any]:
+    """mAP@0.5 against the boxes, on the held-out images whose every label has a usable box: one with a label without
+    (its annotation gave none, or one that is not a box or lies entirely outside the image) would count the model's
+    detection of that object as a false positive, so it is left out; the notes count what was left out, dropped or
+    clipped, and with no usable box left mAP is not measured, saying why (never measured on nothing)."""
+    placed = [_letterboxed(spec, path, boxes or ()) for path, (boxes, _) in zip(spec.images, spec.truth, strict=True)]
+    keep = [i for i, (arr, _, _) in enumerate(placed) if not np.isnan(arr).any()]
+    dropped = spec.dropped + sum(outside for _, _, outside in placed)
+    left_out = len(spec.truth) - len(keep)
+    notes = [f"{dropped} ground-truth box(es) dropped: not a box (no finite [x, y, width, height] with width and height "
+             "above 0) or entirely outside its image"] if dropped else []
+    if left_out:
+        notes.append(f"{left_out} held-out image(s) left out of mAP against labels: a label without a usable box")
+    clipped = sum(placed[i][1] for i in keep)
+    if clipped:
+        notes.append(f"{clipped} ground-truth box(es) partly outside their image clipped to it")
+    if not any(labels for _, labels in spec.truth):
+        return {**_both(None, None), **_labels_note(spec)}
+    if not any(len(placed[i][0]) for i in keep):
+        return {**_both(None, None), "notes": notes, "labels": f"no held-out image has a usable box ({left_out} of "
+                f"{len(spec.truth)} left out: a label without one): mAP against labels not measured"}
+    truth = [(placed[i][0], np.asarray(spec.truth[i][1], np.int64)) for i in keep]
+    return {**_both(accuracy.map50([found_ref[i] for i in keep], truth, spec.num_classes),
+                    accuracy.map50([found_got[i] for i in keep], truth, spec.num_classes)), "notes": notes}
+
+
+def _labels_note(spec: Spec) -> dict[str, Any]:
+    """Why there is no mAP against the labels (`labels`, the table's line where a drop would be)."""
     if not any(labels for _, labels in spec.truth):
         return {"labels": f"none of the {len(spec.truth)} held-out images has a label: mAP against labels not measured"}
-    return {"notes": [f"{clipped} ground-truth box(es) partly outside their image clipped to it"]} if clipped else {}
+    return {}
 
 
 def _centred(ref: NDArray[np.float64], got: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -257,11 +282,10 @@ def _centred(ref: NDArray[np.float64], got: NDArray[np.float64]) -> tuple[NDArra
     return ref - centre, got - centre
 
 
-def _letterboxed(spec: Spec, path: str, boxes: Sequence[tuple[float, float, float, float]]
-                 ) -> tuple[NDArray[np.float64], int]:
+def _letterboxed(spec: Spec, path: str, boxes: Sequence[Box | None]) -> tuple[NDArray[np.float64], int, int]:
     """Ground-truth boxes in the model's input pixels (the letterbox scales by one ratio and pads right and bottom),
-    each first clipped to its image; and how many clipping changed (read() refused boxes that are not boxes, and
-    check_decodes those entirely outside their image)."""
+    each first clipped to its image; how many clipping changed; how many lie entirely outside the image. A label
+    without a usable box (None: read() found none, or none that is a box; or one entirely outside) is a NaN row."""
     from PIL import Image
 
     with Image.open(path) as img:
@@ -270,8 +294,10 @@ def _letterboxed(spec: Spec, path: str, boxes: Sequence[tuple[float, float, floa
         rx = ry = min(spec.size[0] / height, spec.size[1] / width)
     else:
         rx, ry = spec.size[1] / width, spec.size[0] / height
-    given = np.asarray(boxes, np.float64).reshape(-1, 4)
+    given = np.asarray([(np.nan,) * 4 if box is None else box for box in boxes], np.float64).reshape(-1, 4)
     inside = np.clip(given, 0.0, np.array([width, height, width, height], np.float64))
-    clipped = int(np.any(inside != given, axis=1).sum())
+    outside = (inside[:, 2] <= inside[:, 0]) | (inside[:, 3] <= inside[:, 1])  # NaN rows compare False
+    inside[outside] = np.nan
+    clipped = int((np.any(inside != given, axis=1) & ~np.isnan(inside).any(axis=1)).sum())
     arr: NDArray[np.float64] = inside * np.array([rx, ry, rx, ry])
-    return arr, clipped
+    return arr, clipped, int(outside.sum())

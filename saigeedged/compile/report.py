@@ -37,7 +37,7 @@ def spec(prep: Prepared, compiled: Path, method: str, wrapped: Path, notes: tupl
     return evaluate.Spec(wrapped, compiled, method, prep.info.input_name, tuple(str(s.image) for s in prep.held_out),
                          tuple((s.boxes, s.labels) for s in prep.held_out), prep.input_size, entry.profile.letterbox,
                          entry.task, entry.num_classes, float(entry.profile.postprocess.get("conf_threshold", 0.25)),
-                         notes)
+                         notes, sum(s.dropped for s in prep.held_out))
 
 
 def _wrap(prep: Prepared, wrapped: Path) -> None:

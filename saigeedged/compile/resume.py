@@ -23,13 +23,17 @@ VERSION = 1  # of the prepared document; another version is not resumed (the att
 
 def _sample_doc(sample: Sample) -> dict[str, Any]:
     return {"image": str(sample.image), "labels": list(sample.labels),
-            "boxes": None if sample.boxes is None else [list(b) for b in sample.boxes]}
+            "boxes": None if sample.boxes is None else [None if b is None else list(b) for b in sample.boxes],
+            "dropped": sample.dropped}
 
 
 def _sample(doc: dict[str, Any]) -> Sample:
+    """A sample of to_doc(); one of a document written before labels could lack a box has every box and no
+    `dropped` (0)."""
     boxes = doc["boxes"]
     return Sample(Path(doc["image"]), tuple(int(v) for v in doc["labels"]),
-                  None if boxes is None else tuple((float(a), float(b), float(c), float(d)) for a, b, c, d in boxes))
+                  None if boxes is None else tuple(None if b is None else (float(b[0]), float(b[1]), float(b[2]), float(b[3]))
+                                                   for b in boxes), int(doc.get("dropped", 0)))
 
 
 def to_doc(prep: Prepared) -> dict[str, Any]:
