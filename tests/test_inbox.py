@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,36 @@ def test_a_manifest_whose_onnx_another_manifest_took_fails_at_the_next_scan(tmp_
     (tmp_path / "late.yml").unlink()
     write(tmp_path / "after.yml", {**M, "onnx": "zz.onnx"})  # zz.onnx may still come for it: the orphan wait holds
     assert s.scan(12.0) == [] and s.scan(611.0) == []
+
+
+def test_a_failed_claim_of_two_drops_sharing_an_onnx_does_not_make_every_scan_due_at_once(tmp_path: Path) -> None:
+    """yy.yaml and yy.yml naming one yy.onnx in a folder the daemon cannot rename in: the second is held back for a
+    scan at once only the first time; while the first's claim keeps failing the next scan is not due at once (it was:
+    the loop walked the inbox every 10 ms saying the failed claim). Once the claim goes through, the other fails."""
+    s = scanner(tmp_path, settle=1, orphan=600)
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    yolox(folder / "yy.onnx")
+    write(folder / "yy.yaml", M)
+    write(folder / "yy.yml", {**M, "name": "yy2"})
+    assert s.scan(0.0) == []
+    (first,) = s.scan(1.0)
+    assert isinstance(first, Drop) and s.next_due == 1.0  # the other looks again at once, after the claim
+    subprocess.run(["chattr", "+i", str(folder)], check=True)
+    try:
+        with pytest.raises(OSError):
+            claim(first.files, folder, tmp_path / ".saigeedged" / "claimed" / "yy-1", tmp_path)
+        for now in (1.0, 1.01, 5.0):
+            (again,) = s.scan(now)
+            assert again == first and s.next_due is None  # the next scan comes at the loop's interval
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    write(folder / "yy.yml", {**M, "name": "yy3"})  # changed: once settled, held back at once again
+    assert s.scan(6.0) == [first] and s.scan(7.0) == [first] and s.next_due == 7.0
+    claim(first.files, folder, tmp_path / ".saigeedged" / "claimed" / "yy-1", tmp_path)
+    s.forget(first.files)
+    (other,) = s.scan(7.0)
+    assert isinstance(other, Rejected) and other.error.code == "INPUT_NOT_FOUND" and other.files == [folder / "yy.yml"]
 
 
 def test_the_daemon_fails_the_manifest_that_lost_its_onnx_at_once(daemon: Any, det_inputs: dict[str, Any]) -> None:

@@ -105,6 +105,8 @@ class Scanner:
     _parsed: dict[Path, tuple[Signature, list[Entry] | SaigeError]] = field(default_factory=dict)
     # a manifest (as it was then) whose ONNX went with another manifest's claim: {its ONNX: that manifest}
     _taken: dict[Path, tuple[Signature, dict[Path, Path]]] = field(default_factory=dict)
+    # pairs of drops sharing a file whose second one the last scan held back (_one_claim_per_file), as their files were
+    _held: set[tuple[Path, Path, tuple[tuple[Path, Signature | None], ...]]] = field(default_factory=set)
     max_digest_bytes: int = 8 << 30  # limits.max_onnx_bytes: the scan (the main loop) never reads a larger ONNX
     # Manifests parsed per scan: a burst of thousands of drops is claimed a batch at a time (the next scan comes at
     # once, see next_due) instead of after every manifest of the burst has been parsed.
@@ -154,7 +156,7 @@ class Scanner:
                 result = self._guarded(path, files, now)
                 if result is not None:
                     found.append(result)
-        found = self._one_claim_per_file(self._leave_named(found, files, unparsed), now)
+        found = self._one_claim_per_file(self._leave_named(found, files, unparsed), files, now)
         live = set(files)
         self._taken = {p: t for p, t in self._taken.items() if p in live}
         self._seen = {p: s for p, s in self._seen.items() if p in live}
@@ -229,18 +231,29 @@ class Scanner:
             return None
         return next(((e, marked[1][e.onnx]) for e in missing if e.onnx not in files and e.onnx in marked[1]), None)
 
-    def _one_claim_per_file(self, found: list[Drop | Rejected], now: float) -> list[Drop | Rejected]:
+    def _one_claim_per_file(self, found: list[Drop | Rejected], files: dict[Path, Signature],
+                            now: float) -> list[Drop | Rejected]:
         """Of drops ready in one scan that share a file (yy.yml and yy.yaml, both naming yy.onnx), the first is
-        claimed; the others wait for the next scan, at once, which finds the file taken (or, if the claim failed, free)."""
-        held: set[Path] = set()
+        claimed; the others wait for the next scan, at once, which finds the file taken. Once only for a pair as its
+        files are: held back again, the first's claim failed (a folder the daemon cannot rename in), and the next
+        scan comes at its interval (or a change in the inbox), not at once again: that would walk the inbox every
+        few milliseconds, saying the failed claim each time, for as long as it fails."""
+        holders: dict[Path, Drop] = {}
+        held: set[tuple[Path, Path, tuple[tuple[Path, Signature | None], ...]]] = set()
         kept: list[Drop | Rejected] = []
         for result in found:
             if isinstance(result, Drop):
-                if held.intersection(result.files):
-                    self._due(now)
+                holder = next((holders[f] for f in result.files if f in holders), None)
+                if holder is not None:
+                    both = sorted({*holder.files, *result.files})
+                    pair = (holder.manifest, result.manifest, tuple((p, files.get(p)) for p in both))
+                    if pair not in self._held:
+                        self._due(now)
+                    held.add(pair)
                     continue
-                held.update(result.files)
+                holders.update(dict.fromkeys(result.files, result))
             kept.append(result)
+        self._held = held
         return kept
 
     def _sibling(self, manifest: Path, files: dict[Path, Signature], now: float) -> list[Path]:
