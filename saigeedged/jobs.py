@@ -75,6 +75,11 @@ class Job:
     attempts: list[dict[str, Any]] = field(default_factory=list)  # {engine, started_at, finished_at, error}
     # when retention removed its files (SPEC §13): its bundle path may hold another job's bundle since
     pruned_at: str | None = None
+    # the running attempt was handed to the finishing stage (its report, bundle, publication): its slot's worker runs
+    # another job. Recorded at the hand-over, cleared when a job is taken or re-attached in its slot; `status` and the
+    # dashboard go by it, not by the step (a handed job waiting for a finisher is still in its last compile step, and
+    # a worker whose backlog is full, or a Slurm job, bundles and publishes its job itself)
+    finishing: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_doc(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from conftest import write_config
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
 from saigeedged.cli import main as cli
-from saigeedged.jobs import FAILED, QUEUED, RUNNING, Job, attempt_outcome, begin_attempt, end_attempt
+from saigeedged.jobs import FAILED, QUEUED, RUNNING, Attempt, Job, attempt_outcome, begin_attempt, end_attempt
 
 T0, T1, T2, T3 = (f"2026-11-30T03:1{i}:00.000Z" for i in range(4))
 
@@ -166,31 +166,92 @@ def test_status_lists_the_host_slot_with_its_job(tmp_path: Path, capsys: Any) ->
     assert capsys.readouterr().out.splitlines()[-1].split() == ["this", "host", "up", "host:", "cls", "quantize", "4/7"]
 
 
-def test_status_names_the_job_a_slot_runs_and_lists_the_finishing_one_apart(tmp_path: Path, capsys: Any) -> None:
-    """sl1 in the finishing stage (its bundle step) while sl2 compiles in local's cubie slot, and a host job
-    publishing while the host slot is free: the slot lines (`status`, the dashboard) name sl2 and an idle host slot,
-    and `status` lists the two others as finishing (the cubie slot said `sl1 bundle 10/11`, sl2 nowhere)."""
-    from saigeedged.config import load
-    from saigeedged.service.ops import Ops
-
+def running_rows(tmp_path: Path, rows: list[tuple[str, str, str, int, int, str, bool]]) -> tuple[Path, Store]:
+    """A config whose engine `local` has a cubie and a mobilint slot, and running jobs in a real store: (job_id,
+    target, step, index, count, started_at, handed to the finishing stage as a worker records it)."""
     path = write_config(tmp_path)
     store = Store(Path(yaml.safe_load(path.read_text())["state_dir"]) / "saigeedged.db")
     store.set_engine("local", True, None, ["cubie", "mobilint"])
-    for job_id, target, step, index, count, at in (("sl1-1", "cubie", "bundle", 10, 11, T0),
-                                                   ("sl2-2", "cubie", "quantize", 8, 11, T1),
-                                                   ("hp-3", "host", "publish", 8, 8, T2)):
+    for job_id, target, step, index, count, at, handed in rows:
         running = job(job_id, target, state=RUNNING, step=step, step_index=index, step_count=count)
         begin_attempt(running, "local" if target == "cubie" else "host", at)
         store.add(running)
+        if handed:
+            store.mark_finishing(Attempt.of(running), True)
+    return path, store
+
+
+def status_of(path: Path, store: Store, capsys: Any) -> tuple[list[tuple[str, str, str | None]], str, list[str]]:
+    """The dashboard's slots, then `saigeedged status`: the local engine's line and its last two lines."""
+    from saigeedged.config import load
+    from saigeedged.service.ops import Ops
+
     slots = [(s.engine, s.target, s.job.name if s.job else None) for s in Ops(load(path), store).view().slots]
-    assert slots == [("local", "cubie", "sl2"), ("local", "mobilint", None), ("this host", "host", None)]
     store.close()
     assert cli.main(["status", "-c", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     (local,) = [line for line in lines if line.startswith("local ")]
+    return slots, local, lines[-2:]
+
+
+def test_status_names_the_job_a_slot_runs_and_lists_the_finishing_one_apart(tmp_path: Path, capsys: Any) -> None:
+    """sl1 handed to the finishing stage (its bundle step) while sl2 compiles in local's cubie slot, and a host job
+    handed over publishing while the host slot is free: the slot lines (`status`, the dashboard) name sl2 and an idle
+    host slot, and `status` lists the two others as finishing (the cubie slot said `sl1 bundle 10/11`, sl2 nowhere)."""
+    path, store = running_rows(tmp_path, [("sl1-1", "cubie", "bundle", 10, 11, T0, True),
+                                          ("sl2-2", "cubie", "quantize", 8, 11, T1, False),
+                                          ("hp-3", "host", "publish", 8, 8, T2, True)])
+    slots, local, last = status_of(path, store, capsys)
+    assert slots == [("local", "cubie", "sl2"), ("local", "mobilint", None), ("this host", "host", None)]
     assert local.split() == ["local", "up", "cubie:", "sl2", "quantize", "8/11;", "mobilint:", "idle"]
-    assert lines[-2:] == ["this host        up    host: idle",
-                          "finishing        -     cubie: sl1 bundle 10/11; host: hp publish 8/8"]
+    assert last == ["this host        up    host: idle",
+                    "finishing        -     cubie: sl1 bundle 10/11; host: hp publish 8/8"]
+
+
+def test_a_job_handed_over_in_its_last_compile_step_leaves_its_slot_to_the_next(tmp_path: Path, capsys: Any) -> None:
+    """sl1 handed over while still in `export` (it waits for a finisher: its step is its last compile step's) and
+    sl2 compiling in its slot since: the slot names sl2 (it named sl1, the older, and sl2 was nowhere)."""
+    path, store = running_rows(tmp_path, [("sl1-1", "cubie", "export", 9, 11, T0, True),
+                                          ("sl2-2", "cubie", "quantize", 5, 11, T1, False)])
+    slots, local, last = status_of(path, store, capsys)
+    assert slots[0] == ("local", "cubie", "sl2")
+    assert local.split() == ["local", "up", "cubie:", "sl2", "quantize", "5/11;", "mobilint:", "idle"]
+    assert last[-1] == "finishing        -     cubie: sl1 export 9/11"
+
+
+def test_a_job_its_own_worker_publishes_is_its_slots(tmp_path: Path, capsys: Any) -> None:
+    """Jobs not handed over (the stage's backlog of jobs was full, a Slurm job with a simulator report) bundle and
+    publish in their own worker: their slots name them (they showed idle, the jobs listed as finishing)."""
+    path, store = running_rows(tmp_path, [("sl3-1", "cubie", "publish", 11, 11, T0, False),
+                                          ("hp-2", "host", "bundle", 7, 8, T1, False)])
+    slots, local, last = status_of(path, store, capsys)
+    assert slots == [("local", "cubie", "sl3"), ("local", "mobilint", None), ("this host", "host", "hp")]
+    assert local.split() == ["local", "up", "cubie:", "sl3", "publish", "11/11;", "mobilint:", "idle"]
+    assert last[-1] == "this host        up    host: hp bundle 7/8" and not any("finishing" in line for line in last)
+
+
+def test_the_hand_over_is_fenced_and_a_new_take_clears_it(tmp_path: Path) -> None:
+    """Store.mark_finishing writes the row of the attempt it names only (Superseded after it), and a job taken again
+    (requeued, retried) is no longer the finishing stage's."""
+    import pytest
+
+    from saigeedged.jobs import Superseded
+
+    store = Store(tmp_path / "saigeedged.db")
+    store.add(job("sl1-1"))
+    taken = store.take("sl1-1", "local", T0)
+    assert taken is not None and not taken.finishing
+    store.mark_finishing(Attempt.of(taken), True)
+    assert store.get("sl1-1").finishing  # type: ignore[union-attr]
+    requeued = store.get("sl1-1")
+    assert requeued is not None
+    requeued.state = QUEUED
+    store.save(requeued, fence=Attempt.of(taken))
+    with pytest.raises(Superseded):
+        store.mark_finishing(Attempt.of(taken), False)
+    again = store.take("sl1-1", "local", T1)
+    assert again is not None and not again.finishing and not store.get("sl1-1").finishing  # type: ignore[union-attr]
+    store.close()
 
 
 def test_status_of_a_job_names_its_engine_and_attempts(tmp_path: Path, capsys: Any) -> None:

@@ -162,3 +162,39 @@ def test_a_cancel_is_the_workers_word_and_the_stores_never_undone_by_a_stop(tmp_
     w.interrupt("cancel")
     w.interrupt("stop")
     assert w.containers.interrupted() == "cancel"
+
+
+class Stage:
+    """A finishing stage that takes every job handed to it, or (full) none."""
+
+    def __init__(self, room: bool) -> None:
+        self.room, self.jobs = room, list[Job]()
+
+    def hand(self, job: Job, compiled: Any, container: Any = None, taken: Any = lambda: None) -> bool:
+        if self.room:
+            taken()
+            self.jobs.append(job)
+        return self.room
+
+
+def test_the_row_says_whether_a_job_was_handed_to_the_finishing_stage(tmp_path: Path) -> None:
+    """A worker records the hand-over in the job's row before the finishing stage can take the job (`status` and the
+    dashboard go by it, not by the step: a handed job waiting for a finisher is still in `export`); one the stage
+    refuses (its backlog full) stays its worker's, which bundles and publishes it: the row says so again."""
+    from saigeedged.compile import pipeline
+
+    config = configmod.load(write_config(tmp_path))
+    jobs, places = setup(config)
+    for name, room in (("handed", True), ("kept", False)):
+        jobs.add(Job(job_id=f"{name}-1", name=name, target="cubie", task="detection", entry={"onnx": "/x.onnx"},
+                     subdir="", claim_dir="/c", manifest=f"{name}.yml", created_at="t"))
+        w = Worker(config, jobs, Containers(config), places)
+        w.finisher = stage = Stage(room)
+        taken = jobs.take(f"{name}-1", "local")
+        assert taken is not None and not taken.finishing
+        w._own(taken)
+        taken.step, taken.step_index, taken.step_count = "export", 9, 11
+        assert w._hand_off(taken, pipeline.Compiled(None, None, [])) is room  # type: ignore[arg-type]
+        row = jobs.store.get(f"{name}-1")
+        assert row is not None and row.finishing is room and w.handed_off is room
+        assert stage.jobs == ([taken] if room else []) and taken.finishing is room  # a finisher's writes keep it

@@ -56,12 +56,24 @@ def test_slots_of_recorded_engines_hold_their_running_jobs() -> None:
 
 
 def test_a_slot_holds_the_job_its_worker_runs_not_the_one_finishing() -> None:
-    """A job in the finishing stage (bundle, publish) beside the one its slot now compiles: the slot holds the
-    compiling one, in either order of the rows (it held the finishing one, the compiling one shown nowhere)."""
+    """A job handed to the finishing stage beside the one its slot now compiles: the slot holds the compiling one, in
+    either order of the rows (it held the finishing one, the compiling one shown nowhere), whatever the handed job's
+    step: still `export` while it waits for a finisher, or `bundle`."""
     engines = [EngineState("local", True, None, "t", ("cubie",))]
-    ending, compiling = job("sl1", step="bundle", index=10), job("sl2")
-    for running in ([ending, compiling], [compiling, ending]):
-        (slot,) = slot_views(engines, running)
-        assert slot.job is compiling and finishing(ending) and not finishing(compiling)
-    (slot,) = slot_views(engines, [ending])
-    assert slot.job is None  # its worker is free: the finishing stage makes the report
+    for step, index in (("bundle", 10), ("export", 9)):
+        ending, compiling = job("sl1", step=step, index=index, finishing=True), job("sl2")
+        for running in ([ending, compiling], [compiling, ending]):
+            (slot,) = slot_views(engines, running)
+            assert slot.job is compiling and finishing(ending) and not finishing(compiling)
+        (slot,) = slot_views(engines, [ending])
+        assert slot.job is None  # its worker is free: the finishing stage makes the report
+
+
+def test_a_job_its_own_worker_bundles_and_publishes_holds_its_slot() -> None:
+    """Not handed over (the stage's backlog was full, a Slurm job with a simulator report): a job in its `bundle` or
+    `publish` step is its slot's (the slot showed idle, the job listed as finishing)."""
+    engines = [EngineState("local", True, None, "t", ("cubie",))]
+    for step in ("bundle", "publish"):
+        own = job("sl3", step=step, index=11)
+        (slot,) = slot_views(engines, [own])
+        assert slot.job is own and not finishing(own)

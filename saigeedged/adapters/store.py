@@ -193,8 +193,8 @@ class Store(History, AttemptRecords):
                 return None
             job = Job.from_doc(json.loads(str(row[0])))
             takes = len(job.attempts)
-            job.state, job.started_at, job.updated_at, job.step, job.error, job.progress = \
-                RUNNING, now_iso, now_iso, None, None, None
+            job.state, job.started_at, job.updated_at, job.step, job.error, job.progress, job.finishing = \
+                RUNNING, now_iso, now_iso, None, None, None, False
             begin_attempt(job, engine, now_iso)
             taken = db.execute("UPDATE jobs SET state = ?, doc = ?, engine = ? WHERE job_id = ? AND state = ? "
                                "AND cancel = 0 AND COALESCE(json_array_length(doc, '$.attempts'), 0) = ? RETURNING doc",
@@ -202,6 +202,17 @@ class Store(History, AttemptRecords):
             if taken is not None:  # its record, in the same transaction: no attempt runs without one
                 attempts.write(db, AttemptRecord(job_id, takes + 1, job.attempt, engine, job.target, work))
         return None if taken is None else Job.from_doc(json.loads(str(taken[0])))
+
+    @patient
+    def mark_finishing(self, fence: Attempt, handed: bool) -> None:
+        """Record that the running attempt `fence` is (or is no longer) the finishing stage's (Job.finishing): that
+        field alone, so a finisher's own write of the job never races it. Superseded when the store names another
+        attempt."""
+        with self._tx() as db:
+            if not db.execute(f"UPDATE jobs SET doc = json_set(doc, '$.finishing', json(?)) WHERE job_id = ? AND "
+                              f"state = ? AND {FENCE}", ("true" if handed else "false", fence.job_id, RUNNING,
+                                                        *fence_args(fence))).rowcount:
+                raise Superseded(f"job {fence.job_id}: attempt {fence.attempt} on {fence.engine} is over")
 
     def still_current(self, fence: Attempt) -> bool:
         """Does the row still name this attempt, running?"""

@@ -152,6 +152,14 @@ class Jobs:
             self._write_status(job)
         self._observe(job)
 
+    def mark_finishing(self, job: Job, attempt: Attempt, handed: bool) -> None:
+        """`job` (its attempt `attempt`) is handed to the finishing stage, or back in its slot (Job.finishing): the row
+        says so at once (`status`, the dashboard); its status file does not carry it. Superseded: see Store.save."""
+        job.finishing = handed
+        with self._job(job.job_id):
+            self.store.mark_finishing(attempt, handed)
+        self._observe(job)
+
     def add(self, job: Job) -> None:
         """A new row and its first status file, together: the worker may take the job the moment the row exists."""
         with self._writing:

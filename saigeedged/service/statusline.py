@@ -9,10 +9,6 @@ from saigeedged.adapters.store import EngineState
 from saigeedged.config import Config
 from saigeedged.jobs import HOST_ENGINE, Job, status_text
 
-# A job's steps after its slot's work: the finishing stage makes them (service/finishing.py) while the slot's worker
-# runs its next job, so a row in one of them is not the job of its slot
-FINISHING_STEPS = ("bundle", "publish")
-
 
 @dataclass(frozen=True)
 class SlotView:
@@ -46,8 +42,11 @@ def status_line(slots: Sequence[SlotView], queued: int, down: Sequence[str]) -> 
 
 
 def finishing(job: Job) -> bool:
-    """Is this running job in the finishing stage (its report, bundle or publication), its slot free for the next?"""
-    return job.step in FINISHING_STEPS
+    """Is this running job handed to the finishing stage (its report, bundle or publication), its slot free for the
+    next? As recorded at the hand-over (Job.finishing), not read from its step: one waiting for a finisher is still in
+    its last compile step, and one its own worker bundles and publishes (the stage's backlog full, a Slurm job) holds
+    its slot."""
+    return job.finishing
 
 
 def slot_views(engines: Sequence[EngineState], running: Sequence[Job]) -> list[SlotView]:

@@ -225,6 +225,8 @@ class Worker(threading.Thread):
 
         limits, attempt = self.config.limits, self.attempt
         assert attempt is not None
+        if handed is None and job.finishing:  # re-attached after a hand-over (a restart, a finisher's hold): back in
+            self.jobs.mark_finishing(job, attempt, False)  # its slot, which replays its steps and hands it over again
         told = Progress(self.jobs, job, attempt, rel, self.on_change, lambda: self._reason, limits.publish_patience_s,
                         replayed)
         run = pipeline.Job(job.job_id, entry, work, joblog, self.config, policy, told.step, told.progress, told.inputs,
@@ -260,12 +262,15 @@ class Worker(threading.Thread):
             left = None if active is None else active.beside()
             if left is None:
                 return False
+        # recorded before the hand-over (a finisher may write or end the job at once), undone if it is refused: the
+        # slot then shows the job this worker runs, never one it handed over (statusline.finishing)
+        self.jobs.mark_finishing(job, self.attempt, True)
         with self._lock:  # a stop or cancel that came first keeps the job here (the stage's stop may have swept already)
-            if self._reason is not None or not self.finisher.hand(job, compiled, left,
-                                                                   lambda: event("job.finishing", job)):
-                return False
-            self.handed_off = True
-        return True
+            handed = self._reason is None and self.finisher.hand(job, compiled, left, lambda: event("job.finishing", job))
+            self.handed_off = handed
+        if not handed:  # this worker makes its report, bundle and publication itself: its slot shows it
+            self.jobs.mark_finishing(job, self.attempt, False)
+        return handed
 
     def _settle(self, job: Job, exc: SaigeError) -> bool:
         """Settle an attempt that did not succeed as decision.decide says; every write is fenced by the job's attempt
