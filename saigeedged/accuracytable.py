@@ -1,7 +1,9 @@
-"""The accuracy report (SPEC §17) as text: the job log, `saigeedged status JOB` and the demo print the same lines."""
+"""The accuracy report (SPEC §17) as text: the job log, `saigeedged status JOB` and the demo print the same lines; and
+its figures that are no number made null, as JSON needs (no numpy: the daemon imports it)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -11,7 +13,7 @@ def worst_cosine(result: dict[str, Any]) -> float | None:
     values = [row["cosine"] for row in result.get("outputs", {}).values()]
     score = (result.get("task") or {}).get("score_cosine")
     values += [score] if score is not None else []
-    if None in values:  # not a finite number (compile/accuracy.nulled): no worst to show
+    if None in values:  # not a finite number (nulled): no worst to show
         return None
     return min(float(v) for v in values) if values else None
 
@@ -54,7 +56,7 @@ def _cosine(row: dict[str, Any], worst: str, mean: str) -> str:
 
 
 def figure(value: float | None, spec: str = ".4f") -> str:
-    """A figure of the report; None: one that was not a finite number (compile/accuracy.nulled)."""
+    """A figure of the report; None: one that was not a finite number (nulled)."""
     return "NaN/inf" if value is None else format(value, spec)
 
 
@@ -72,3 +74,18 @@ def variant_lines(result: dict[str, Any]) -> list[str]:
         lines.append(f"  {mark} {row['variant']}. {row['name']:<36} cosine {cos}  mAP drop {drop}  {verdict}"
                      f"{'  (cache hit)' if row['cache_hit'] else ''}")
     return lines
+
+
+def nulled(value: Any, at: str = "") -> list[str]:
+    """Every float of a report (a dict of dicts and lists) that is NaN or inf replaced by None, in place (JSON has no
+    NaN: the store's doc, the status file and the bundle would not parse); their paths (`outputs.emb.cosine`)."""
+    found: list[str] = []
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        path = f"{at}.{key}" if at else str(key)
+        if isinstance(item, float) and not math.isfinite(item):
+            value[key] = None
+            found.append(path)
+        else:
+            found += nulled(item, path)
+    return found

@@ -145,7 +145,7 @@ def _report(report: dict[str, Any] | None) -> str:
     """The float-vs-compiled comparison: the worst REPORT_LINES outputs, flagged ones marked."""
     if not report or not report.get("outputs"):
         return '<td data-label="quantization"></td>'
-    # a cosine that was not a finite number is null (compile/accuracy.nulled): worst of all
+    # a cosine that was not a finite number is null (accuracytable.nulled): worst of all
     outputs = sorted(report["outputs"].items(), key=lambda item: float(item[1].get("cosine") or -2.0))
     lines = []
     for name, row in outputs[:REPORT_LINES]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -183,18 +182,3 @@ def multilabel_map(scores: Floats, labels: NDArray[np.bool_]) -> float | None:
             aps.append(_average_precision([(float(s), bool(y)) for s, y in zip(scores[:, c], labels[:, c], strict=True)],
                                           int(labels[:, c].sum())))
     return float(np.mean(aps)) if aps else None
-
-
-def nulled(value: Any, at: str = "") -> list[str]:
-    """Every float of a report (a dict of dicts and lists) that is NaN or inf replaced by None, in place (JSON has no
-    NaN: the store's doc, the status file and the bundle would not parse); their paths (`outputs.emb.cosine`)."""
-    found: list[str] = []
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        path = f"{at}.{key}" if at else str(key)
-        if isinstance(item, float) and not math.isfinite(item):
-            value[key] = None
-            found.append(path)
-        else:
-            found += nulled(item, path)
-    return found

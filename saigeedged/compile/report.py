@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from saigeedged.accuracytable import nulled
 from saigeedged.accuracytable import table as table
-from saigeedged.compile import accuracy, emulated, simulate
+from saigeedged.compile import emulated, simulate
 from saigeedged.compile.backends import cubie
 from saigeedged.errors import SaigeError
 from saigeedged.profiles import mean_scale
@@ -193,7 +194,7 @@ def made(prep: Prepared, planned: Plan, ctx: Context) -> dict[str, Any]:
     if planned.simulator:
         planned = _simulator_late(prep, ctx, planned)
     result: dict[str, Any] = ctx.in_background(costed, (planned.job, planned.args), "accuracy")
-    unmeasured = accuracy.nulled(result)
+    unmeasured = nulled(result)
     if unmeasured:  # JSON has no NaN: the status file, the store's doc and accuracy.json carry null, and the gate fails
         result["non_finite"] = unmeasured
         result["notes"].append(f"not a finite number (NaN or inf), shown as null: {', '.join(unmeasured[:SHOWN])}"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from saigeedged.accuracytable import figure
+from saigeedged.accuracytable import figure, nulled
 from saigeedged.compile.backends import Artifact, Context
 from saigeedged.profiles import mean_scale
 
@@ -193,8 +193,6 @@ def report(float_path: Path, int8_path: Path, input_name: str, batches: list[NDA
     import numpy as np
     import onnxruntime as ort
 
-    from saigeedged.compile import accuracy
-
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     # no busy-waiting worker threads: on a small compile host they would starve the daemon's main loop
@@ -209,11 +207,11 @@ def report(float_path: Path, int8_path: Path, input_name: str, batches: list[NDA
         for name, r, g in zip(names, ref, got, strict=True):
             cos[name].append(cosine(r, g))
             err[name] = float(np.max([err[name], np.max(np.abs(r.astype(np.float64) - g.astype(np.float64)))]))
-    # np.min keeps a NaN (min() kept whichever came first); a NaN is flagged, then null (accuracy.nulled)
+    # np.min keeps a NaN (min() kept whichever came first); a NaN is flagged, then null (accuracytable.nulled)
     outputs = {n: {"cosine": round(float(np.min(cos[n])), 6), "cosine_mean": round(float(np.mean(cos[n])), 6),
                    "max_abs_error": round(err[n], 6), "flagged": not float(np.min(cos[n])) >= COSINE_FLAG}
                for n in names}
-    accuracy.nulled(outputs)
+    nulled(outputs)
     return {"images": min(len(batches), REPORT_IMAGES), "threshold": COSINE_FLAG, "outputs": outputs,
             "flagged": [n for n in names if outputs[n]["flagged"]]}
 
