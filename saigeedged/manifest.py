@@ -312,12 +312,31 @@ def _load(path: Path, defaults: dict[str, Any] | None, drop: bool) -> list[Entry
             return [build_entry(path, {**base, **data}, data.get("name") or path.stem, drop=drop)]
         except SaigeError as exc:
             raise _named(exc, data) from None
+    return _entries(path, data, base, drop)
+
+
+def _entries(path: Path, data: dict[str, Any], base: dict[str, Any], drop: bool) -> list[Entry]:
+    """A multi-model manifest's entries, each its `models:` item over the shared defaults over the config's."""
     models = _models(path, data)
     top = {k: data[k] for k in TOP_LEVEL_DEFAULTS if k in data}
+    for key, value in top.items():  # the shared defaults' own errors, before any model's
+        _check_field(path, key, value)
     entries = []
     for index, model in enumerate(models):
         if "onnx" not in model:
             raise invalid(path, f"models[{index}]: `onnx` is required in a multi-model manifest")
         stem = model.get("name") or f"{path.stem}.{model.get('task', index)}"
-        entries.append(build_entry(path, {**base, **top, **model}, stem, drop=drop))
+        try:
+            entries.append(build_entry(path, {**base, **top, **model}, stem, drop=drop))
+        except SaigeError as exc:
+            raise _in_model(exc, path, index) from None
     return entries
+
+
+def _in_model(exc: SaigeError, path: Path, index: int) -> SaigeError:
+    """A multi-model manifest's refusal names the entry (`models[1]: `qtype` must be ...`): it named the field only."""
+    prefix = f"{guards.printable(path.name)}: "
+    if exc.code != "MANIFEST_INVALID" or not exc.message.startswith(prefix):
+        return exc
+    return SaigeError(exc.code, f"{prefix}models[{index}]: {exc.message.removeprefix(prefix)}", hint=exc.hint,
+                      **exc.fields)

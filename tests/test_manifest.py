@@ -95,6 +95,20 @@ def test_multi_model_rejects_unknown_top_level_key(tmp_path: Path) -> None:
         manifestmod.load(tmp_path / "m.yml")
 
 
+def test_a_multi_model_refusal_names_the_entry(tmp_path: Path) -> None:
+    """A bad field of the second model is refused naming `models[1]` (it named the field only, in a file of many
+    entries); a bad shared default is named without an entry."""
+    manifest(tmp_path / "m.yml", target="host", models=[{**BASE, "onnx": "a.onnx"}, {**BASE, "onnx": "b.onnx",
+                                                                                       "qtype": "int3"}])
+    with pytest.raises(SaigeError) as raised:
+        manifestmod.load(tmp_path / "m.yml")
+    assert raised.value.code == "MANIFEST_INVALID" and raised.value.message.startswith("m.yml: models[1]: `qtype`")
+    manifest(tmp_path / "m.yml", seed="x", models=[{**BASE, "onnx": "a.onnx"}])
+    with pytest.raises(SaigeError) as raised:
+        manifestmod.load(tmp_path / "m.yml")
+    assert raised.value.message.startswith("m.yml: `seed`")
+
+
 def test_not_yaml(tmp_path: Path) -> None:
     """A manifest that is not YAML is MANIFEST_INVALID, naming the file."""
     (tmp_path / "m.yml").write_text("task: [unclosed\n")
