@@ -210,6 +210,28 @@ def test_a_rejected_drop_whose_files_cannot_move_is_said_once_and_moved_when_the
     assert failed["error"]["code"] == "MANIFEST_INVALID" and not bad.exists()
 
 
+def test_a_drop_whose_claim_keeps_failing_is_said_once_and_claimed_when_it_can(
+        daemon: Any, det_inputs: dict[str, Any]) -> None:
+    """A valid drop in a folder the daemon cannot rename in (immutable here; on a share, a read-only folder): its claim
+    fails at each scan, which the journal says once (it said it at every scan); other drops go on; it is claimed and
+    compiled once the folder allows it."""
+    d = daemon(watch={"rescan_interval_s": 0.2})
+    stuck = d.inbox / "stuck"
+    stuck.mkdir()
+    drop(stuck, "held", det_inputs["onnx"], det_inputs["manifest"])
+    subprocess.run(["chattr", "+i", str(stuck)], check=True)
+    try:
+        wait_for(lambda: [e for e in d.events("drop.ignored") if "claim failed" in e.get("message", "")], 30,
+                 "drop.ignored of held.yml")
+        drop(d.inbox, "good", det_inputs["onnx"], det_inputs["manifest"])
+        assert d.wait_job("good", timeout=30)["state"] == "succeeded"  # scans went on meanwhile
+        said = [e for e in d.events("drop.ignored") if e.get("manifest") == str(stuck / "held.yml")]
+        assert len(said) == 1 and "tried again at each scan" in said[0]["message"], said
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck)], check=True)
+    assert d.wait_job("held", timeout=30)["state"] == "succeeded"
+
+
 BAD_DROPS = [
     ("badyaml", None, "MANIFEST_INVALID"),
     ("badfield", {"num_classes": -1}, "MANIFEST_INVALID"),

@@ -69,7 +69,7 @@ class Daemon:
         self._blind_until = 0.0  # see BLIND_WINDOW_S
         self._next_catch_up = 0.0
         self._hung_up = False  # set by the SIGHUP handler: a plain flag, no lock in signal context
-        self._unmoved: set[Path] = set()  # rejected manifests whose files could not go to failed/ (said once)
+        self._unmoved: set[Path] = set()  # manifests whose files could not be claimed or go to failed/ (said once)
         self.pool = Pool(config, self.jobs, self.places, self._container_event,
                            lambda: log.info("container.lock_wait", state_dir=str(config.state_dir)), self._changed, clock)
         self.ahead = ahead.attach(config, self.store, self.pool)
@@ -134,8 +134,12 @@ class Daemon:
             moved = inbox.claim(drop.files, drop.manifest.parent, claim_dir, self.config.inbox)
         except OSError as exc:  # a file vanished or was replaced under us: the next scan decides again
             shutil.rmtree(claim_dir, ignore_errors=True)
-            log.warning("drop.ignored", manifest=str(drop.manifest), message=f"claim failed: {exc}")
+            if drop.manifest not in self._unmoved:  # a folder it cannot rename in fails it at every scan: said once
+                log.warning("drop.ignored", manifest=str(drop.manifest), message=f"claim failed: {exc}; tried again "
+                            "at each scan")
+            self._unmoved.add(drop.manifest)
             return
+        self._unmoved.discard(drop.manifest)
         self.scanner.forget(drop.files)
         if self.watcher is not None:
             self._blind_until = self.clock() + BLIND_WINDOW_S
