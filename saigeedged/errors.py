@@ -144,6 +144,6 @@ ENVIRONMENT_CODES: frozenset[Code] = frozenset({"DOCKER_UNAVAILABLE", "IMAGE_NOT
 def out_of_attempts(exc: SaigeError) -> SaigeError:
     """A retryable error that ended its job because limits.max_attempts ran out: the same error with the hint of one
     that ends the job for good (its HINTS line says the job runs again)."""
-    if not exc.retryable or exc.hint != HINTS[exc.code] or exc.code not in EXHAUSTED_HINTS:
+    if not exc.retryable or exc.hint != HINTS[exc.code]:
         return exc
-    return SaigeError(exc.code, exc.message, hint=EXHAUSTED_HINTS[exc.code], **exc.fields)
+    return SaigeError(exc.code, exc.message, **{**exc.fields, "exhausted": True})

@@ -7,7 +7,7 @@ from typing import Any
 
 from saigeedged.adapters.store import EngineState
 from saigeedged.jobs import RUNNING, Job, begin_attempt
-from saigeedged.service.statusline import SlotView, finishing, slot_views, status_line
+from saigeedged.service.statusline import SlotView, slot_views, status_line
 
 
 def job(name: str, target: str = "cubie", step: str | None = "quantize", index: int = 5, count: int = 11,
@@ -64,7 +64,7 @@ def test_a_slot_holds_the_job_its_worker_runs_not_the_one_finishing() -> None:
         ending, compiling = job("sl1", step=step, index=index, finishing=True), job("sl2")
         for running in ([ending, compiling], [compiling, ending]):
             (slot,) = slot_views(engines, running)
-            assert slot.job is compiling and finishing(ending) and not finishing(compiling)
+            assert slot.job is compiling and ending.finishing and not compiling.finishing
         (slot,) = slot_views(engines, [ending])
         assert slot.job is None  # its worker is free: the finishing stage makes the report
 
@@ -76,4 +76,4 @@ def test_a_job_its_own_worker_bundles_and_publishes_holds_its_slot() -> None:
     for step in ("bundle", "publish"):
         own = job("sl3", step=step, index=11)
         (slot,) = slot_views(engines, [own])
-        assert slot.job is own and not finishing(own)
+        assert slot.job is own and not own.finishing

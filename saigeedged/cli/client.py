@@ -231,14 +231,14 @@ def retry(config: Config, job_id: str, out: TextIO) -> int:
     if job.pruned_at:
         raise SaigeError("INPUT_NOT_FOUND", f"job {job_id} was pruned {job.pruned_at}: retention removed its inputs",
                          hint="drop its manifest and ONNX into the inbox again")
-    check_transition(job.state, QUEUED) if job.state in (FAILED, CANCELLED) else None
+    check_transition(job.state, QUEUED) if job.state in ACTS_ON["retry"] else None
     if job.target == "?":  # a drop refused before it was claimed (Daemon.reject): no entry to compile
         code = job.error["code"] if job.error else "INTERNAL"
         why = "its manifest never parsed" if code == "MANIFEST_INVALID" else f"its drop was refused unclaimed ({code})"
         raise SaigeError("MANIFEST_INVALID", f"job {job_id} has nothing to run again: {why}",
                          hint=f"its files are in {job.claim_dir}: fix what `saigeedged status {job_id}` says, then drop "
                          "the manifest with its ONNX into the inbox")
-    if job.state not in (FAILED, CANCELLED):
+    if job.state not in ACTS_ON["retry"]:
         raise SaigeError("MANIFEST_INVALID", f"job {job_id} is {job.state}",
                          hint="only failed or cancelled jobs can be retried")
     if not Path(job.claim_dir).is_dir():  # removed by hand: queued again, it could only fail INPUT_NOT_FOUND
@@ -248,7 +248,7 @@ def retry(config: Config, job_id: str, out: TextIO) -> int:
 
     places = Places(config.inbox, config.state_dir)
     jobs = Jobs(store, Outbox(config.outbox), places)
-    sharing = [j for j in store.by_claim(job.claim_dir) if j.state in (FAILED, CANCELLED) and j.job_id != job.job_id]
+    sharing = [j for j in store.by_claim(job.claim_dir) if j.state in ACTS_ON["retry"] and j.job_id != job.job_id]
     jobs.relocate([job, *sharing], places.claimed / Path(job.claim_dir).name)  # entries of one drop share a folder
     job.state, job.attempt, job.error, job.finished_at, job.step, job.bundle = QUEUED, job.attempt + 1, None, None, None, None
     jobs.save(job)

@@ -9,7 +9,7 @@ from saigeedged.adapters.store import EngineState
 from saigeedged.config import Config
 from saigeedged.guards import printable
 from saigeedged.jobs import HOST_ENGINE, QUEUED, Job
-from saigeedged.service.statusline import configured, doing, finishing, slot_views
+from saigeedged.service.statusline import configured, doing, slot_views
 
 
 def pool_configured(config: Config) -> bool:
@@ -34,7 +34,7 @@ def engine_lines(config: Config, recorded: Sequence[EngineState], running: Seque
             lines.append(printable(f"{spec.name:<16} {'?':<5} not seen by the daemon yet (is it running with this config?)"))
     hosted = [doing(s.job) for s in slots if s.engine == HOST_ENGINE and s.job is not None]  # host jobs' own slot
     lines.append(printable(f"{'this host':<16} {'up':<5} host: {'; '.join(hosted) or 'idle'}"))
-    ending = [f"{job.target}: {doing(job)}" for job in running if finishing(job)]
+    ending = [f"{job.target}: {doing(job)}" for job in running if job.finishing]
     if ending:
         lines.append(printable(f"{'finishing':<16} {'-':<5} {'; '.join(ending)}"))
     return lines

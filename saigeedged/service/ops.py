@@ -26,7 +26,7 @@ from saigeedged.errors import SaigeError
 from saigeedged.executor import ClusterNode, serves
 from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job
 from saigeedged.service.lifecycle import Places
-from saigeedged.service.statusline import configured, finishing, slot_views
+from saigeedged.service.statusline import configured, slot_views
 
 log = structlog.get_logger()
 PAGE_MIN_S = 1.0  # the dashboard is rewritten at most this often
@@ -173,7 +173,7 @@ class Ops(threading.Thread):
     def view(self) -> View:
         running = self.store.in_state(RUNNING)  # the rows, not the workers: one truth per page
         slots = self._slots(running)
-        hosts = [job for job in running if job.target == "host" and not finishing(job)]  # the one compiling (the last
+        hosts = [job for job in running if job.target == "host" and not job.finishing]  # the one compiling (the last
         # taken), not those the finishing stage holds
         slots.append(Slot("this host", "host", True, max(hosts, key=lambda j: j.started_at or "", default=None)))
         return View(jobid.iso(jobid.utc_now()), slots, running, self.store.head(QUEUED, dashboard.QUEUE_SHOWN),

@@ -41,22 +41,14 @@ def status_line(slots: Sequence[SlotView], queued: int, down: Sequence[str]) -> 
     return "; ".join([*parts, f"{queued} queued"])
 
 
-def finishing(job: Job) -> bool:
-    """Is this running job handed to the finishing stage (its report, bundle or publication), its slot free for the
-    next? As recorded at the hand-over (Job.finishing), not read from its step: one waiting for a finisher is still in
-    its last compile step, and one its own worker bundles and publishes (the stage's backlog full, a Slurm job) holds
-    its slot."""
-    return job.finishing
-
-
 def slot_views(engines: Sequence[EngineState], running: Sequence[Job]) -> list[SlotView]:
     """The slots of the recorded engines, each with the running job whose attempt is there: the one its worker runs,
-    never one the finishing stage holds (those are `finishing(job)`, listed apart).
+    never one the finishing stage holds (Job.finishing: those are listed apart).
 
     A running job with no engine recorded (started before the pool kept one) sits in the first slot of its target.
     """
     slots = [SlotView(e.name, target, None) for e in engines for target in e.slots]
-    for job in (j for j in running if not finishing(j)):
+    for job in (j for j in running if not j.finishing):
         engine = HOST_ENGINE if job.target == "host" else job.engine
         at = next((i for i, s in enumerate(slots) if s.target == job.target and s.job is None
                    and (engine is None or s.engine == engine)), None)

@@ -208,9 +208,9 @@ def report(float_path: Path, int8_path: Path, input_name: str, batches: list[NDA
             cos[name].append(cosine(r, g))
             err[name] = float(np.max([err[name], np.max(np.abs(r.astype(np.float64) - g.astype(np.float64)))]))
     # np.min keeps a NaN (min() kept whichever came first); a NaN is flagged, then null (accuracytable.nulled)
-    outputs = {n: {"cosine": round(float(np.min(cos[n])), 6), "cosine_mean": round(float(np.mean(cos[n])), 6),
-                   "max_abs_error": round(err[n], 6), "flagged": not float(np.min(cos[n])) >= COSINE_FLAG}
-               for n in names}
+    worst = {n: float(np.min(cos[n])) for n in names}
+    outputs = {n: {"cosine": round(worst[n], 6), "cosine_mean": round(float(np.mean(cos[n])), 6),
+                   "max_abs_error": round(err[n], 6), "flagged": not worst[n] >= COSINE_FLAG} for n in names}
     nulled(outputs)
     return {"images": min(len(batches), REPORT_IMAGES), "threshold": COSINE_FLAG, "outputs": outputs,
             "flagged": [n for n in names if outputs[n]["flagged"]]}
