@@ -92,7 +92,8 @@ def atomic_write(dest: Path, fill: Callable[[BinaryIO], object], *, exclusive: b
     """`fill` writes a temp file beside `dest` (or `tmp`), fsync, rename onto `dest`, fsync the folder.
 
     `exclusive`: never replace an existing `dest` (False then, the temp file removed). `commit()`: called just before
-    the rename; what it raises stops the write there. Any error removes the temp file and propagates.
+    the rename; what it raises stops the write there. Any error before the rename removes the temp file and
+    propagates; once `dest` is in place the write is done (True), whatever the folder's fsync says.
     """
     if tmp is None:
         fd, tmp = open_temp(dest)
@@ -115,13 +116,16 @@ def atomic_write(dest: Path, fill: Callable[[BinaryIO], object], *, exclusive: b
         elif not take(tmp, dest):
             tmp.unlink()
             return False
-        fsync_path(dest.parent)
     except BaseException:
         with contextlib.suppress(OSError):  # a read-only share refuses the cleanup too: the first error is the one
             tmp.unlink(missing_ok=True)
         raise
     finally:
         WRITING.discard(tmp)
+    # `dest` is in place: a folder that then refuses its fsync (EIO on a share, a write-only drop folder the daemon
+    # cannot open) must not make the write look undone, or its caller writes it again (a bundle's second copy, x.1)
+    with contextlib.suppress(OSError):
+        fsync_path(dest.parent)
     return True
 
 
@@ -183,7 +187,8 @@ def take(tmp: Path, dest: Path) -> bool:
             return False
         os.replace(tmp, dest)
         return True
-    os.unlink(tmp)
+    with contextlib.suppress(OSError):  # `dest` is taken: a temp name left over is the start-up sweep's
+        os.unlink(tmp)
     return True
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import BinaryIO
@@ -202,3 +206,30 @@ def test_the_start_up_sweep_never_takes_a_temp_file_being_written(tmp_path: Path
     left.write_bytes(b"{")
     assert files.remove_leftover(left) and not left.exists()
     assert not files.remove_leftover(left)
+
+
+def test_a_bundle_placed_in_a_folder_that_refuses_its_fsync_is_published_once(tmp_path: Path) -> None:
+    """A write-only drop folder on the share (-wx for the daemon): the bundle's rename into it works, the folder's
+    fsync cannot open it. The bundle is placed, so publishing says so (it raised PUBLISH_FAILED, and the retry placed
+    a second copy, det.<job>.saigeedge). The daemon's process here is root without the capabilities that pass over a
+    folder's mode bits, as a service's user is."""
+    bundle, models = tmp_path / "det.saigeedge", tmp_path / "models"
+    bundle.write_bytes(b"bundle")
+    models.mkdir()
+    models.chmod(0o300)  # rename in, never list (open)
+    script = ("import json, sys; from pathlib import Path; from saigeedged.adapters.outbox import Outbox\n"
+              "root = Path(sys.argv[1])\n"
+              "for _ in range(2):  # the second is what a retry of a failed publish does\n"
+              "    try:\n"
+              "        print(json.dumps(Outbox(root).publish_bundle(root / 'det.saigeedge', Path('models/det.saigeedge'),"
+              " job_id='j1')))\n"
+              "        break\n"
+              "    except Exception as exc:\n"
+              "        print(json.dumps({'error': str(exc)}))\n")
+    run = subprocess.run(["setpriv", "--bounding-set", "-dac_override,-dac_read_search", sys.executable, "-c", script,
+                          str(tmp_path)], capture_output=True, text=True, timeout=60)
+    models.chmod(0o755)
+    assert run.returncode == 0, run.stderr
+    answers = [json.loads(line) for line in run.stdout.splitlines()]
+    assert answers == [{"path": "models/det.saigeedge", "sha256": hashlib.sha256(b"bundle").hexdigest(), "bytes": 6}]
+    assert [p.name for p in models.iterdir()] == ["det.saigeedge"]
