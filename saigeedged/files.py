@@ -216,16 +216,17 @@ class NotOutput(OSError):
 def open_output(path: Path, root: Path | None = None) -> BinaryIO:
     """`path` opened for reading as written_inside accepts it under `root` (by default its own folder), the check and
     the read on one open file: a link a step swaps in after the check (the next job's step shares the work root while
-    this one is bundled) is refused by O_NOFOLLOW, anything but a regular file by fstat. NotOutput saying why
-    otherwise."""
+    this one is bundled) is refused by O_NOFOLLOW, anything but a regular file by fstat (opened without blocking: a
+    FIFO swapped in would wait for a writer for ever). NotOutput saying why otherwise."""
     why = written_inside(path, root or path.parent)
     if why is None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO swapped in never blocks it
         except OSError as exc:
             why = f"not a file to read ({exc.strerror})"
         else:
             if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.set_blocking(fd, True)
                 return os.fdopen(fd, "rb")
             os.close(fd)
             why = "not a regular file"

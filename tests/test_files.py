@@ -233,3 +233,41 @@ def test_a_bundle_placed_in_a_folder_that_refuses_its_fsync_is_published_once(tm
     answers = [json.loads(line) for line in run.stdout.splitlines()]
     assert answers == [{"path": "models/det.saigeedge", "sha256": hashlib.sha256(b"bundle").hexdigest(), "bytes": 6}]
     assert [p.name for p in models.iterdir()] == ["det.saigeedge"]
+
+
+def test_an_output_swapped_for_a_fifo_after_its_check_never_blocks_the_reader(tmp_path: Path) -> None:
+    """A step swaps its output for a FIFO between the daemon's check and its open (the next job's step shares the work
+    root): the open waited for a writer for ever, holding the bundling thread. Each read now gets the file or
+    NotOutput, at once."""
+    out = tmp_path / "network_binary.nb"
+    out.write_bytes(b"nbg")
+    stop, results = threading.Event(), []
+
+    def swap() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            fifo, plain = tmp_path / f"f{n}", tmp_path / f"p{n}"
+            os.mkfifo(fifo)
+            os.replace(fifo, out)
+            plain.write_bytes(b"nbg")
+            os.replace(plain, out)
+
+    def read() -> None:
+        for _ in range(3000):
+            try:
+                with files.open_output(out) as fh:
+                    results.append(fh.read())
+            except files.NotOutput:
+                results.append(None)
+
+    swapper, reader = threading.Thread(target=swap), threading.Thread(target=read, daemon=True)
+    swapper.start()
+    reader.start()
+    reader.join(30)
+    stop.set()
+    swapper.join()
+    blocked = reader.is_alive()
+    if blocked:  # give the stuck open its writer, so the thread ends
+        os.close(os.open(out, os.O_WRONLY | os.O_NONBLOCK))
+    assert not blocked and len(results) == 3000 and set(results) <= {b"nbg", None}
