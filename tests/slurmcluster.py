@@ -180,10 +180,17 @@ class Cluster:
         self.wait_idle([node.name])
         return node
 
-    def restart_controller(self) -> None:
-        """SIGTERM to slurmctld, then start it again (its state is saved in StateSaveLocation)."""
+    def stop_controller(self) -> None:
+        """SIGTERM to slurmctld, returning once it is gone (its state is saved in StateSaveLocation)."""
         self.controller.sh("p=$(cat /run/slurmctld.pid); kill -TERM $p; "
-                           "for _ in $(seq 300); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; slurmctld")
+                           "for _ in $(seq 300); do kill -0 $p 2>/dev/null || break; sleep 0.1; done")
+
+    def start_controller(self) -> None:
+        self.controller.sh("slurmctld")
+
+    def restart_controller(self) -> None:
+        self.stop_controller()
+        self.start_controller()
 
     def json(self, *argv: str) -> Any:
         return json.loads(self.controller.sh(" ".join([*argv, "--json"])).stdout)

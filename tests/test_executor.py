@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog.testing
 from conftest import write_config
 
 from saigeedged import config as configmod
@@ -70,13 +71,16 @@ def test_capacity_counts_up_nodes_with_the_gres_and_the_image() -> None:
 
 
 def test_squeue_and_sinfo_json_are_read_as_the_cluster_says() -> None:
-    """A requeued job's attempt is the one submitted plus Slurm's restarts; a node's state words include its flags."""
+    """A requeued job's attempt is the one submitted plus Slurm's restarts; a node's state words include its flags; a
+    node of another partition is not ours."""
     answers = {"squeue": {"jobs": [
         {"job_id": 7, "name": "det-1", "job_state": "RUNNING", "restart_cnt": 1, "comment": "attempt=2",
          "batch_host": "n2", "state_reason": "None"},
         {"job_id": 8, "name": "other", "job_state": "PENDING", "restart_cnt": 0, "comment": "", "nodes": ""}]},
         "sinfo": {"nodes": [{"name": "n2", "state": "idle", "state_flags": ["DRAIN"], "gres": "cubie:1,mobilint:1(S:0)",
-                             "active_features": "cubie,img-x", "reason": "test"}]}}
+                             "active_features": "cubie,img-x", "reason": "test", "partitions": ["debug", "saige"]},
+                            {"name": "n9", "state": "idle", "gres": "cubie:1", "active_features": "cubie,img-x",
+                             "partitions": ["gpu"]}]}}  # sinfo --json lists every partition's nodes
 
     def run(argv: Any, stdin: str | None) -> str:
         import json
@@ -88,6 +92,41 @@ def test_squeue_and_sinfo_json_are_read_as_the_cluster_says() -> None:
     assert slurm.poll("det-1")[0].attempt == 3 and slurm.poll("det-1")[0].alive
     (node,) = slurm.nodes()
     assert (node.name, node.up, node.gres, node.features) == ("n2", False, {"cubie": 1, "mobilint": 1}, ("cubie", "img-x"))
+
+
+def test_a_controller_that_does_not_answer_is_not_an_empty_cluster() -> None:
+    """Slurm 22.05's squeue and sinfo --json exit 0 when slurmctld does not answer, with no jobs and the failure under
+    `errors` (their answer verbatim below): read as the truth, every running attempt looked gone (ENGINE_LOST) during a
+    controller outage. It is DOCKER_UNAVAILABLE (wait, no attempt spent), said once in the journal until an answer."""
+    import json
+
+    meta = {"plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"},
+            "Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}, "release": "22.05.8"}}
+    down = {"squeue": {"meta": meta, "errors": [{"description": "Failed while looking for jobs", "error_number": -1,
+                                                 "error": "Unspecified error", "source": "slurm_load_jobs"}], "jobs": []},
+            "sinfo": {"meta": meta, "errors": [{"error": "Unspecified error", "errno": -1}], "nodes": []}}
+    up = {"squeue": {"meta": meta, "errors": [], "jobs": [{"job_id": 7, "name": "det-1", "job_state": "RUNNING",
+                                                           "comment": "attempt=1"}]},
+          "sinfo": {"meta": meta, "errors": [], "nodes": []}}
+    answers = [down]
+
+    def run(argv: Any, stdin: str | None) -> str:
+        return json.dumps(answers[0][argv[0]]) if answers[0] else "<html>proxy error</html>"
+
+    slurm = cluster.Slurm(ExecutorSpec("slurm", "saige", Path("/w")), run)
+    with structlog.testing.capture_logs() as said:
+        for ask in (lambda: slurm.poll("det-1", fresh=True), lambda: slurm.nodes(fresh=True)):
+            with pytest.raises(SaigeError) as failed:
+                ask()
+            assert failed.value.code == "DOCKER_UNAVAILABLE" and "Unspecified error" in failed.value.message
+        answers[0] = {}
+        with pytest.raises(SaigeError, match="answered no JSON object: <html>"):
+            slurm.poll("det-1", fresh=True)
+        answers[0] = up
+        assert [j.cluster_id for j in slurm.poll("det-1", fresh=True)] == [7]
+    assert [e["event"] for e in said] == ["slurm.unavailable", "slurm.available"]
+    assert said[0]["message"] == ("cannot reach Slurm: `squeue --json`: slurm_load_jobs Failed while looking for jobs "
+                                  "Unspecified error")
 
 
 def test_a_change_of_ours_is_never_followed_by_an_answer_from_before_it() -> None:

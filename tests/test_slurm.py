@@ -269,11 +269,18 @@ def test_a_stop_while_the_cluster_job_waits_for_a_node_keeps_its_place(cluster_d
     assert [e["job_id"] for e in d.events("job.reattached")] == [job_id] and not d.events("job.requeued")
 
 
-def test_slurmctld_restart_mid_step_the_job_completes(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
-    """The controller restarts while a quantize runs on a node: the job completes in its first attempt."""
+def test_slurmctld_down_mid_step_the_job_completes(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
+    """The controller stops while a quantize runs on a node, and stays down until the daemon has seen it not answer
+    (squeue --json then exits 0 with no jobs and an `errors` list: that read as "no cluster job" ended the attempt
+    ENGINE_LOST); then it starts again: the job completes in its first attempt, the journal says the outage once."""
     d = cluster_daemon()
     first, node = quantizing(d, slurm_cluster, "ctld_untilreleased", STANDIN_QUANTIZE)
-    slurm_cluster.restart_controller()
+    slurm_cluster.stop_controller()
+    try:
+        wait_for(lambda: d.events("slurm.unavailable"), 120, "the daemon to see slurmctld not answering", d.tail)
+    finally:
+        slurm_cluster.start_controller()
+    wait_for(lambda: d.events("slurm.available"), 120, "the daemon to see slurmctld answer again", d.tail)
     release(node, d)
     done = d.job("ctld_untilreleased")
     assert (done["state"], done["attempt"], done["job_id"]) == ("succeeded", 1, first["job_id"]), d.tail()

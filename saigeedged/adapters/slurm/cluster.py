@@ -11,9 +11,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import structlog
+
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.executor import ClusterJob, ClusterNode, ExecutorSpec, feature, minutes
+from saigeedged.guards import printable
+
+log = structlog.get_logger()
 
 CALL_TIMEOUT_S = 30.0  # one Slurm command; slurmctld restarting answers within its own MessageTimeout (10 s)
 HINT = "is slurmctld up and munge running on this host? `sinfo` and `systemctl status slurmctld munge` say"
@@ -45,6 +50,7 @@ class Slurm:
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, Any]] = {}
         self._generation = 0  # bumped by every change we make: an answer asked for before it is not kept
+        self._silent_since: float | None = None  # squeue/sinfo have not answered since (said once in the journal)
 
     def _json(self, argv: Sequence[str], fresh: bool) -> Any:
         """One command's --json answer, shared by every caller for poll_interval_s unless `fresh`."""
@@ -54,11 +60,26 @@ class Slurm:
             if not fresh and seen is not None and self.clock() - seen[0] < self.spec.poll_interval_s:
                 return seen[1]
             generation = self._generation
-        doc = json.loads(self.run([*argv, "--json"], None))
+        try:
+            doc = _answer(argv[0], self.run([*argv, "--json"], None))
+        except SaigeError as exc:
+            self._heard(exc)
+            raise
+        self._heard(None)
         with self._lock:
             if generation == self._generation:  # else a job was submitted or cancelled meanwhile: not the truth
                 self._cache[key] = (self.clock(), doc)
         return doc
+
+    def _heard(self, failure: SaigeError | None) -> None:
+        """Slurm's reads failed (`failure`) or answered: the journal says when it stops and starts answering, once."""
+        with self._lock:
+            since, now = self._silent_since, self.clock()
+            self._silent_since = (since or now) if failure is not None else None
+        if failure is not None and since is None:
+            log.warning("slurm.unavailable", error_code=failure.code, message=failure.message, hint=failure.hint)
+        elif failure is None and since is not None:
+            log.info("slurm.available", down_s=round(now - since, 1))
 
     def submit(self, name: str, target: str, image: str, base: int, script: str, limit_s: int) -> int:
         """sbatch; --time bounds the cluster job (its TERM kills the step) even when no daemon is left to end it."""
@@ -101,11 +122,34 @@ class Slurm:
         self._forget()
 
     def nodes(self, fresh: bool = False) -> list[ClusterNode]:
+        """The partition's nodes. sinfo --json ignores --partition (22.05: "all other filtering arguments will be
+        ignored"): a node is the partition's by its own `partitions` list, or the free room, `check` and `status`
+        counted every node of the cluster."""
         doc = self._json(["sinfo", f"--partition={self.spec.partition}"], fresh)
         seen: dict[str, ClusterNode] = {}
         for n in doc.get("nodes", []):
-            seen.setdefault(str(n.get("name")), _node(n))
+            if self.spec.partition in (n.get("partitions") or [self.spec.partition]):
+                seen.setdefault(str(n.get("name")), _node(n))
         return list(seen.values())
+
+
+def _answer(command: str, out: str) -> dict[str, Any]:
+    """A --json answer, or DOCKER_UNAVAILABLE: squeue and sinfo exit 0 when slurmctld does not answer (after their own
+    MessageTimeout of retries), with an empty list and the failure under `errors`; read as the truth, every running
+    attempt looked gone (ENGINE_LOST) during a controller outage longer than that."""
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise SaigeError("DOCKER_UNAVAILABLE", f"cannot reach Slurm: `{command} --json` answered no JSON object: "
+                         f"{printable(out[:200])}", hint=HINT)
+    failed = doc.get("errors") or []
+    if failed:
+        said = "; ".join(printable(" ".join(str(e[k]) for k in ("source", "description", "error") if e.get(k))
+                                   if isinstance(e, dict) else str(e)) for e in failed[:3])
+        raise SaigeError("DOCKER_UNAVAILABLE", f"cannot reach Slurm: `{command} --json`: {said[:300]}", hint=HINT)
+    return doc
 
 
 def _job(doc: dict[str, Any]) -> ClusterJob:
