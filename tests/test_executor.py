@@ -218,6 +218,41 @@ def test_a_failed_job_leaves_no_cluster_job_behind(tmp_path: Path, state: str, c
     assert [c for c in calls if c[0] == "scancel"] == cancelled
 
 
+@pytest.mark.timeout(30)  # the old code waited for the new cluster job's agent to run a step it never runs
+def test_an_attempt_whose_node_was_lost_while_the_daemon_was_away_is_lost(tmp_path: Path) -> None:
+    """A daemon re-attaches an attempt a node served (its ready file is there) and no cluster job serves it: its node
+    died while the daemon was stopped and Slurm requeued the cluster job (it now counts for attempt 2). The old code
+    cancelled that job and submitted a new one for attempt 1, whose agent found the step asked for and never ran it:
+    the job hung until its --time. It is ENGINE_LOST (retried), and the requeued job is left to serve attempt 2."""
+    from saigeedged.adapters.slurm.agent import ready_path
+
+    requeued = {"job_id": 7, "name": "det-1", "job_state": "PENDING", "restart_cnt": 1, "comment": "attempt=1",
+                "state_reason": "BeginTime"}
+    calls: list[list[str]] = []
+    node = _node(tmp_path, _job(), [requeued], calls)
+    job, work = node.current()
+    ready_path(work.parent, 1).write_text('{"node": "n1"}')
+    with pytest.raises(SaigeError) as caught:
+        node.ensure()
+    assert caught.value.code == "ENGINE_LOST" and "7 PENDING: BeginTime for attempt 2" in caught.value.message
+    assert [c[0] for c in calls] == ["squeue"]  # no scancel of the requeued job, no sbatch
+
+
+def test_the_end_of_a_requeued_attempt_removes_its_own_ready_file(tmp_path: Path) -> None:
+    """A lost attempt is requeued (job.attempt moves on) before its container is released: the end removed the next
+    attempt's ready file (which that attempt's agent may have written already: then its worker waited for it until
+    TIMEOUT) and left the lost one's on the share."""
+    from saigeedged.adapters.slurm.agent import ready_path
+
+    node = _node(tmp_path, _job(), [], [])
+    job, work = node.current()
+    ready_path(work.parent, 1).write_text('{"node": "n1"}')
+    ready_path(work.parent, 2).write_text('{"node": "n2"}')
+    job.attempt = 2  # Jobs.requeue
+    node.end_job(work)
+    assert not ready_path(work.parent, 1).exists() and ready_path(work.parent, 2).exists()
+
+
 @pytest.mark.timeout(30)  # without the bound the wait never ends
 def test_a_cluster_job_never_placed_ends_with_the_jobs_time(tmp_path: Path) -> None:
     """A cluster job Slurm keeps pending (every node that serves it drained) does not hold the worker past

@@ -38,7 +38,12 @@ NODE_DIR, DONE = ".node", ".node/done"
 
 def ready_path(job_dir: Path, attempt: int) -> Path:
     """Where the agent of an attempt says it is ready: beside the attempt's folder (which the daemon may recreate)."""
-    return job_dir / f"attempt{attempt}.node"
+    return ready_of(job_dir / f"attempt{attempt}")
+
+
+def ready_of(work: Path) -> Path:
+    """ready_path of the attempt whose folder is `work`."""
+    return work.with_name(f"{work.name}.node")
 
 
 class Agent:

@@ -25,7 +25,7 @@ from saigeedged.adapters.docker import Container, Containers, DockerAPI, Spec
 from saigeedged.adapters.docker.detached import Files, Follower, Sink, Stopping
 from saigeedged.adapters.docker.execs import STOPFILE
 from saigeedged.adapters.events import event
-from saigeedged.adapters.slurm.agent import DONE, NODE_DIR, ready_path
+from saigeedged.adapters.slurm.agent import DONE, NODE_DIR, ready_of, ready_path
 from saigeedged.adapters.slurm.cluster import Slurm
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
@@ -113,11 +113,19 @@ class NodeContainer(Container):
         """The live cluster job of this attempt: found (a daemon restart, a requeue) or submitted now."""
         live = [j for j in self.slurm.poll(job.job_id, fresh=True) if j.alive]
         mine = next((j for j in live if j.attempt == job.attempt), None)
+        placed = mine is None and ready_path(work.parent, job.attempt).exists()
         for other in live:
-            if other is not mine:  # an attempt the store has moved past: it must not hold a node
+            # an attempt the store has moved past must not hold a node; a lost attempt's requeued job serves the next
+            if other is not mine and not (placed and other.attempt > job.attempt):
                 self.slurm.cancel(other.cluster_id)
         if mine is not None:
             return mine
+        if placed:  # (a re-attach) a new cluster job for it would find its steps asked for and never run them
+            seen = ", ".join(f"{j.cluster_id} {j.describe()} for attempt {j.attempt}" for j in live) or "no cluster job"
+            raise SaigeError("ENGINE_LOST", f"no cluster job serves attempt {job.attempt} any more, which a node ran "
+                             f"({seen}): "
+                             "its node was lost, or Slurm requeued, preempted or ended it, while the daemon was away",
+                             step=job.step)
         ready_path(work.parent, job.attempt).unlink(missing_ok=True)
         script = batch_script(work.parent, job.attempt, self.spec, self.target)
         cluster_id = self.slurm.submit(job.job_id, self.target, self.spec.image, job.attempt, script,
@@ -237,8 +245,7 @@ class NodeContainer(Container):
         if ended.is_dir():
             (ended / DONE).parent.mkdir(exist_ok=True)
             filesmod.write_bytes(ended / DONE, b"")
-        if job is not None:
-            ready_path(ended.parent, job.attempt).unlink(missing_ok=True)
+        ready_of(ended).unlink(missing_ok=True)  # the ended attempt's: a requeue has moved `job.attempt` on
         if job is not None and job.state == FAILED:  # no attempt follows: a requeued or held cluster job goes too
             try:
                 self.slurm.cancel_live(job.job_id)
