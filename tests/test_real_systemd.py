@@ -156,6 +156,16 @@ def test_host_and_cubie_jobs_and_their_journal(host: Host) -> None:
     assert [e["SAIGEEDGE_EVENT"] for e in containers] == ["container.created"]  # its first start is no restart
 
 
+def test_a_failure_in_the_journal_says_the_compilers_last_word_and_the_hint(host: Host) -> None:
+    """A failed compile's journal line ends with the compiler's last line (not with `last lines:`) and has its hint."""
+    host.drop("rootretry_failimport", target="cubie")
+    failed = host.job("rootretry_failimport")
+    assert (failed["state"], failed["error"]["code"]) == ("failed", "STEP_FAILED"), failed
+    told = ended_in_journal(host, failed["job_id"])[-1]
+    assert told["SAIGEEDGE_MESSAGE"].endswith("E onnx model import failed: unsupported op"), told
+    assert told["SAIGEEDGE_HINT"] == failed["error"]["hint"] and "hint=" in told["MESSAGE"], told
+
+
 def test_reload_and_hup_to_every_process_keep_a_host_job(host: Host) -> None:
     """`systemctl reload` and `systemctl kill -s HUP` while a host job quantizes: the job succeeds, so does the next."""
     host.drop("hupdet", size=(320, 320), n_samples=8)

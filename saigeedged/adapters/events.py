@@ -6,7 +6,7 @@ from typing import Any
 
 import structlog
 
-from saigeedged.jobs import Job
+from saigeedged.jobs import FAILED, Job
 
 log = structlog.get_logger()
 
@@ -16,4 +16,6 @@ def event(name: str, job: Job, level: str = "info", **fields: Any) -> None:
     attempts told apart)."""
     fields.setdefault("error_code", job.error["code"] if job.error else None)
     fields.setdefault("attempt", job.attempt)
+    if job.error and job.state == FAILED:  # what to do about it, where `journalctl -u saigeedged` shows the failure
+        fields.setdefault("hint", job.error.get("hint"))
     getattr(log, level)(name, job_id=job.job_id, job_name=job.name, state=job.state, step=job.step, **fields)

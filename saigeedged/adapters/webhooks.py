@@ -22,7 +22,7 @@ import structlog
 from saigeedged import __version__
 from saigeedged.adapters.outbox import status_doc
 from saigeedged.config import _merge
-from saigeedged.errors import SaigeError
+from saigeedged.errors import SaigeError, headline
 from saigeedged.jobs import TERMINAL, Job
 
 log = structlog.get_logger()
@@ -107,7 +107,7 @@ def slack_text(doc: dict[str, Any]) -> str:
         lines.append(f"bundle: {_plain(doc['bundle']['path'])}")
     if doc.get("error"):
         error = doc["error"]
-        message = str(error['message']).splitlines()[0] if error['message'] else ''
+        message = headline(str(error['message'])) if error['message'] else ''
         lines.append(f"{error['code']}: {_plain(message)}")
         lines.append(f"hint: {_plain(error['hint'])}")
     return "\n".join(lines)

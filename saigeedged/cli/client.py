@@ -18,7 +18,7 @@ from saigeedged.adapters.store import Store
 from saigeedged.cli import partition
 from saigeedged.cli.enginestatus import attempt_lines, engine_lines
 from saigeedged.config import Config
-from saigeedged.errors import SaigeError
+from saigeedged.errors import SaigeError, headline
 from saigeedged.files import sha256_file
 from saigeedged.guards import printable
 from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, TransitionError, check_transition
@@ -220,7 +220,7 @@ def status(config: Config, key: str | None, as_json: bool, out: TextIO) -> int:
 
 def _row(job: Job) -> str:
     step = f"{job.step} {job.step_index}/{job.step_count}" if job.step else "-"
-    error = f"{job.error['code']}: {job.error['message'].splitlines()[0]}" if job.error else ""
+    error = f"{job.error['code']}: {headline(job.error['message'])}" if job.error else ""
     return printable(f"{job.job_id:<44} {job.state:<10} {step:<18} {job.target:<8} {error}")
 
 

@@ -16,7 +16,7 @@ from saigeedged import files, jobid
 from saigeedged.adapters.events import event
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import ENDING, Store
-from saigeedged.errors import SaigeError
+from saigeedged.errors import SaigeError, headline
 from saigeedged.intake import ownfolders
 from saigeedged.jobs import (
     CANCELLED,
@@ -229,7 +229,7 @@ class Jobs:
     def _announce(self, job_id: str) -> None:
         job = self.store.get(job_id)
         if job is not None and job.state in TERMINAL:
-            said = str(job.error["message"]).splitlines()[0] if job.error and job.error.get("message") else None
+            said = headline(str(job.error["message"])) if job.error and job.error.get("message") else None
             event(ENDED[job.state], job, "info" if job.state == SUCCEEDED else "warning", message=said)
         self.store.mark_behind(job_id, "event", False)
 
@@ -324,7 +324,7 @@ class Jobs:
         self._settle_inputs_of_end(job)
         if announce:
             event(ENDED[state], job, "info" if state == SUCCEEDED else "warning",
-                  message=error.message.splitlines()[0] if error else None)
+                  message=headline(error.message) if error else None)
         else:  # a command's end (not the daemon's): the daemon's next round says it in the journal
             self.store.mark_behind(job.job_id, "event")
         self.save(job, expect=state if fence else None, fence=fence, touch=False)  # still this attempt's end (a retry
