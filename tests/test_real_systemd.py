@@ -156,14 +156,34 @@ def test_host_and_cubie_jobs_and_their_journal(host: Host) -> None:
     assert [e["SAIGEEDGE_EVENT"] for e in containers] == ["container.created"]  # its first start is no restart
 
 
-def test_a_failure_in_the_journal_says_the_compilers_last_word_and_the_hint(host: Host) -> None:
-    """A failed compile's journal line ends with the compiler's last line (not with `last lines:`) and has its hint."""
+def test_a_failure_in_the_journal_then_status_and_retry_as_root_and_as_a_group_member(host: Host) -> None:
+    """A failed compile's journal line says the compiler's last word and the hint; `status` as a user of the package's
+    group is one line (exit 2), never a traceback; `status` and `retry` as root act as the service's user: the inbox's
+    `.saigeedged` stays the service's (root's retry moved it aside as a dropper's, and no drop was claimed again), the job
+    runs again and the next drop is claimed."""
     host.drop("rootretry_failimport", target="cubie")
     failed = host.job("rootretry_failimport")
     assert (failed["state"], failed["error"]["code"]) == ("failed", "STEP_FAILED"), failed
     told = ended_in_journal(host, failed["job_id"])[-1]
     assert told["SAIGEEDGE_MESSAGE"].endswith("E onnx model import failed: unsupported op"), told
     assert told["SAIGEEDGE_HINT"] == failed["error"]["hint"] and "hint=" in told["MESSAGE"], told
+    host.box.sh("id ops >/dev/null 2>&1 || useradd -G saigeedged ops")
+    member = host.box.sh("runuser -u ops -- saigeedged status", check=False)
+    assert member.returncode == 2 and member.stderr.startswith("saigeedged: "), member
+    assert "Traceback" not in member.stderr and "sudo -u saigeedged" in member.stderr, member.stderr
+    assert failed["job_id"] in host.box.sh("saigeedged status").stdout
+    assert host.box.sh(f"saigeedged retry {failed['job_id']}").stdout.strip().endswith("queued again (attempt 2)")
+
+    def retried() -> bool:
+        doc = host.status(failed["job_id"])
+        return bool(doc and (doc["state"], doc["attempt"]) == ("failed", 2))
+
+    wait_for(retried, 60, "the retried job's second end", lambda: str(host.status(failed["job_id"])))
+    owners = host.box.sh(f"stat -c '%U %n' {host.inbox}/.saigeedged {host.inbox}/.saigeedged/*").stdout.split("\n")
+    assert all(line.startswith("saigeedged ") for line in owners if line), owners
+    assert not [p.name for p in host.inbox.iterdir() if "not-ours" in p.name]
+    host.drop("afterrootretry")
+    assert host.job("afterrootretry")["state"] == "succeeded"
 
 
 def test_reload_and_hup_to_every_process_keep_a_host_job(host: Host) -> None:

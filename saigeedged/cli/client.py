@@ -15,7 +15,7 @@ import yaml
 from saigeedged import accuracytable, external, files, safeyaml
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import Store
-from saigeedged.cli import partition
+from saigeedged.cli import owner, partition
 from saigeedged.cli.enginestatus import attempt_lines, engine_lines
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError, headline
@@ -50,7 +50,10 @@ def _store(config: Config) -> Store:
     path = config.state_dir / "saigeedged.db"
     if not path.exists():
         raise SaigeError("INPUT_NOT_FOUND", f"no job database at {path}", hint="is the daemon configured with this -c file?")
-    return Store(path, verify=False)  # the daemon checks the file at its start; a command must not read it whole
+    try:
+        return Store(path, verify=False)  # the daemon checks the file at its start; a command must not read it whole
+    except PermissionError as exc:
+        raise owner.refused(path, exc) from None
 
 
 def _place(src: Path, dest: Path, data: bytes | None = None) -> None:

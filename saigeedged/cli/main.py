@@ -12,9 +12,11 @@ from pathlib import Path
 from saigeedged import __version__
 from saigeedged import config as configmod
 from saigeedged.adapters.store import CorruptDatabase, NewerDatabase, StoreFull
+from saigeedged.cli import owner
 from saigeedged.errors import ENVIRONMENT_CODES, INPUT_CODES, SaigeError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_READY = 0, 1, 2, 3
+OWN_STATE = ("status", "retry", "cancel", "prune", "cache")  # commands on the daemon's state: run as its user (owner.py)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,10 +86,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         from saigeedged.cli import readiness
 
         return readiness.main(config)
+    if args.command in OWN_STATE:
+        owner.become(config.state_dir)
     if args.command == "cache":
         from saigeedged.adapters import cache
 
-        return cache.command(config, args.action, sys.stdout)
+        try:
+            return cache.command(config, args.action, sys.stdout)
+        except PermissionError as exc:
+            raise owner.refused(config.state_dir / "cache", exc) from None
     if args.command == "run":
         from saigeedged.cli import run
 

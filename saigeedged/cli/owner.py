@@ -1,0 +1,45 @@
+"""The commands on the daemon's own state (`status`, `retry`, `cancel`, `prune`, `cache`) act as the daemon's user.
+
+Run as root they would make root's files where the daemon writes (a `.saigeedged` folder of the inbox, a job log, a
+database's -wal), which the daemon then cannot write, and their checks of the daemon's folders (ownfolders) would take
+the service's own folders for a dropper's and move them aside. Run as another user they cannot read the queue nor the
+cache, which only the service's user may: one line says so, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from pathlib import Path
+
+from saigeedged.errors import SaigeError
+
+
+def become(state_dir: Path) -> None:
+    """As root, take the uid, gid and groups of `state_dir`'s owner (the service's user: the package's tmpfiles.d and
+    INSTALL.md's `install -d -o saigeedged` make it so); a no-op for any other user, or a state dir root owns."""
+    if os.geteuid() != 0:
+        return
+    try:
+        uid = os.stat(state_dir).st_uid
+    except OSError:
+        return  # no state dir yet: the command says what is missing itself
+    if uid == 0:
+        return
+    try:
+        user = pwd.getpwuid(uid)
+        gid, groups = user.pw_gid, os.getgrouplist(user.pw_name, user.pw_gid)
+    except KeyError:  # a uid without a passwd entry (a share's): its own group only
+        gid = os.stat(state_dir).st_gid
+        groups = [gid]
+    os.setgroups(groups)
+    os.setgid(gid)
+    os.setuid(uid)
+
+
+def refused(path: Path, exc: OSError) -> SaigeError:
+    """The error of a command that may not open `path` of the daemon's state (its job database, its cache)."""
+    return SaigeError("INPUT_NOT_FOUND", f"cannot open {exc.filename or path}: {exc.strerror}",
+                      hint="the daemon's queue and cache are the service's user's only (they hold manifests' passwords "
+                      "and the compiled models): run the command as root or as that user (`sudo -u saigeedged "
+                      "saigeedged status`); the status files under <outbox>/status/ are readable by everyone")
