@@ -23,6 +23,9 @@ from saigeedged.executor import ExecutorSpec
 from saigeedged.executor import parse as parse_executor
 
 DEFAULT_PATH = Path("/etc/saigeedged/saigeedged.yml")
+# a config error's hint: where every key is documented on a host the package installed, and in the source tree
+DOCUMENTED = ("every key and its default are documented in /usr/share/doc/saigeedged/examples/saigeedged.yml "
+              "(config/saigeedged.yml in the source)")
 
 # Every key with its default; the types of these values are the accepted types.
 DEFAULTS: dict[str, Any] = {
@@ -256,7 +259,7 @@ class Config:
 def _merge(user: Any, defaults: dict[str, Any], prefix: str) -> dict[str, Any]:
     if not isinstance(user, dict):
         where = prefix.rstrip(".") or "the config"
-        raise SaigeError("MANIFEST_INVALID", f"config: {where} must be a mapping", hint="see config/saigeedged.yml")
+        raise SaigeError("MANIFEST_INVALID", f"config: {where} must be a mapping", hint=DOCUMENTED)
     merged = dict(defaults)
     for key, value in user.items():
         name = f"{prefix}{guards.printable(str(key)[:80])}"  # a key is echoed: one line, no terminal control
@@ -264,7 +267,7 @@ def _merge(user: Any, defaults: dict[str, Any], prefix: str) -> dict[str, Any]:
             near = difflib.get_close_matches(str(key), list(defaults), n=1)
             tip = f" (did you mean `{prefix}{near[0]}`?)" if near else ""
             raise SaigeError("MANIFEST_INVALID", f"config: unknown key `{name}`{tip}",
-                             hint="every key is documented in config/saigeedged.yml")
+                             hint=DOCUMENTED)
         default = defaults[key]
         if isinstance(default, dict):
             merged[key] = _merge(value, default, f"{name}.")
@@ -279,15 +282,15 @@ def _check_type(name: str, value: Any, default: Any) -> Any:
     if not ok:
         kind = "a number" if isinstance(default, float) else expected[0].__name__  # a float key takes an int too
         raise SaigeError("MANIFEST_INVALID", f"config: `{name}` must be {kind}, got {safeyaml.shown(value)}",
-                         hint="see config/saigeedged.yml")
+                         hint=DOCUMENTED)
     if name in RANGES and not RANGES[name][0] <= value <= RANGES[name][1]:
         least, most = RANGES[name]
         raise SaigeError("MANIFEST_INVALID", f"config: `{name}` must be between {least} and {most}, "
-                         f"got {safeyaml.shown(value)}", hint="see config/saigeedged.yml")
+                         f"got {safeyaml.shown(value)}", hint=DOCUMENTED)
     if name in CHOICES and value not in CHOICES[name]:
         raise SaigeError("MANIFEST_INVALID", f"config: `{name}` must be one of {', '.join(CHOICES[name])}, "
                          f"got {safeyaml.shown(value)}",
-                         hint="see config/saigeedged.yml")
+                         hint=DOCUMENTED)
     return value
 
 
@@ -299,7 +302,7 @@ def _manifest_values(raw: Mapping[str, Any]) -> None:
         found = manifest.problem(key, value)
         if found is not None:
             raise SaigeError("MANIFEST_INVALID", f"config: {found.replace(f'`{key}`', f'`{name}`', 1)}",
-                             hint="see config/saigeedged.yml")
+                             hint=DOCUMENTED)
 
 
 def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> Config:
@@ -311,7 +314,7 @@ def from_dict(user: dict[str, Any], base: Path, source: Path | None = None) -> C
     def path(value: str) -> Path:
         if "\0" in value:  # YAML's "\0" escape: the OS takes no such path
             raise SaigeError("MANIFEST_INVALID", f"config: path {value!r} contains a NUL character",
-                             hint="see config/saigeedged.yml")
+                             hint=DOCUMENTED)
         return (base / os.path.expanduser(value)).resolve()
 
     return Config(
@@ -376,15 +379,15 @@ def _read(path: Path) -> Any:
         raise SaigeError("INPUT_NOT_FOUND", f"cannot read config {path}: {exc.strerror}",
                          hint="the config must be readable by the service user: chmod 0644 it") from None
     except UnicodeDecodeError:
-        raise SaigeError("MANIFEST_INVALID", f"config {path}: not UTF-8 text", hint="see config/saigeedged.yml") from None
+        raise SaigeError("MANIFEST_INVALID", f"config {path}: not UTF-8 text", hint=DOCUMENTED) from None
     try:
         safeyaml.check(text)  # the manifest's limits: a 5,000-digit number or 3,000 nested lists is one line, not a crash
         return yaml.safe_load(text) or {}
     except safeyaml.YamlRefused as exc:
-        raise SaigeError("MANIFEST_INVALID", f"config {path}: {exc}", hint="see config/saigeedged.yml") from None
+        raise SaigeError("MANIFEST_INVALID", f"config {path}: {exc}", hint=DOCUMENTED) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SaigeError("MANIFEST_INVALID", f"config {path}: not valid YAML{where}: {what}",
-                         hint="see config/saigeedged.yml") from None
+                         hint=DOCUMENTED) from None

@@ -17,7 +17,7 @@ SCHEMES = ("unix",)
 RETIRED = ("ssh", "tcp")  # remote engines: scale-out runs on Slurm now
 LOCAL = "local"  # the default engine's name: DOCKER_HOST's unix socket, else dockerd's own (local_url)
 SOCKET = "unix:///var/run/docker.sock"
-HINT = "see `engines:` in config/saigeedged.yml"
+HINT = "see `engines:` in /usr/share/doc/saigeedged/examples/saigeedged.yml (config/saigeedged.yml in the source)"
 SLURM_HINT = "more compile hosts are the nodes of a Slurm partition: docs/spec-executor-slurm.md, README 'Add a compile host'"
 
 

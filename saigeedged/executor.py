@@ -14,7 +14,8 @@ from typing import Any, Protocol
 from saigeedged.errors import SaigeError
 
 KINDS = ("local", "slurm")
-HINT = "see `executor:` in config/saigeedged.yml and docs/spec-executor-slurm.md"
+HINT = ("see `executor:` in /usr/share/doc/saigeedged/examples/saigeedged.yml (config/saigeedged.yml in the source) "
+        "and docs/spec-executor-slurm.md")
 ENGINE = "slurm"  # the engine an attempt on the cluster is recorded on (its node is in the job log and the status)
 ALIVE = ("PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
          "COMPLETING", "STAGE_OUT")

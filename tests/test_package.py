@@ -106,7 +106,8 @@ def test_two_builds_of_one_commit_install_the_same_files(host: Host) -> None:
     for path in ("./opt/saigeedged/bin/saigeedged", "./usr/bin/saigeedged -> /opt/saigeedged/bin/saigeedged",
                  "./lib/systemd/system/saigeedged.service", "./usr/lib/sysusers.d/saigeedged.conf",
                  "./usr/lib/tmpfiles.d/saigeedged.conf", f".{CONFIG}", "./usr/share/doc/saigeedged/README.md",
-                 "./usr/share/man/man1/saigeedged.1.gz"):
+                 "./usr/share/man/man1/saigeedged.1.gz",
+                 "./usr/share/doc/saigeedged/INSTALL.md", "./usr/share/doc/saigeedged/examples/saigeedged.yml"):
         assert path in listing, path
     conffiles = subprocess.run(["dpkg-deb", "--info", str(host.debs[0]), "conffiles"], capture_output=True,
                                text=True, check=True).stdout.split()

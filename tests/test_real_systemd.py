@@ -264,6 +264,10 @@ def test_bad_config_fails_once_without_a_restart_loop(host: Host, breakage: str,
         lines = wait_for(lambda: [m for m in host.box.messages() if said in m], 30, f"the journal saying {said}",
                          lambda: "\n".join(host.box.messages()[-10:]))
         assert lines[-1].startswith("saigeedged: "), lines
+        hint = next(m for m in reversed(host.box.messages()) if m.startswith("  hint: "))
+        named = [word for word in hint.split() if word.startswith("/")]  # what it names is on the installed host
+        assert named or "unknown key" not in said, hint
+        assert all(host.box.sh(f"test -s {path}", check=False).returncode == 0 for path in named), hint
         assert not any("Traceback" in m for m in host.box.messages())
     finally:
         host.box.sh(f"cat > /etc/saigeedged/saigeedged.yml <<'EOF'\n{host.config}\nEOF\n"
