@@ -129,6 +129,29 @@ def test_a_controller_that_does_not_answer_is_not_an_empty_cluster() -> None:
                                   "Unspecified error")
 
 
+@pytest.mark.parametrize("stderr, code", [
+    ("sbatch: error: Batch job submission failed: Requested time limit is invalid (missing or exceeds some limit)",
+     "CONTAINER_FAILED"),
+    ("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified",
+     "CONTAINER_FAILED"),
+    ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation", "DOCKER_UNAVAILABLE"),
+    ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)",
+     "DOCKER_UNAVAILABLE")])
+def test_a_cluster_job_slurm_refuses_fails_the_job_and_an_outage_waits(tmp_path: Path, stderr: str, code: str) -> None:
+    """sbatch exits 1 both when slurmctld does not answer (wait, no attempt spent) and when it refuses the job for good
+    (a partition's MaxTime under limits.job_timeout_s, an account the service's user lacks): that one was read as an
+    outage too, and the job was taken, refused and requeued at once, for ever. It fails the job, saying what to fix."""
+    script = tmp_path / "sbatch"
+    script.write_text(f"#!/bin/sh\necho '{stderr}' >&2\nexit 1\n")
+    script.chmod(0o755)
+    with pytest.raises(SaigeError) as caught:
+        cluster.run_command([str(script), "--parsable"], "#!/bin/sh\n")
+    assert caught.value.code == code
+    if code == "CONTAINER_FAILED":
+        assert caught.value.message == f"Slurm refused the cluster job: {stderr.split('failed: ')[1]}"
+        assert "limits.job_timeout_s" in caught.value.hint
+
+
 def test_a_change_of_ours_is_never_followed_by_an_answer_from_before_it() -> None:
     """squeue's answer is shared for poll_interval_s, but not across a change the daemon made: after a submit, a
     cancel or lifting a requeued job's hold (StartTime=now) the next poll asks Slurm again. A cached BeginTime after
@@ -236,6 +259,35 @@ def test_an_attempt_whose_node_was_lost_while_the_daemon_was_away_is_lost(tmp_pa
         node.ensure()
     assert caught.value.code == "ENGINE_LOST" and "7 PENDING: BeginTime for attempt 2" in caught.value.message
     assert [c[0] for c in calls] == ["squeue"]  # no scancel of the requeued job, no sbatch
+
+
+def test_a_shared_answer_from_before_the_agent_started_does_not_lose_the_attempt(tmp_path: Path) -> None:
+    """squeue's answer is shared for poll_interval_s: the last one the node's wait read says PENDING, the agent then
+    starts the step. With a poll_interval_s above the 2 s between liveness looks, the first look read that answer
+    and ended the running attempt ENGINE_LOST. A look that finds the attempt not running asks Slurm afresh first."""
+    import json
+
+    from saigeedged.adapters.slurm.node import NodeContainer
+
+    state = ["PENDING"]
+
+    def run(argv: Any, stdin: str | None) -> str:
+        return json.dumps({"jobs": [{"job_id": 7, "name": "det-1", "job_state": state[0], "restart_cnt": 0,
+                                     "comment": "attempt=1"}]})
+
+    config = configmod.load(write_config(tmp_path, executor={"kind": "slurm", "partition": "saige", "poll_interval_s": 60,
+                                                             "work_share": str(tmp_path / "work")}))
+    job = _job()
+    node = NodeContainer(config, cluster.Slurm(config.executor, run), "cubie", lambda: (job, tmp_path), lambda: None)
+    assert node.slurm.poll("det-1")[0].state == "PENDING"  # the node's wait, just before its agent was ready
+    state[0] = "RUNNING"
+
+    class Running:  # the step's follower: no exit code yet
+        @staticmethod
+        def _look() -> None:
+            return None
+
+    assert node._gone(Running()) is False  # type: ignore[arg-type]
 
 
 def test_the_end_of_a_requeued_attempt_removes_its_own_ready_file(tmp_path: Path) -> None:

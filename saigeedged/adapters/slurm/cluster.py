@@ -5,6 +5,7 @@ answers are shared for `poll_interval_s`, so many followers cost one squeue."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -23,6 +24,13 @@ log = structlog.get_logger()
 CALL_TIMEOUT_S = 30.0  # one Slurm command; slurmctld restarting answers within its own MessageTimeout (10 s)
 HINT = "is slurmctld up and munge running on this host? `sinfo` and `systemctl status slurmctld munge` say"
 Run = Callable[[Sequence[str], str | None], str]
+# sbatch's rejections that the next sbatch gets too (a partition's MaxTime under limits.job_timeout_s, an account or
+# QOS the service's user lacks): read as "Slurm does not answer", the job was taken and requeued at once for ever.
+# "Socket timed out", "Unable to contact slurm controller" and the like stay DOCKER_UNAVAILABLE (wait, no attempt spent)
+REFUSED = re.compile(r"Batch job submission failed: (.*(?:Invalid|invalid|not available|violates|denied|exceeds).*)")
+REFUSED_HINT = ("check executor.partition (`sinfo`), limits.job_timeout_s against the partition's MaxTime (`scontrol "
+                "show partition`) and the service user's account and QOS (`sacctmgr show assoc user=saigeedged`), then "
+                "`saigeedged retry JOB_ID`")
 
 
 def images(config: Config) -> dict[str, str]:
@@ -37,6 +45,10 @@ def run_command(argv: Sequence[str], stdin: str | None = None) -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SaigeError("DOCKER_UNAVAILABLE", f"cannot reach Slurm: `{argv[0]}`: {exc}", hint=HINT) from None
     if done.returncode != 0:
+        refused = REFUSED.search(done.stderr)
+        if refused:  # slurmctld answered, and will answer the same to the next sbatch: the job fails, no loop
+            raise SaigeError("CONTAINER_FAILED", f"Slurm refused the cluster job: {printable(refused.group(1))[:300]}",
+                             hint=REFUSED_HINT)
         raise SaigeError("DOCKER_UNAVAILABLE", f"cannot reach Slurm: `{' '.join(argv[:2])}` exited {done.returncode}: "
                          f"{done.stderr.strip()[-300:]}", hint=HINT)
     return done.stdout

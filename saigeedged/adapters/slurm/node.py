@@ -206,11 +206,17 @@ class NodeContainer(Container):
         """Does Slurm no longer run this attempt (requeued off a lost node, failed)? Unknown (Slurm not answering, a
         controller restart) is not gone: the step's own files decide meanwhile."""
         job, _ = self._attempt()
+
+        def running(jobs: list[ClusterJob]) -> bool:
+            return any(j.alive and j.attempt == job.attempt and j.state != "PENDING" for j in jobs)
+
         try:
             jobs = self.slurm.poll(job.job_id)
+            if not running(jobs):  # a shared answer may predate the agent's start (PENDING): asked now before it counts
+                jobs = self.slurm.poll(job.job_id, fresh=True)
         except SaigeError:
             return False
-        if any(j.alive and j.attempt == job.attempt and j.state != "PENDING" for j in jobs):
+        if running(jobs):
             return False
         if follower._look() is not None:
             return False  # it ended just now: the next look returns its code
