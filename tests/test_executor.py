@@ -290,6 +290,23 @@ def test_a_shared_answer_from_before_the_agent_started_does_not_lose_the_attempt
     assert node._gone(Running()) is False  # type: ignore[arg-type]
 
 
+def test_a_node_that_cannot_make_its_container_is_named(tmp_path: Path) -> None:
+    """The agent's error (its node lacks the image) fails the job with the local engine's code, naming the node: the
+    message said "on its node", and an operator could not tell which node to load the image on or drain."""
+    import json
+
+    from saigeedged.adapters.slurm.agent import ready_path
+
+    running = {"job_id": 7, "name": "det-1", "job_state": "RUNNING", "restart_cnt": 0, "comment": "attempt=1"}
+    node = _node(tmp_path, _job(), [running], [])
+    job, work = node.current()
+    error = SaigeError("IMAGE_NOT_FOUND", "image npu:1 is not loaded").as_dict(None)
+    ready_path(work.parent, 1).write_text(json.dumps({"error": error, "node": "cn07"}))
+    with pytest.raises(SaigeError) as caught:
+        node.ensure()
+    assert (caught.value.code, caught.value.message) == ("IMAGE_NOT_FOUND", "on node cn07: image npu:1 is not loaded")
+
+
 def test_the_end_of_a_requeued_attempt_removes_its_own_ready_file(tmp_path: Path) -> None:
     """A lost attempt is requeued (job.attempt moves on) before its container is released: the end removed the next
     attempt's ready file (which that attempt's agent may have written already: then its worker waited for it until

@@ -119,6 +119,7 @@ def main(job_dir: Path, attempt: int, target_spec: dict[str, str], timeout_s: fl
         agent = Agent(container, job_dir, attempt, stop)
         agent.announce(os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURM_RESTART_COUNT", "0"))
     except SaigeError as exc:  # the daemon reads it beside the attempt's folder and fails the job with it
-        filesmod.write_bytes(ready_path(job_dir, attempt), json.dumps({"error": exc.as_dict(None)}).encode())
+        filesmod.write_bytes(ready_path(job_dir, attempt), json.dumps({"error": exc.as_dict(None),
+                                                                       "node": socket.gethostname()}).encode())
         return 1
     return agent.serve()

@@ -99,7 +99,7 @@ class NodeContainer(Container):
         doc = json.loads(ready.read_text())
         if "error" in doc:
             err = doc["error"]
-            raise SaigeError(err["code"], f"on its node: {err['message']}", hint=err.get("hint"))
+            raise SaigeError(err["code"], f"on node {doc.get('node') or '?'}: {err['message']}", hint=err.get("hint"))
         self.node, self.image_id, self.cluster_id = str(doc["node"]), doc.get("image_id"), mine.cluster_id
         self.serving = (job.job_id, job.attempt)
         event("job.placed", job, node=self.node, cluster_id=self.cluster_id, attempt=job.attempt)
