@@ -94,6 +94,29 @@ def test_squeue_and_sinfo_json_are_read_as_the_cluster_says() -> None:
     assert (node.name, node.up, node.gres, node.features) == ("n2", False, {"cubie": 1, "mobilint": 1}, ("cubie", "img-x"))
 
 
+def test_slurm_23_11_lists_states_and_features() -> None:
+    """Slurm 23.11 on gives a job's state and a node's state and features as lists (22.05: strings): read as one
+    string, `["RUNNING"]` was no live state, so every attempt looked gone, and no node had the image's feature."""
+    import json
+
+    answers = {"squeue": {"errors": [], "jobs": [
+        {"job_id": 7, "name": "det-1", "job_state": ["RUNNING"], "restart_cnt": 0, "comment": "attempt=1"},
+        {"job_id": 8, "name": "det-1", "job_state": ["PENDING", "REQUEUED"], "restart_cnt": 1, "comment": "attempt=1"},
+        {"job_id": 9, "name": "det-1", "job_state": ["COMPLETED", "COMPLETING"], "restart_cnt": 0,
+         "comment": "attempt=1"}]},
+        "sinfo": {"errors": [], "nodes": [{"name": "n1", "state": ["IDLE", "DRAIN"], "gres": "cubie:1",
+                                           "active_features": ["cubie", "img-x"], "partitions": ["saige"]}]}}
+
+    def run(argv: Any, stdin: str | None) -> str:
+        return json.dumps(answers[argv[0]])
+
+    slurm = cluster.Slurm(ExecutorSpec("slurm", "saige", Path("/w")), run)
+    assert [(j.state, j.alive) for j in slurm.poll("det-1")] == [("RUNNING", True), ("PENDING", True),
+                                                                   ("COMPLETING", True)]
+    (node,) = slurm.nodes()
+    assert (node.state, node.up, node.features) == ("idle drain", False, ("cubie", "img-x"))
+
+
 def test_a_controller_that_does_not_answer_is_not_an_empty_cluster() -> None:
     """Slurm 22.05's squeue and sinfo --json exit 0 when slurmctld does not answer, with no jobs and the failure under
     `errors` (their answer verbatim below): read as the truth, every running attempt looked gone (ENGINE_LOST) during a

@@ -164,20 +164,32 @@ def _answer(command: str, out: str) -> dict[str, Any]:
     return doc
 
 
+def _listed(value: Any, sep: str | None = None) -> list[str]:
+    """A field 22.05 gives as a string (`sep`-separated) and 23.11 on as a list of strings (job and node states,
+    features): its words either way (read as one string, 23.11's `["RUNNING"]` was no live state: every attempt
+    looked gone)."""
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    text = "" if value is None else str(value)
+    return [w for w in (text.split(sep) if sep else [text]) if w]
+
+
 def _job(doc: dict[str, Any]) -> ClusterJob:
     comment = str(doc.get("comment") or "")
     base = int(comment.removeprefix("attempt=")) if comment.startswith("attempt=") and comment[8:].isdigit() else 0
-    return ClusterJob(int(doc.get("job_id", 0)), str(doc.get("name", "")), str(doc.get("job_state", "")),
+    words = _listed(doc.get("job_state"))  # 23.11: the base state, then its flags (22.05 names COMPLETING first)
+    state = "COMPLETING" if "COMPLETING" in words else words[0] if words else ""
+    return ClusterJob(int(doc.get("job_id", 0)), str(doc.get("name", "")), state,
                       int(doc.get("restart_cnt") or 0), base, str(doc.get("batch_host") or doc.get("nodes") or ""),
                       str(doc.get("state_reason") or ""), str(doc.get("state_description") or ""))
 
 
 def _node(doc: dict[str, Any]) -> ClusterNode:
-    state = " ".join([str(doc.get("state", "")), *[str(f) for f in doc.get("state_flags") or []]]).lower()
+    state = " ".join([*_listed(doc.get("state")), *_listed(doc.get("state_flags"))]).lower()
     gres: dict[str, int] = {}
     for item in str(doc.get("gres") or "").split(","):
         name, _, count = item.partition(":")
         if name and count.split("(")[0].isdigit():
             gres[name] = int(count.split("(")[0])
-    features = tuple(f for f in str(doc.get("active_features") or doc.get("features") or "").split(",") if f)
+    features = tuple(_listed(doc.get("active_features") or doc.get("features"), ","))
     return ClusterNode(str(doc.get("name")), state, gres, features, str(doc.get("reason") or ""))
