@@ -121,7 +121,11 @@ def load(path: Path) -> Any:
     poison file fails as itself and never takes the caller down.
     """
     with path.open("rb") as fh:
-        raw = fh.read(MAX_BYTES + 1)
+        return loads(fh.read(MAX_BYTES + 1))
+
+
+def loads(raw: bytes) -> Any:
+    """The YAML document in `raw` (at most MAX_BYTES), as load() reads a file's."""
     if len(raw) > MAX_BYTES:
         raise YamlRefused(f"larger than {MAX_BYTES} bytes")
     text = raw.decode("utf-8")

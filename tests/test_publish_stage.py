@@ -4,7 +4,11 @@ after it), and a job without a report handed over too, so an outbox that refuses
 from __future__ import annotations
 
 import io
+import json
+import os
+import shutil
 import signal
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -83,9 +87,34 @@ def test_a_publishing_mark_a_crash_left_is_forgotten_at_start(tmp_path: Path, ca
     jobs, _, attempt = running(tmp_path)
     store, config = jobs.store, str(write_config(tmp_path))
     store.begin_publishing(attempt)
-    assert store.forget_publishing() == 1 and not store.publishing("a-1")
+    assert store.forget_publishing() == ["a-1"] and not store.publishing("a-1")
     assert cli.main(["cancel", "a-1", "-c", config]) == 0 and store.cancel_requested("a-1")
-    assert store.forget_publishing() == 0 and store.cancel_requested("a-1")  # a cancel's own flag stays
+    assert store.forget_publishing() == [] and store.cancel_requested("a-1")  # a cancel's own flag stays
+
+
+def _bundle(path: Path, job_id: str) -> Path:
+    """A zip whose checkpoint.yaml names `job_id` as the job it was built for, as a bundle's does."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as bundle:
+        bundle.writestr("checkpoint.yaml", yaml.safe_dump({"build": {"job_id": job_id}}))
+    return path
+
+
+def test_unpublish_removes_only_the_jobs_own_bundles(tmp_path: Path) -> None:
+    """Outbox.unpublish removes the bundles built for the job at its name and at the name of its own it takes there,
+    and leaves another job's bundle and a file that is no bundle alone."""
+    outbox = Outbox(tmp_path / "outbox")
+    own = _bundle(tmp_path / "outbox" / "sub" / "det.cubie.saigeedge", "det-20261205T000000Z-aaaaaa")
+    also = _bundle(tmp_path / "outbox" / "sub" / "det.cubie.20261205T000000Z-aaaaaa.saigeedge",
+                   "det-20261205T000000Z-aaaaaa")
+    removed = outbox.unpublish(Path("sub/det.cubie.saigeedge"), "det-20261205T000000Z-aaaaaa")
+    assert removed == [Path("sub/det.cubie.saigeedge"), Path("sub/det.cubie.20261205T000000Z-aaaaaa.saigeedge")]
+    assert not own.exists() and not also.exists()
+    other = _bundle(own, "det-20261204T000000Z-bbbbbb")
+    plain = tmp_path / "outbox" / "sub" / "det.cubie.20261205T000000Z-aaaaaa.saigeedge"
+    plain.write_text("not a zip")
+    assert outbox.unpublish(Path("sub/det.cubie.saigeedge"), "det-20261205T000000Z-aaaaaa") == []
+    assert other.is_file() and plain.is_file()
 
 
 def _cubie(daemon: Any, docker_config: Path, **kwargs: Any) -> Any:
@@ -165,3 +194,72 @@ def test_a_refused_outbox_holds_no_slot_and_a_stop_does_not_recompile(docker_con
     ctr = docker_client.containers.get(settings["cubie"]["container"])
     record = ctr.exec_run(["cat", "/tmp/standin-calls.log"]).output.decode().splitlines()
     assert len([c for c in record if QUANTIZE in c]) == 2, record
+
+
+STRACE = shutil.which("strace")
+HELD_S = 600  # how long the bundle's rename onto its name is held before it returns (the test kills the daemon first)
+
+
+def _killed_after_the_link(d: Any, tmp_path: Path, calib: Path) -> dict[str, Any]:
+    """A cubie detector `det` whose daemon is SIGKILLed with its bundle in the outbox and its row still running: the
+    daemon runs under strace, which holds the bundle's link() onto its name once it is made (it returns no sooner
+    than HELD_S), so the end the daemon writes right after it never comes. The daemon is then started again as is.
+    The job's status (running)."""
+    dest = d.outbox / "det.cubie.saigeedge"
+    d.stop()
+    d.prefix = [str(STRACE), "-f", "--seccomp-bpf", "-qq", "-o", "/dev/null", "-e", "trace=link", "-e",
+                f"inject=link:delay_exit={HELD_S * 1_000_000}", "-P", str(dest)]
+    d.start()
+    drop(d.inbox, "det", yolox_nano(tmp_path / "det.onnx", 320), {"task": "detection", "num_classes": 3,
+                                                                 "calib": str(calib), "n_samples": 8, "cache": False})
+    job = d.wait_job("det", ("running",), timeout=120)
+    wait_for(dest.exists, 120, "the bundle linked into the outbox")
+    assert d.proc is not None
+    (pid,) = [int(p) for p in Path(f"/proc/{d.proc.pid}/task/{d.proc.pid}/children").read_text().split()]
+    os.kill(pid, signal.SIGKILL)  # the daemon itself, strace's child, then strace (it waits out its delay otherwise)
+    d.kill()
+    assert d.status(job["job_id"])["state"] == "running"  # its end never written
+    d.prefix = []
+    d.start()
+    return job
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(STRACE is None, reason="holds a system call of the daemon with strace")
+def test_a_crash_after_the_bundles_rename_publishes_it_once(docker_config: Path, daemon: Any, docker_client: Any,
+                                                            tmp_path: Path) -> None:
+    """SIGKILL once a cubie job's bundle is in the outbox and before its end is written: the next start re-attaches it
+    (its report made again, never its compile) and it succeeds in attempt 1 with one bundle, under its own name, whose
+    accuracy.json is the status file's (it left a second bundle, `det.cubie.<stamp>.saigeedge`, the first unrecorded)."""
+    settings = yaml.safe_load(docker_config.read_text())
+    d = _cubie(daemon, docker_config)
+    calib = valjson(tmp_path / "data", random_labels(40, 3))
+    job = _killed_after_the_link(d, tmp_path, calib)
+    done = d.wait_state(job["job_id"], ("succeeded", "failed", "cancelled"), timeout=120)
+    assert (done["state"], done["attempt"], done["bundle"]["path"]) == ("succeeded", 1, f"{job['name']}.cubie.saigeedge")
+    assert [p.name for p in d.outbox.glob(f"{job['name']}.*")] == [f"{job['name']}.cubie.saigeedge"]
+    with zipfile.ZipFile(d.outbox / done["bundle"]["path"]) as bundle:
+        assert json.loads(bundle.read("accuracy.json")) == done["accuracy"]
+    ctr = docker_client.containers.get(settings["cubie"]["container"])
+    record = ctr.exec_run(["cat", "/tmp/standin-calls.log"]).output.decode().splitlines()
+    assert len([c for c in record if QUANTIZE in c and job["job_id"] in c]) == 1, record
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(STRACE is None, reason="holds a system call of the daemon with strace")
+def test_a_cancel_after_a_crash_past_the_bundles_rename_leaves_no_bundle(docker_config: Path, daemon: Any,
+                                                                         tmp_path: Path) -> None:
+    """SIGKILL once a cubie job's bundle is in the outbox and before its end is written, then `saigeedged cancel` of
+    the re-attached job: it ends as the command said, cancelled with no bundle of it in the outbox (the one the crash
+    left stayed there, for a cancelled job), or too late and succeeded with its one bundle."""
+    d = _cubie(daemon, docker_config)
+    calib = valjson(tmp_path / "data", random_labels(40, 3))
+    job = _killed_after_the_link(d, tmp_path, calib)
+    out = io.StringIO()
+    code = client.cancel(configmod.load(d.config), job["job_id"], out)
+    done = d.wait_state(job["job_id"], ("succeeded", "failed", "cancelled"), timeout=120)
+    left = sorted(p.name for p in d.outbox.glob(f"{job['name']}.*"))
+    if code == 0:
+        assert (done["state"], left) == ("cancelled", []), (out.getvalue(), done, left)
+    else:
+        assert (done["state"], left) == ("succeeded", [f"{job['name']}.cubie.saigeedge"]), (out.getvalue(), done, left)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from saigeedged import __version__, files
-from saigeedged.adapters import noclobber
+from saigeedged.adapters import noclobber, provenance
 from saigeedged.errors import SaigeError
 from saigeedged.guards import printable
 from saigeedged.jobs import Job
@@ -106,6 +106,20 @@ class Outbox:
         elif job_id is None:
             _place(bundle, None, self.root / rel, commit=commit)
         return {"path": rel.as_posix(), "sha256": digest, "bytes": size}
+
+    def unpublish(self, rel: Path, job_id: str) -> list[Path]:
+        """Remove the bundles of `job_id` from <outbox>/<rel> and the name of its own it takes there (publish_bundle):
+        a publication a crash cut between the rename and the job's end, which no status file names. A file there that
+        is not this job's bundle is left alone. The paths removed, relative to the outbox; OSError when the share
+        refuses."""
+        removed = []
+        for candidate in (rel, noclobber.unique_name(rel, job_id)):
+            path = self.root / candidate
+            if provenance.built_for(path) == job_id:
+                path.unlink()
+                files.fsync_path(path.parent)
+                removed.append(candidate)
+        return removed
 
     def fetch_log(self, job_id: str, local: Path) -> bool:
         """Copy <outbox>/logs/<job_id>.log to the host-local `local`; False when there is none. Only a regular file is

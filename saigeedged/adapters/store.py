@@ -325,12 +325,13 @@ class Store(History, AttemptRecords):
             db.execute("UPDATE jobs SET cancel = ? WHERE job_id = ?", (PUBLISHING, fence.job_id))
 
     @patient
-    def forget_publishing(self) -> int:
+    def forget_publishing(self) -> list[str]:
         """At start (one daemon per state_dir: no publication is under way): every publishing mark a crash left between
         begin_publishing and the job's end is cleared, so a cancel of the re-attached job is heard again (it said "too
-        late" for good). The count cleared."""
+        late" for good). The jobs cleared: their bundles may be in the outbox, unrecorded (Outbox.unpublish)."""
         with self._tx() as db:
-            return int(db.execute("UPDATE jobs SET cancel = 0 WHERE cancel = ?", (PUBLISHING,)).rowcount)
+            return sorted(str(row[0]) for row in db.execute("UPDATE jobs SET cancel = 0 WHERE cancel = ? RETURNING job_id",
+                                                           (PUBLISHING,)).fetchall())
 
     @patient
     def unpublishing(self, fence: Attempt) -> None:

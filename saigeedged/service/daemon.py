@@ -86,7 +86,7 @@ class Daemon:
         """Jobs left running by a crash or a stop go back to the queue (or end failed past limits.max_attempts);
         their leftover steps are killed; claimed folders without rows and leftover temp files are settled."""
         self.recovery.temp_files()
-        self.store.forget_publishing()
+        self.recovery.unrecorded_bundles(self.store.forget_publishing())
         interrupted = self.store.in_state(RUNNING)
         attached = [j for j in interrupted if j.target in CONTAINER_TARGETS and self._resumable(j)]
         for job in self.pool.resume(attached) + [j for j in interrupted if j.target not in CONTAINER_TARGETS]:

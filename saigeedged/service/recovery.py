@@ -19,7 +19,7 @@ from saigeedged.compile import resume
 from saigeedged.errors import SaigeError
 from saigeedged.intake import claims, ownfolders
 from saigeedged.intake.claims import Orphan
-from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job
+from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job, entry_from_doc
 from saigeedged.records import AttemptRecord, UnreadableRecord
 from saigeedged.service import legacy
 from saigeedged.service.lifecycle import Jobs
@@ -174,6 +174,25 @@ class Recovery:
         self.jobs.end(job, FAILED, error)
 
     # -- leftovers -------------------------------------------------------------------------------
+    def unrecorded_bundles(self, job_ids: list[str]) -> None:
+        """Jobs a crash cut while their bundles were published (Store.forget_publishing): a bundle of theirs already
+        in the outbox, which no status file names, is removed. The re-attached attempt publishes its own (its report
+        made again) under the same name, not beside it under another; a cancel or a failure leaves none."""
+        for job_id in job_ids:
+            job = self.store.get(job_id)
+            if job is None or job.state != RUNNING:
+                continue
+            rel = Path(job.subdir) / entry_from_doc(job.entry).output_name
+            try:
+                removed = self.outbox.unpublish(rel, job_id)
+            except OSError as exc:  # left in the outbox: the attempt publishes beside it, under a name of its own
+                log.warning("outbox.unpublish_failed", job_id=job_id, job_name=job.name, message=str(exc))
+                continue
+            for path in removed:
+                log.warning("outbox.bundle_unrecorded", job_id=job_id, job_name=job.name, path=path.as_posix(),
+                            message="a bundle published before the daemon died, its end unwritten: removed, the job "
+                            "publishes it again")
+
     def temp_files(self) -> threading.Thread:
         """Temp files of outbox writes a kill interrupted (status files, logs, bundles) are removed (the daemon is the
         outbox's only writer, SPEC §11). A long history means hundreds of thousands of files to list, so the sweep
