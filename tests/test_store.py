@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,41 @@ def test_status_text() -> None:
     assert status_text(job("det-1"), 0) == "compiling det (starting), 0 queued"  # taken, no step yet (was "None 0/0")
     assert status_text(None, 0) == "idle, 0 queued"
     assert status_text(None, 2, engine_down=True) == "idle, 2 queued, Docker engine unreachable: container jobs wait"
+
+
+HOLDER = """import sys
+from pathlib import Path
+from saigeedged.adapters.store import Store
+store = Store(Path(sys.argv[1]))
+print(store.cancel_requested(sys.argv[2]), flush=True)
+sys.stdin.readline()
+store.close()
+"""
+
+
+def _daemon_like(path: Path, job_id: str) -> tuple[subprocess.Popen[str], bool]:
+    """A process holding the database open as a daemon does, until told to close it (a line on its stdin); and
+    whether it saw a cancel flagged for `job_id` when it opened it."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), job_id], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+    assert holder.stdout is not None
+    return holder, holder.stdout.readline().strip() == "True"
+
+
+def test_a_second_store_in_one_process_keeps_a_restarted_daemon_seeing_its_writes(tmp_path: Path) -> None:
+    """Two stores of one process beside a daemon (a script or a test calling saigeedged.cli.client twice: `cancel`
+    leaves its store open): opening the second released the first one's lock on the database file (its open and
+    close of the file), so the daemon's close at a restart took the process for gone and removed the WAL under it;
+    the cancel flagged through it afterwards went to the removed WAL, and the restarted daemon never saw it."""
+    path = tmp_path / "saigeedged.db"
+    first = Store(path)
+    first.add(job("a-1", state=RUNNING))
+    daemon, _ = _daemon_like(path, "a-1")
+    second = Store(path, verify=False)  # beside `first`, still open
+    daemon.communicate("\n", timeout=30)  # the daemon stops...
+    again, _ = _daemon_like(path, "a-1")  # ...and starts again
+    assert second.request_cancel("a-1") and first.cancel_requested("a-1")
+    fresh, seen = _daemon_like(path, "a-1")
+    for holder in (again, fresh):
+        holder.communicate("\n", timeout=30)
+    assert seen and Store(path).cancel_requested("a-1")

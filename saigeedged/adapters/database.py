@@ -3,6 +3,7 @@ full, failing or corrupt state_dir looks like to SQLite. Only the store (adapter
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sqlite3
@@ -248,8 +249,14 @@ def _backup(db: sqlite3.Connection, dest: Path) -> None:
 
 def private(path: Path) -> None:
     """The database (it holds manifests' passwords) readable by the service user only; SQLite gives its -wal and
-    -shm files the database's mode."""
-    os.close(os.open(path, os.O_CREAT | os.O_RDONLY, 0o600))
+    -shm files the database's mode.
+
+    A missing file is made with that mode; an existing one is never opened here: closing any descriptor of it drops
+    every lock this process holds on it (POSIX), those of a connection already open in it (a script calling
+    saigeedged.cli.client twice) included, and a daemon closing beside it then removes the WAL under that connection,
+    whose writes are lost (SQLite's "How To Corrupt", 2.2)."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDONLY, 0o600))
     for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         if file.exists() and file.stat().st_uid == os.geteuid():  # an operator's `status` leaves the modes alone
             os.chmod(file, 0o600)
