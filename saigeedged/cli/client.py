@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 import time
 import uuid
@@ -50,6 +52,8 @@ def _store(config: Config) -> Store:
     path = config.state_dir / "saigeedged.db"
     if not path.exists():
         raise SaigeError("INPUT_NOT_FOUND", f"no job database at {path}", hint="is the daemon configured with this -c file?")
+    if not os.access(path, os.R_OK | os.W_OK):  # (a reader of a WAL database writes its -shm too)
+        raise owner.refused(path, PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path)))
     try:
         return Store(path, verify=False)  # the daemon checks the file at its start; a command must not read it whole
     except PermissionError as exc:
