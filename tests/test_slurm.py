@@ -192,6 +192,34 @@ def test_a_node_killed_mid_step_requeues_the_job_which_publishes_once(cluster_da
         slurm_cluster.revive(node)
 
 
+def test_a_job_cancelled_while_requeued_leaves_no_cluster_job(cluster_daemon: Any,
+                                                              slurm_cluster: Cluster) -> None:  # noqa: F811
+    """The node running a quantize dies; Slurm requeues the cluster job for attempt 2, which waits for a node (the
+    others drained) as the job waits in the daemon's queue; `saigeedged cancel` ends the job there. Its cluster job
+    goes too: it stayed in Slurm's queue and would have run, holding a node's GRES until its --time, once one was
+    back."""
+    d = cluster_daemon()
+    others = [n for n in slurm_cluster.nodes.values() if n is not slurm_cluster.controller]
+    slurm_cluster.drain(slurm_cluster.controller, True)
+    first, node = quantizing(d, slurm_cluster, "orphan_sleep60", "sleep 60")
+    spare = [n for n in others if n is not node]
+    try:
+        for n in spare:
+            slurm_cluster.drain(n, True)
+        slurm_cluster.kill(node)
+        wait_for(lambda: (read_status(d.outbox, first["job_id"]) or {}).get("state") == "queued", 120,
+                 "the job requeued off the lost node", slurm_cluster.describe)
+        assert [j["job_state"] for j in slurm_cluster.json("squeue")["jobs"] if j["name"] == first["job_id"]] \
+            == ["PENDING"]
+        assert d.cli("cancel", first["job_id"]).returncode == 0
+        wait_for(lambda: [j["job_state"] for j in slurm_cluster.json("squeue")["jobs"] if j["name"] == first["job_id"]]
+                 == ["CANCELLED"], 60, "its requeued cluster job cancelled", slurm_cluster.describe)
+    finally:
+        for n in [slurm_cluster.controller, *spare]:
+            slurm_cluster.drain(n, False)
+        slurm_cluster.revive(node)
+
+
 def test_cancel_kills_the_step_in_the_nodes_container(cluster_daemon: Any, slurm_cluster: Cluster) -> None:  # noqa: F811
     """`saigeedged cancel` of a job mid-quantize ends it cancelled and its step is gone from the node's container."""
     d = cluster_daemon()
