@@ -263,6 +263,27 @@ def test_daemon_stopped_mid_step_leaves_the_step_running_and_reattaches(cluster_
     assert len([c for c in calls(node, d, "quantize") if "stopped_untilreleased" in c]) == 1
 
 
+def test_a_job_on_a_drained_node_reattaches_after_a_restart(cluster_daemon: Any,
+                                                             slurm_cluster: Cluster) -> None:  # noqa: F811
+    """The daemon stops mid-step and every node is drained meanwhile (maintenance: the running job keeps its node until
+    it ends): the next daemon re-attaches the job and it completes in attempt 1. It waited for a free node to
+    re-attach, and the drain waited for the job: neither ended before the cluster job's --time."""
+    d = cluster_daemon()
+    first, node = quantizing(d, slurm_cluster, "drained_untilreleased", STANDIN_QUANTIZE)
+    d.stop()
+    try:
+        for n in slurm_cluster.nodes.values():
+            slurm_cluster.drain(n, True)
+        d.start()
+        wait_for(lambda: d.events("job.reattached"), 60, "the job re-attached", d.tail)
+        release(node, d)
+        done = d.job("drained_untilreleased")
+        assert (done["state"], done["attempt"]) == ("succeeded", 1), d.tail()
+    finally:
+        for n in slurm_cluster.nodes.values():
+            slurm_cluster.drain(n, False)
+
+
 def test_a_stop_while_the_cluster_job_waits_for_a_node_keeps_its_place(cluster_daemon: Any,
                                                                         slurm_cluster: Cluster) -> None:  # noqa: F811
     """`systemctl stop` while the attempt's cluster job is still queued (another user's jobs hold every node's cubie

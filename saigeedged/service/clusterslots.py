@@ -37,11 +37,19 @@ class Room:
                    and w.current.target == target)
         return busy < capacity(nodes, target, images(self.config)[target])
 
+    def answers(self, target: str) -> bool:
+        """Does Slurm answer (a running job re-attaches then, its node drained or every node busy: it holds one)?"""
+        try:
+            self.slurm.nodes()
+        except SaigeError:
+            return False
+        return True
+
 
 def slots(config: Config, slurm: Slurm, workers: Callable[[], list[Worker]]) -> list[tuple[SlurmContainers, Slot]]:
     """The (containers, slot) of each cluster worker, then the host jobs' slot (its containers are never used)."""
     room = Room(config, slurm, workers)
-    made = [(SlurmContainers(config, slurm), Slot(ENGINE, CONTAINER_TARGETS, True, room))
+    made = [(SlurmContainers(config, slurm), Slot(ENGINE, CONTAINER_TARGETS, True, room, reattach=room.answers))
             for _ in range(config.executor.max_jobs)]
     return [*made, (SlurmContainers(config, slurm), Slot(HOST_ENGINE, ("host",), True))]
 

@@ -24,6 +24,12 @@ class Slot:
     pooled: bool = False
     ready: Callable[[str], bool] = field(default=lambda target: True)  # False: its engine is down or lacks the image
     on_lost: Callable[[str], None] = field(default=lambda reason: None)  # a job found the engine gone
+    # may a running job of the target re-attach now? None: when `ready` (a Slurm partition: when Slurm answers, a free
+    # node or not: the job holds its node already)
+    reattach: Callable[[str], bool] | None = None
+
+    def can_reattach(self, target: str) -> bool:
+        return (self.reattach or self.ready)(target)
 
     def skip(self) -> tuple[str, ...]:
         """The targets this slot takes nothing of now."""

@@ -85,7 +85,7 @@ class Worker(threading.Thread):
         """A job to re-attach, once its engine answers; None when there is none (or it is not running any more)."""
         while True:
             with self._lock:  # the engine monitor moves held jobs elsewhere from its own thread
-                held = next((j for j in self.resumable if self.slot.ready(j.target)), None)
+                held = next((j for j in self.resumable if self.slot.can_reattach(j.target)), None)
                 if held is None:
                     return None
                 self.resumable.remove(held)
