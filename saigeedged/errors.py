@@ -129,16 +129,6 @@ class SaigeError(Exception):
         return f"{self.code}: {self.message}"
 
 
-def headline(message: str) -> str:
-    """A message in one line, for the places that show one (the journal, `status`'s table, a Slack text): its first
-    line, and when that line only announces the lines after it (a step's `exited 1; last lines:`), their last one too,
-    which is the compiler's own last word."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):
-        return f"{lines[0]} ... {lines[-1]}"
-    return lines[0] if lines else ""
-
-
 def _rebuild(code: Code, message: str, hint: str, fields: dict[str, Any]) -> SaigeError:
     return SaigeError(code, message, hint=hint, **fields)
 

@@ -56,3 +56,13 @@ def printable(text: str) -> str:
 def short_stem(stem: str) -> str:
     """A stem short enough for job ids, status files and logs on every filesystem."""
     return stem[:MAX_STEM]
+
+
+def headline(message: str) -> str:
+    """A message in one line, for the places that show one (the journal, `status`'s table, a Slack text): its first
+    line, and when that line only announces the lines after it (a step's `exited 1; last lines:`), their last one too,
+    which is the compiler's own last word."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return printable(f"{lines[0]} ... {lines[-1]}")  # a compiler's colours: journalctl shows "[blob data]"
+    return printable(lines[0]) if lines else ""

@@ -76,3 +76,14 @@ def test_a_publish_out_of_patience_says_to_retry_the_job(tmp_path: Path) -> None
     assert final.value.code == "PUBLISH_FAILED" and final.value.fields["exhausted"]
     assert "`saigeedged retry JOB_ID` once it takes files" in final.value.hint and "is retried" not in final.value.hint
     assert final.value.as_dict("publish")["hint"] == final.value.hint
+
+
+def test_a_failure_in_one_line_ends_with_the_compilers_last_word_and_no_control_character() -> None:
+    """The journal's, `status`'s and Slack's line of a failure: its first line and, when that only announces the
+    lines after it, their last one; a compiler's colour codes are escaped (journalctl showed such a MESSAGE as
+    "[blob data]", hiding the failure it was there to say)."""
+    from saigeedged.guards import headline
+
+    said = headline("`pegasus import onnx` exited 1; last lines:\nI start\n\x1b[31mE Fatal model error: 65280\x1b[0m\n")
+    assert said == "`pegasus import onnx` exited 1; last lines: ... \\x1b[31mE Fatal model error: 65280\\x1b[0m"
+    assert headline("quantize ran out of memory\nsee the log") == "quantize ran out of memory" and headline("") == ""

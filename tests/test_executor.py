@@ -95,8 +95,10 @@ def test_squeue_and_sinfo_json_are_read_as_the_cluster_says() -> None:
 
 
 def test_slurm_23_11_lists_states_and_features() -> None:
-    """Slurm 23.11 on gives a job's state and a node's state and features as lists (22.05: strings): read as one
-    string, `["RUNNING"]` was no live state, so every attempt looked gone, and no node had the image's feature."""
+    """Slurm 23.11 on gives a job's state as a list (22.05: a string): read as one string, `["RUNNING"]` was no live
+    state, so every attempt looked gone. A node's state and features as lists are read too (the shape of `scontrol
+    show nodes --json`). Since 23.02 `sinfo --json` groups its nodes (`{"sinfo": [...]}`), which is not read: said, as
+    Slurm not answering (no job taken), never "no node"."""
     import json
 
     answers = {"squeue": {"errors": [], "jobs": [
@@ -115,6 +117,10 @@ def test_slurm_23_11_lists_states_and_features() -> None:
                                                                    ("COMPLETING", True)]
     (node,) = slurm.nodes()
     assert (node.state, node.up, node.features) == ("idle drain", False, ("cubie", "img-x"))
+    answers["sinfo"] = {"meta": {"Slurm": {"release": "23.11.4"}}, "errors": [], "sinfo": [{"node": {"state": ["IDLE"]}}]}
+    with pytest.raises(SaigeError) as grouped:
+        slurm.nodes(fresh=True)
+    assert grouped.value.code == "DOCKER_UNAVAILABLE" and "Slurm 23.11.4's `sinfo --json` groups" in grouped.value.message
 
 
 def test_a_controller_that_does_not_answer_is_not_an_empty_cluster() -> None:
@@ -157,7 +163,12 @@ def test_a_controller_that_does_not_answer_is_not_an_empty_cluster() -> None:
      "CONTAINER_FAILED"),
     ("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified",
      "CONTAINER_FAILED"),
+    ("sbatch: error: Batch job submission failed: Access/permission denied", "CONTAINER_FAILED"),
     ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation", "DOCKER_UNAVAILABLE"),
+    ("sbatch: error: Batch job submission failed: Required partition not available (inactive or drain)",
+     "DOCKER_UNAVAILABLE"),  # an admin's drain of the partition: it ends
+    ("sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size "
+     "and/or time limits)", "DOCKER_UNAVAILABLE"),  # a submit limit: it clears as jobs end
     ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)",
      "DOCKER_UNAVAILABLE")])
 def test_a_cluster_job_slurm_refuses_fails_the_job_and_an_outage_waits(tmp_path: Path, stderr: str, code: str) -> None:
@@ -327,6 +338,13 @@ def test_a_node_that_cannot_make_its_container_is_named(tmp_path: Path) -> None:
     ready_path(work.parent, 1).write_text(json.dumps({"error": error, "node": "cn07"}))
     with pytest.raises(SaigeError) as caught:
         node.ensure()
+    assert (caught.value.code, caught.value.message) == ("IMAGE_NOT_FOUND", "on node cn07: image npu:1 is not loaded")
+    # read by a daemon started after the agent had said so and ended: its word, not ENGINE_LOST (an attempt spent)
+    (tmp_path / "restarted").mkdir()
+    after = _node(tmp_path / "restarted", _job(), [], [])
+    ready_path(after.current()[1].parent, 1).write_text(json.dumps({"error": error, "node": "cn07"}))
+    with pytest.raises(SaigeError) as caught:
+        after.ensure()
     assert (caught.value.code, caught.value.message) == ("IMAGE_NOT_FOUND", "on node cn07: image npu:1 is not loaded")
 
 

@@ -115,6 +115,13 @@ def test_unpublish_removes_only_the_jobs_own_bundles(tmp_path: Path) -> None:
     plain.write_text("not a zip")
     assert outbox.unpublish(Path("sub/det.cubie.saigeedge"), "det-20261205T000000Z-aaaaaa") == []
     assert other.is_file() and plain.is_file()
+    with zipfile.ZipFile(plain, "w", zipfile.ZIP_DEFLATED) as damaged:  # its compressed member damaged on the share
+        damaged.writestr("checkpoint.yaml", yaml.safe_dump({"build": {"job_id": "x" * 4000}}))
+    data = bytearray(plain.read_bytes())
+    data[30 + len("checkpoint.yaml")] = 0xFF  # the deflate stream's first block: of the reserved type
+    plain.write_bytes(bytes(data))
+    assert outbox.unpublish(Path("sub/det.cubie.saigeedge"), "det-20261205T000000Z-aaaaaa") == []  # raised zlib.error
+    assert plain.is_file()
 
 
 def _cubie(daemon: Any, docker_config: Path, **kwargs: Any) -> Any:

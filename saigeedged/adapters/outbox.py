@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -117,8 +118,9 @@ class Outbox:
             path = self.root / candidate
             if provenance.built_for(path) == job_id:
                 path.unlink()
-                files.fsync_path(path.parent)
                 removed.append(candidate)
+                with contextlib.suppress(OSError):  # removed: a folder that refuses its fsync says nothing else
+                    files.fsync_path(path.parent)
         return removed
 
     def fetch_log(self, job_id: str, local: Path) -> bool:

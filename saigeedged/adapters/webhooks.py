@@ -22,7 +22,8 @@ import structlog
 from saigeedged import __version__
 from saigeedged.adapters.outbox import status_doc
 from saigeedged.config import _merge
-from saigeedged.errors import SaigeError, headline
+from saigeedged.errors import SaigeError
+from saigeedged.guards import headline
 from saigeedged.jobs import TERMINAL, Job
 
 log = structlog.get_logger()

@@ -20,9 +20,9 @@ from saigeedged.adapters.store import Store
 from saigeedged.cli import owner, partition
 from saigeedged.cli.enginestatus import attempt_lines, engine_lines
 from saigeedged.config import Config
-from saigeedged.errors import SaigeError, headline
+from saigeedged.errors import SaigeError
 from saigeedged.files import sha256_file
-from saigeedged.guards import printable
+from saigeedged.guards import headline, printable
 from saigeedged.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, Job, TransitionError, check_transition
 from saigeedged.manifest import safe_stem
 

@@ -270,8 +270,7 @@ class Daemon:
     def _catch_up(self, now: float) -> None:
         if now >= self._next_catch_up and self.jobs.behind():
             self._next_catch_up = now + CATCH_UP_S
-            ended = self.store.behind("event")  # ends a command made: `saigeedged cancel` of a queued job
-            self.jobs.catch_up()
+            ended = self.jobs.catch_up()  # and the ends a command made: `saigeedged cancel` of a queued job
             self.pool.ended_by_command([job for job in map(self.store.get, ended) if job is not None])
 
     def _changed(self) -> None:

@@ -16,7 +16,8 @@ from saigeedged import files, jobid
 from saigeedged.adapters.events import event
 from saigeedged.adapters.outbox import Outbox
 from saigeedged.adapters.store import ENDING, Store
-from saigeedged.errors import SaigeError, headline
+from saigeedged.errors import SaigeError
+from saigeedged.guards import headline
 from saigeedged.intake import ownfolders
 from saigeedged.jobs import (
     CANCELLED,
@@ -201,17 +202,22 @@ class Jobs:
             self.store.mark_behind(job_id, "log")
             self.store.mark_behind(job_id, "status")
 
-    def catch_up(self) -> None:
+    def catch_up(self) -> list[str]:
         """Write the files the outbox refused, and announce the ends a command made (`saigeedged cancel` of a queued
         job: the operator's shell has no journal). Each kind stops at its first refusal (the next round goes on from
-        there) without holding up the others: a status folder that refuses files never keeps a log from the outbox."""
+        there) without holding up the others: a status folder that refuses files never keeps a log from the outbox.
+        The jobs whose ends it announced."""
+        announced = []
         for kind, one in (("status", self._status_again), ("log", self._log_again), ("event", self._announce)):
             try:
                 for job_id in self.store.behind(kind):
                     one(job_id)
                     log.info(f"{kind}.caught_up", job_id=job_id)
+                    if kind == "event":
+                        announced.append(job_id)
             except SaigeError:
                 pass  # still refused: the next round tries again
+        return announced
 
     def _status_again(self, job_id: str) -> None:
         with self._writing:  # the mark is cleared under the lock: a newer refused write would set it again

@@ -24,10 +24,12 @@ log = structlog.get_logger()
 CALL_TIMEOUT_S = 30.0  # one Slurm command; slurmctld restarting answers within its own MessageTimeout (10 s)
 HINT = "is slurmctld up and munge running on this host? `sinfo` and `systemctl status slurmctld munge` say"
 Run = Callable[[Sequence[str], str | None], str]
-# sbatch's rejections that the next sbatch gets too (a partition's MaxTime under limits.job_timeout_s, an account or
-# QOS the service's user lacks): read as "Slurm does not answer", the job was taken and requeued at once for ever.
-# "Socket timed out", "Unable to contact slurm controller" and the like stay DOCKER_UNAVAILABLE (wait, no attempt spent)
-REFUSED = re.compile(r"Batch job submission failed: (.*(?:Invalid|invalid|not available|violates|denied|exceeds).*)")
+# sbatch's rejections that the next sbatch gets too (a partition's MaxTime under limits.job_timeout_s: "Requested time
+# limit is invalid", an account or QOS the service's user lacks: "Invalid account...", "Access/permission denied"):
+# read as "Slurm does not answer", the job was taken and requeued at once for ever. Those that pass stay
+# DOCKER_UNAVAILABLE (wait, no attempt spent): "Socket timed out", a drained partition ("Required partition not
+# available (inactive or drain)"), a submit limit of the QOS ("Job violates accounting/QOS policy")
+REFUSED = re.compile(r"Batch job submission failed: (.*(?:Invalid|invalid|permission denied).*)")
 REFUSED_HINT = ("check executor.partition (`sinfo`), limits.job_timeout_s against the partition's MaxTime (`scontrol "
                 "show partition`) and the service user's account and QOS (`sacctmgr show assoc user=saigeedged`), then "
                 "`saigeedged retry JOB_ID`")
@@ -138,6 +140,12 @@ class Slurm:
         ignored"): a node is the partition's by its own `partitions` list, or the free room, `check` and `status`
         counted every node of the cluster."""
         doc = self._json(["sinfo", f"--partition={self.spec.partition}"], fresh)
+        if "nodes" not in doc and "sinfo" in doc:  # 23.02 on: entries grouped by state (scontrol has the nodes)
+            release = str((doc.get("meta") or {}).get("Slurm", {}).get("release", "23.02 or later"))
+            raise SaigeError("DOCKER_UNAVAILABLE", f"Slurm {printable(release)}'s `sinfo --json` groups its nodes, "
+                             "which this release of saigeedged does not read: no node is counted, no job is taken",
+                             hint="executor slurm reads the sinfo --json of Slurm 22.05 (Debian 12's); see "
+                             "docs/spec-executor-slurm.md")
         seen: dict[str, ClusterNode] = {}
         for n in doc.get("nodes", []):
             if self.spec.partition in (n.get("partitions") or [self.spec.partition]):

@@ -96,10 +96,7 @@ class NodeContainer(Container):
                 self.slurm.start_now(seen.cluster_id)
             time.sleep(poll)
             poll = min(poll * 2, WAIT_S[1])
-        doc = json.loads(ready.read_text())
-        if "error" in doc:
-            err = doc["error"]
-            raise SaigeError(err["code"], f"on node {doc.get('node') or '?'}: {err['message']}", hint=err.get("hint"))
+        doc = _raise_node_error(ready)
         self.node, self.image_id, self.cluster_id = str(doc["node"]), doc.get("image_id"), mine.cluster_id
         self.serving = (job.job_id, job.attempt)
         event("job.placed", job, node=self.node, cluster_id=self.cluster_id, attempt=job.attempt)
@@ -114,6 +111,8 @@ class NodeContainer(Container):
         live = [j for j in self.slurm.poll(job.job_id, fresh=True) if j.alive]
         mine = next((j for j in live if j.attempt == job.attempt), None)
         placed = mine is None and ready_path(work.parent, job.attempt).exists()
+        if placed:
+            _raise_node_error(ready_path(work.parent, job.attempt))  # the agent's own word first (read after a restart)
         for other in live:
             # an attempt the store has moved past must not hold a node; a lost attempt's requeued job serves the next
             if other is not mine and not (placed and other.attempt > job.attempt):
@@ -266,6 +265,15 @@ class NodeContainer(Container):
 
     def reap(self, workdirs: Sequence[Path]) -> None:
         """Nothing: Slurm cancels a stale job when its node returns, and its agent kills the step."""
+
+
+def _raise_node_error(ready: Path) -> dict[str, Any]:
+    """The agent's ready file; the error it says instead (it could not make the node's container ready), raised."""
+    doc: dict[str, Any] = json.loads(ready.read_text())
+    if "error" in doc:
+        err = doc["error"]
+        raise SaigeError(err["code"], f"on node {doc.get('node') or '?'}: {err['message']}", hint=err.get("hint"))
+    return doc
 
 
 def _lost(cluster_id: int, seen: ClusterJob | None, attempt: int) -> str:
