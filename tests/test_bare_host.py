@@ -77,7 +77,8 @@ def test_image_warnings_only_for_asked_targets_and_once_across_restarts(docker_c
     d = daemon(**missing)  # defaults.target host
     drop(d.inbox, "onhost", det_inputs["onnx"], det_inputs["manifest"])
     assert d.wait_job("onhost")["state"] == "succeeded"
-    wait_for(lambda: d.events("engine.ready"), 30, "the engine's first look")
+    (ready,) = wait_for(lambda: d.events("engine.ready"), 30, "the engine's first look")
+    assert ready["targets"] == "" and "no vendor image is loaded (host jobs need none" in ready["message"], ready
     assert d.events("engine.image_missing") == []
     assert d.stop() == 0
     first = daemon(defaults={"target": "cubie"}, **missing)

@@ -224,7 +224,11 @@ class EngineMonitor:
             log.info("engine.up", engine=name, down_s=round(self.clock() - since, 1),
                      message=f"engine {name} answers again" + ("; its leftover steps were killed" if reap else ""))
         elif first:
-            log.info("engine.ready", engine=name, targets=",".join(t for t, ok in health.images.items() if ok))
+            ready = [t for t, ok in health.images.items() if ok]
+            log.info("engine.ready", engine=name, targets=",".join(ready),
+                     message=f"engine {name} answers; " + (f"the images of {', '.join(ready)} are loaded" if ready else
+                                                          "no vendor image is loaded (host jobs need none; `saigeedged "
+                                                          "check` says what a container target lacks)"))
         if not was_up:
             self.on_change()
 
