@@ -85,3 +85,24 @@ def test_cache_ls_and_clear_commands(tmp_path: Path, config_path: Path) -> None:
     assert "abababababababab" in out.getvalue() and "det-1" in out.getvalue() and "1 entry, 300 of" in out.getvalue()
     assert cli.main(["cache", "clear", "-c", str(config_path)]) == 0
     assert cache.entries() == [] and not (config.state_dir / "cache" / ("ab" * 32)).exists()
+
+
+def test_cache_clear_as_root_clears_an_entry_root_made(tmp_path: Path) -> None:
+    """`sudo saigeedged compile` keeps its compile in the service's cache as root's; `saigeedged cache clear` run as
+    root then acted as the service's user (the owner of state_dir), could not remove it, and said it was cleared.
+    It runs as root (it makes no file, so it leaves nothing the daemon cannot write)."""
+    import subprocess
+    import sys
+
+    from conftest import write_config
+
+    config = write_config(tmp_path, cache={"max_bytes": 10_000})
+    state = tmp_path / "state"
+    cache = Cache(state / "cache", 10_000)
+    assert cache.put("k1", {"m0": artifact(tmp_path, "a.nb", 500)}, {"source_job_id": "job-1"})  # root's
+    for path in (state, state / "cache"):
+        os.chown(path, 65534, 65534)  # the service's folders
+    done = subprocess.run([sys.executable, "-m", "saigeedged", "cache", "clear", "-c", str(config)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "cleared 1 entry" in done.stdout, done
+    assert cache.entries() == [] and [p.name for p in (state / "cache").iterdir() if not p.name.startswith(".")] == []

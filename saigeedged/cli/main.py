@@ -16,7 +16,9 @@ from saigeedged.cli import owner
 from saigeedged.errors import ENVIRONMENT_CODES, INPUT_CODES, SaigeError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_READY = 0, 1, 2, 3
-OWN_STATE = ("status", "retry", "cancel", "prune", "cache")  # commands on the daemon's state: run as its user (owner.py)
+# commands on the daemon's state: run as its user (owner.py). Not `cache`: it makes no file (ls reads, clear removes),
+# and as root it clears what `sudo saigeedged compile` kept there as root's, which the service's user cannot
+OWN_STATE = ("status", "retry", "cancel", "prune")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""The commands on the daemon's own state (`status`, `retry`, `cancel`, `prune`, `cache`) act as the daemon's user.
+"""The commands on the daemon's own state (`status`, `retry`, `cancel`, `prune`) act as the daemon's user.
 
 Run as root they would make root's files where the daemon writes (a `.saigeedged` folder of the inbox, a job log, a
 database's -wal), which the daemon then cannot write, and their checks of the daemon's folders (ownfolders) would take
