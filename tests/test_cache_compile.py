@@ -86,3 +86,23 @@ def test_eviction_at_max_bytes_makes_the_oldest_compile_a_miss(tmp_path: Path, c
     assert len(keys) == 1 and keys[0] != entry.key
     code, out, _ = compile_cls(tmp_path, config_path, "a_again", capsys, seed=1)
     assert code == 0 and "cache hit" not in out and "quantize" in out
+
+
+def test_a_compile_as_root_leaves_nothing_the_service_cannot_write(tmp_path: Path, config_path: Path,
+                                                                   capsys: Any) -> None:
+    """`sudo saigeedged compile` with the service's config: its job log, its cache entry and the cache folder itself
+    (the daemon had kept nothing yet) were root's in the service's state_dir, so the daemon's cache kept nothing more
+    (a put into a root folder fails "not kept", silently) and could not evict them. They are the owner's when it ends;
+    the bundle, where the manifest says, stays root's."""
+    import os
+
+    from saigeedged import config as configmod
+
+    state = configmod.load(config_path).state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    os.chown(state, 65534, 65534)  # the service's
+    code, out, bundle = compile_cls(tmp_path, config_path, "asroot", capsys)
+    assert code == 0 and bundle.stat().st_uid == 0, out
+    made = [p for p in state.rglob("*") if "work" not in p.relative_to(state).parts]
+    assert any(p.name == "cache" for p in made) and any(p.suffix == ".log" for p in made), made
+    assert [p for p in made if p.lstat().st_uid == 0] == []

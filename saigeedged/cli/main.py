@@ -79,7 +79,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "compile":
         from saigeedged.cli import oneshot
 
-        return oneshot.compile_manifest(config, args.manifest, args.only, args.dry_run)
+        with owner.handing_over(config.state_dir, skip=config.work_root):
+            return oneshot.compile_manifest(config, args.manifest, args.only, args.dry_run)
     if args.command == "validate":
         from saigeedged.cli import oneshot
 

@@ -8,8 +8,10 @@ cache, which only the service's user may: one line says so, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+from collections.abc import Iterator
 from pathlib import Path
 
 from saigeedged.errors import SaigeError
@@ -43,3 +45,30 @@ def refused(path: Path, exc: OSError) -> SaigeError:
                       hint="the daemon's queue and cache are the service's user's only (they hold manifests' passwords "
                       "and the compiled models): run the command as root or as that user (`sudo -u saigeedged "
                       "saigeedged status`); the status files under <outbox>/status/ are readable by everyone")
+
+
+@contextlib.contextmanager
+def handing_over(folder: Path, skip: Path) -> Iterator[None]:
+    """Run as root, what a command made under the daemon's folders (`saigeedged compile`: its job log, a cache entry,
+    the cache folder itself when the daemon had not made it yet) is given to their owner when it ends: root's, the
+    daemon could not write there (its cache kept nothing more, silently) nor evict or clean it. The command itself
+    stays root's (it reads the operator's inputs and writes the bundle where the manifest says). Not under `skip`, the
+    work root: the container's steps write there, as root when the image runs them so."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            st = os.stat(folder)
+            if os.geteuid() == 0 and st.st_uid != 0:
+                _give(folder, st.st_uid, st.st_gid, skip)
+
+
+def _give(folder: Path, uid: int, gid: int, skip: Path) -> None:
+    """Every file and folder under `folder` but `skip` (never through a link) that is root's becomes `uid`:`gid`'s."""
+    for base, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if os.path.join(base, d) != str(skip)]
+        for name in [*dirs, *names]:
+            path = os.path.join(base, name)
+            with contextlib.suppress(OSError):  # gone meanwhile: the daemon's own cleanup
+                if os.lstat(path).st_uid == 0:
+                    os.lchown(path, uid, gid)
