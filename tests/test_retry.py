@@ -59,3 +59,26 @@ def test_retry_of_a_job_whose_inputs_were_removed_is_refused(daemon: Any, det_in
     assert first == f"saigeedged: INPUT_NOT_FOUND: job {job_id}: its inputs are gone: {inputs} was removed"
     assert "drop its manifest and ONNX into the inbox again" in hint
     assert d.status(job_id) == failed
+
+
+def test_retry_whose_inputs_cannot_be_moved_says_why_and_changes_nothing(daemon: Any, det_inputs: dict[str, Any],
+                                                                         capsys: Any) -> None:
+    """A failed job whose failed/<job_id>/ folder cannot be moved back under claimed/ (a folder the command's user may
+    not write in: an immutable one here): one line naming both folders and a hint (exit 2), never a traceback, and the
+    job stays failed."""
+    import subprocess
+
+    d = daemon()
+    failed, _, _ = failed_drop(d, det_inputs, "stuck")
+    job_id = failed["job_id"]
+    parent = d.inbox / ".saigeedged" / "failed"
+    subprocess.run(["chattr", "+i", str(parent)], check=True)
+    try:
+        capsys.readouterr()
+        assert cli.main(["retry", job_id, "-c", str(d.config)]) == 2
+        first, hint = capsys.readouterr().err.splitlines()
+    finally:
+        subprocess.run(["chattr", "-i", str(parent)], check=True)
+    assert first.startswith(f"saigeedged: PATH_NOT_ALLOWED: job {job_id}: its inputs cannot be moved from "
+                            f"{parent / job_id} to "), first
+    assert "the daemon's user" in hint and d.status(job_id) == failed

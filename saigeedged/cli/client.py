@@ -256,7 +256,13 @@ def retry(config: Config, job_id: str, out: TextIO) -> int:
     places = Places(config.inbox, config.state_dir)
     jobs = Jobs(store, Outbox(config.outbox), places)
     sharing = [j for j in store.by_claim(job.claim_dir) if j.state in ACTS_ON["retry"] and j.job_id != job.job_id]
-    jobs.relocate([job, *sharing], places.claimed / Path(job.claim_dir).name)  # entries of one drop share a folder
+    dest = places.claimed / Path(job.claim_dir).name
+    try:
+        jobs.relocate([job, *sharing], dest)  # entries of one drop share a folder
+    except OSError as exc:
+        raise SaigeError("PATH_NOT_ALLOWED", f"job {job_id}: its inputs cannot be moved from {job.claim_dir} to {dest}: "
+                         f"{exc.strerror or exc}", hint="run `saigeedged retry` as root or as the daemon's user, who owns "
+                         "the inbox's .saigeedged folders") from None
     job.state, job.attempt, job.error, job.finished_at, job.step, job.bundle = QUEUED, job.attempt + 1, None, None, None, None
     jobs.save(job)
     print(f"{job_id}: queued again (attempt {job.attempt})", file=out)
