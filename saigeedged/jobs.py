@@ -133,6 +133,11 @@ def entry_from_doc(doc: dict[str, Any]) -> Entry:
     return Entry(**values)
 
 
+def bundle_rel(job: Job) -> Path:
+    """Where `job` publishes its bundle, relative to the outbox: its drop's sub-folder, its manifest's `output:`."""
+    return Path(job.subdir) / entry_from_doc(job.entry).output_name
+
+
 HOST_ENGINE = "host"  # host jobs' attempts are recorded on this engine name; their `engine` stays None
 
 

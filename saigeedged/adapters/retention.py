@@ -27,7 +27,7 @@ from saigeedged import config
 from saigeedged.adapters.metrics import seconds
 from saigeedged.adapters.store import Store
 from saigeedged.jobid import iso
-from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job, entry_from_doc
+from saigeedged.jobs import QUEUED, RUNNING, TERMINAL, Job, bundle_rel
 
 log = structlog.get_logger()
 DAY_S = 86400.0
@@ -91,7 +91,7 @@ class Outputs:
     def _future_bundle(self, job: Job) -> list[Path]:
         """Where a queued or running job will publish (it may be replacing that file right now)."""
         try:
-            return [self.outbox / job.subdir / entry_from_doc(job.entry).output_name]
+            return [self.outbox / bundle_rel(job)]
         except (KeyError, TypeError, ValueError):
             return []
 

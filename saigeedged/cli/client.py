@@ -53,11 +53,11 @@ def _store(config: Config) -> Store:
     if not path.exists():
         raise SaigeError("INPUT_NOT_FOUND", f"no job database at {path}", hint="is the daemon configured with this -c file?")
     if not os.access(path, os.R_OK | os.W_OK):  # (a reader of a WAL database writes its -shm too)
-        raise owner.refused(path, PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path)))
+        raise owner.refused(path, os.strerror(errno.EACCES))
     try:
         return Store(path, verify=False)  # the daemon checks the file at its start; a command must not read it whole
     except PermissionError as exc:
-        raise owner.refused(path, exc) from None
+        raise owner.refused(exc.filename or path, exc.strerror) from None
 
 
 def _place(src: Path, dest: Path, data: bytes | None = None) -> None:

@@ -97,7 +97,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         try:
             return cache.command(config, args.action, sys.stdout)
         except PermissionError as exc:
-            raise owner.refused(config.state_dir / "cache", exc) from None
+            raise owner.refused(exc.filename or config.state_dir / "cache", exc.strerror) from None
     if args.command == "run":
         from saigeedged.cli import run
 

@@ -39,9 +39,9 @@ def become(state_dir: Path) -> None:
     os.setuid(uid)
 
 
-def refused(path: Path, exc: OSError) -> SaigeError:
+def refused(path: Path | str, why: str | None) -> SaigeError:
     """The error of a command that may not open `path` of the daemon's state (its job database, its cache)."""
-    return SaigeError("INPUT_NOT_FOUND", f"cannot open {exc.filename or path}: {exc.strerror}",
+    return SaigeError("INPUT_NOT_FOUND", f"cannot open {path}: {why}",
                       hint="the daemon's queue and cache are the service's user's only (they hold manifests' passwords "
                       "and the compiled models): run the command as root or as that user (`sudo -u saigeedged "
                       "saigeedged status`); the status files under <outbox>/status/ are readable by everyone")

@@ -13,7 +13,6 @@ from typing import Any
 from saigeedged.adapters.docker import Beside, Containers, Engine
 from saigeedged.adapters.slurm.cluster import Slurm
 from saigeedged.config import Config
-from saigeedged.executor import ENGINE
 from saigeedged.jobs import HOST_ENGINE, TERMINAL, Attempt, Job
 from saigeedged.service import clusterslots
 from saigeedged.service.finishing import REPORTS_AT_ONCE, Finisher, Handed
@@ -135,8 +134,7 @@ class Pool:
     def ended_by_command(self, jobs: list[Job]) -> None:
         """Jobs a command ended while queued (`saigeedged cancel`): on a Slurm partition, a cluster job Slurm requeued
         off a lost node for the job's next attempt is cancelled; it would run (holding its node's GRES) until --time."""
-        ran = [Attempt(job.job_id, job.attempt, ENGINE, len(job.attempts)) for job in jobs
-               if job.state in TERMINAL and job.attempts]
+        ran = [Attempt.of(job) for job in jobs if job.state in TERMINAL and job.attempts]
         if self.slurm is not None and ran:
             clusterslots.cancel_behind(self.slurm, ran)
 

@@ -19,7 +19,7 @@ from saigeedged.compile import resume
 from saigeedged.errors import SaigeError
 from saigeedged.intake import claims, ownfolders
 from saigeedged.intake.claims import Orphan
-from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job, entry_from_doc
+from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job, bundle_rel
 from saigeedged.records import AttemptRecord, UnreadableRecord
 from saigeedged.service import legacy
 from saigeedged.service.lifecycle import Jobs
@@ -182,9 +182,8 @@ class Recovery:
             job = self.store.get(job_id)
             if job is None or job.state != RUNNING:
                 continue
-            rel = Path(job.subdir) / entry_from_doc(job.entry).output_name
             try:
-                removed = self.outbox.unpublish(rel, job_id)
+                removed = self.outbox.unpublish(bundle_rel(job), job_id)
             except OSError as exc:  # left in the outbox: the attempt publishes beside it, under a name of its own
                 log.warning("outbox.unpublish_failed", job_id=job_id, job_name=job.name, message=str(exc))
                 continue

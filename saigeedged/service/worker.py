@@ -18,7 +18,7 @@ from saigeedged.compile import ahead, pipeline
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError, out_of_attempts
-from saigeedged.jobs import RUNNING, SUCCEEDED, Attempt, Job, Superseded, end_attempt, entry_from_doc, remaining_s
+from saigeedged.jobs import RUNNING, SUCCEEDED, Attempt, Job, Superseded, bundle_rel, end_attempt, entry_from_doc, remaining_s
 from saigeedged.service import room
 from saigeedged.service.attempt import Facts
 from saigeedged.service.decision import DETACH, END, HOLD, decide
@@ -219,8 +219,7 @@ class Worker(threading.Thread):
     def _run(self, job: Job, work: Path, joblog: JobLog, host: ahead.Replay | None = None, replayed: int = 0,
              handed: pipeline.Compiled | None = None) -> None:
         """`replayed`: the index of the step a re-attached attempt was in (Progress logs no `job.step` up to it)."""
-        entry = entry_from_doc(job.entry)
-        rel = Path(job.subdir) / entry.output_name
+        entry, rel = entry_from_doc(job.entry), bundle_rel(job)
         policy = PathPolicy((Path(job.claim_dir), self.places.inbox, *self.config.allowed_roots))
 
         limits, attempt = self.config.limits, self.attempt

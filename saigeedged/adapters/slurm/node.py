@@ -96,7 +96,7 @@ class NodeContainer(Container):
                 self.slurm.start_now(seen.cluster_id)
             time.sleep(poll)
             poll = min(poll * 2, WAIT_S[1])
-        doc = _raise_node_error(ready)
+        doc = _ready_doc(ready)
         self.node, self.image_id, self.cluster_id = str(doc["node"]), doc.get("image_id"), mine.cluster_id
         self.serving = (job.job_id, job.attempt)
         event("job.placed", job, node=self.node, cluster_id=self.cluster_id, attempt=job.attempt)
@@ -110,9 +110,10 @@ class NodeContainer(Container):
         """The live cluster job of this attempt: found (a daemon restart, a requeue) or submitted now."""
         live = [j for j in self.slurm.poll(job.job_id, fresh=True) if j.alive]
         mine = next((j for j in live if j.attempt == job.attempt), None)
-        placed = mine is None and ready_path(work.parent, job.attempt).exists()
+        ready = ready_path(work.parent, job.attempt)
+        placed = mine is None and ready.exists()
         if placed:
-            _raise_node_error(ready_path(work.parent, job.attempt))  # the agent's own word first (read after a restart)
+            _ready_doc(ready)  # the agent's own error first (read after a restart)
         for other in live:
             # an attempt the store has moved past must not hold a node; a lost attempt's requeued job serves the next
             if other is not mine and not (placed and other.attempt > job.attempt):
@@ -125,7 +126,7 @@ class NodeContainer(Container):
                              f"({seen}): "
                              "its node was lost, or Slurm requeued, preempted or ended it, while the daemon was away",
                              step=job.step)
-        ready_path(work.parent, job.attempt).unlink(missing_ok=True)
+        ready.unlink(missing_ok=True)
         script = batch_script(work.parent, job.attempt, self.spec, self.target)
         cluster_id = self.slurm.submit(job.job_id, self.target, self.spec.image, job.attempt, script,
                                        self.config.limits.job_timeout_s)
@@ -267,8 +268,8 @@ class NodeContainer(Container):
         """Nothing: Slurm cancels a stale job when its node returns, and its agent kills the step."""
 
 
-def _raise_node_error(ready: Path) -> dict[str, Any]:
-    """The agent's ready file; the error it says instead (it could not make the node's container ready), raised."""
+def _ready_doc(ready: Path) -> dict[str, Any]:
+    """The agent's ready file, or the error it says instead (it could not make the node's container ready) raised."""
     doc: dict[str, Any] = json.loads(ready.read_text())
     if "error" in doc:
         err = doc["error"]
