@@ -17,13 +17,13 @@ from saigeedged.compile import child
 def descendants(pid: int) -> set[int]:
     """Every live (not zombie) process below `pid`, from /proc."""
     parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+    for name in (n for n in os.listdir("/proc") if n.isdigit()):  # (a glob stats each entry: one that ends meanwhile
+        try:  # raised ProcessLookupError from inside the glob, past this try)
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:  # ended meanwhile
             continue
         if fields[0] != "Z":
-            parents[int(stat.parent.name)] = int(fields[1])
+            parents[int(name)] = int(fields[1])
     found, frontier = set(), {pid}
     while frontier:
         frontier = {p for p, parent in parents.items() if parent in frontier}
