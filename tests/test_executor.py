@@ -461,3 +461,113 @@ def test_a_step_killed_by_its_agent_is_lost_to_slurm_unless_the_daemon_cancelled
     with pytest.raises(SaigeError) as raised:
         node.run_step(["pegasus", "quantize"], work, 60, lambda chunk: None)
     assert raised.value.code == code
+
+
+def test_an_agent_that_dies_before_it_is_ready_is_heard(tmp_path: Path) -> None:
+    """The batch script (run here by sh, as slurmd runs it) sends its agent's output beside the attempt's folder,
+    named by the attempt it serves (a requeue's too); a cluster job that ended before its agent was ready fails the
+    attempt with the agent's last words and its node. Slurm's --output=/dev/null threw the traceback away: the message
+    said only that the cluster job had ended, and an operator had nothing to look at."""
+    import json
+    import subprocess
+
+    from saigeedged.adapters.slurm import node as nodemod
+    from saigeedged.adapters.slurm.node import NodeContainer, agent_log
+
+    python = tmp_path / "python"  # the node's interpreter, failing as an agent that cannot write on the share would
+    python.write_text("#!/bin/sh\necho 'Traceback (most recent call last):'\n"
+                      "echo \"PermissionError: [Errno 13] Permission denied: '$5'\" >&2\nexit 1\n")
+    python.chmod(0o755)
+    restarts = [0]
+
+    def run(argv: Any, stdin: str | None) -> str:
+        if argv[0] == "sbatch":  # a node runs the script after Slurm requeued it restarts[0] times
+            assert stdin is not None
+            subprocess.run(["sh", "-c", stdin], env={"SLURM_RESTART_COUNT": str(restarts[0]), "PATH": "/usr/bin:/bin"},
+                           check=False)
+            return "7"
+        return json.dumps({"jobs": [{"job_id": 7, "name": "det-1", "job_state": "FAILED", "comment": "attempt=1",
+                                     "restart_cnt": restarts[0], "batch_host": "cn03"}]})
+
+    config = configmod.load(write_config(tmp_path, executor={"kind": "slurm", "partition": "saige",
+                                                             "work_share": str(tmp_path / "work")}))
+    job = _job()
+    job_dir = tmp_path / "work" / "det-1 it's"  # quoted in the script
+    (job_dir / "attempt1").mkdir(parents=True)
+    node = NodeContainer(config, cluster.Slurm(config.executor, run), "cubie", lambda: (job, job_dir / "attempt1"),
+                         lambda: None)
+    said = f"PermissionError: [Errno 13] Permission denied: '{job_dir}'"
+    original = nodemod.batch_script
+    nodemod.batch_script = lambda *a: original(*a, python=str(python))  # type: ignore[assignment]
+    try:
+        agent_log(job_dir, 1).write_text("an earlier cluster job's words\n")  # not this one's: removed at sbatch
+        with pytest.raises(SaigeError) as caught:
+            node.ensure()
+        assert caught.value.code == "ENGINE_LOST"
+        assert f"ended on node cn03 before its node was ready (FAILED); its agent said: {said} " \
+               f"({agent_log(job_dir, 1)})" in caught.value.message
+        assert agent_log(job_dir, 1).read_text().splitlines() == ["Traceback (most recent call last):", said]
+        restarts[0] = 1  # requeued once: the script serves (and logs for) attempt 2
+        with pytest.raises(SaigeError):
+            node.ensure()
+        assert agent_log(job_dir, 2).read_text().splitlines()[-1] == said
+    finally:
+        nodemod.batch_script = original
+    agent_log(job_dir, 2).unlink()
+    assert nodemod._last_words(agent_log(job_dir, 2)).startswith(f"no agent log at {agent_log(job_dir, 2)}")
+
+
+@pytest.mark.parametrize("nodes, code", [(("cn07", "cn08"), "ENGINE_LOST"), (("cn07",), "IMAGE_NOT_FOUND")])
+def test_a_node_that_lacks_the_image_is_left_out_while_another_serves(tmp_path: Path, nodes: tuple[str, ...],
+                                                                      code: str) -> None:
+    """A node whose feature names the image but whose engine lacks it failed every job Slurm placed there in seconds
+    (IMAGE_NOT_FOUND, not retried), and a node that fails fast is the first one free again. Now the attempt is lost
+    (ENGINE_LOST: it runs again) while another node serves the target, that node is left out of the next cluster jobs
+    (sbatch --exclude) and of the room for AVOID_S, then taken back; with no other node the agent's error stands."""
+    import json
+
+    from saigeedged.adapters.slurm.agent import ready_path
+    from saigeedged.adapters.slurm.node import NodeContainer
+
+    now = [0.0]
+    sbatch: list[list[str]] = []
+    img = feature("npu:1")
+    # the agent's hostname need not be Slurm's node name (sbatch refuses to exclude a name it does not know)
+    error = SaigeError("IMAGE_NOT_FOUND", "image npu:1 is not loaded").as_dict(None)
+
+    def run(argv: Any, stdin: str | None) -> str:
+        if argv[0] == "sbatch":  # the agent on cn07 runs and says why it cannot make the container
+            sbatch.append(list(argv))
+            ready_path(work.parent, 1).write_text(json.dumps({"error": error, "node": "cn07.example.org"}))
+            return "7"
+        if argv[0] == "sinfo":
+            return json.dumps({"nodes": [{"name": n, "state": "idle", "gres": "cubie:1", "active_features": f"cubie,{img}",
+                                          "partitions": ["saige"]} for n in nodes]})
+        return json.dumps({"jobs": [{"job_id": 7, "name": "det-1", "job_state": "FAILED", "restart_cnt": 0,
+                                     "comment": "attempt=1", "batch_host": "cn07"}]})
+
+    config = configmod.load(write_config(tmp_path, executor={"kind": "slurm", "partition": "saige",
+                                                             "work_share": str(tmp_path / "work")},
+                                         cubie={"image": "npu:1"}))
+    slurm = cluster.Slurm(config.executor, run, clock=lambda: now[0])
+    job = _job()
+    work = tmp_path / "work" / "det-1" / "attempt1"
+    work.mkdir(parents=True)
+    node = NodeContainer(config, slurm, "cubie", lambda: (job, work), lambda: None)
+    with structlog.testing.capture_logs() as logs, pytest.raises(SaigeError) as caught:
+        node.ensure()
+    assert caught.value.code == code
+    assert caught.value.message.startswith("on node cn07.example.org: image npu:1 is not loaded")
+    assert ("runs again on another node (cn07 is left out" in caught.value.message) == (code == "ENGINE_LOST")
+    assert not [a for a in sbatch[0] if a.startswith("--exclude")]
+    [said] = [e for e in logs if e["event"] == "job.node_left_out"]
+    assert (said["node"], said["error_code"], said["other_nodes"]) == ("cn07", "IMAGE_NOT_FOUND", len(nodes) - 1)
+    assert list(slurm.avoided()) == ["cn07"] and [n.name for n in slurm.usable()] == list(nodes[1:])
+    slurm.submit("det-2", "cubie", "npu:1", 1, "#!/bin/sh\n", 60)
+    assert "--exclude=cn07" in sbatch[-1]
+    now[0] += cluster.AVOID_S
+    with structlog.testing.capture_logs() as logs:
+        assert slurm.avoided() == {}
+    assert [e["node"] for e in logs if e["event"] == "slurm.node_taken_back"] == ["cn07"]
+    slurm.submit("det-3", "cubie", "npu:1", 1, "#!/bin/sh\n", 60)
+    assert not [a for a in sbatch[-1] if a.startswith("--exclude")]

@@ -399,3 +399,38 @@ def test_a_node_that_joins_takes_work_without_a_restart(cluster_daemon: Any, slu
     assert done["state"] == "succeeded"
     assert [e["node"] for e in d.events("job.placed") if e["job_id"] == done["job_id"]] == [new.name]
     assert new.name in d.cli("check").stdout  # check lists the node that joined
+
+
+def test_a_node_that_lacks_the_image_is_left_out_and_the_job_runs_elsewhere(cluster_daemon: Any,  # noqa: F811
+                                                                            slurm_cluster: Cluster) -> None:  # noqa: F811
+    """A node whose feature names the image but whose engine lacks it (loaded under another tag, removed by hand):
+    Slurm places the attempt there first (the lowest Weight), its agent cannot make the container. The job failed
+    IMAGE_NOT_FOUND, and so did every job after it that Slurm placed there. Now the attempt is lost, the node is left
+    out of this daemon's next cluster jobs (the dashboard says why), and the job runs on another node; the next drop
+    never goes there."""
+    d = cluster_daemon(dashboard=True)
+    bad = next(n for n in slurm_cluster.nodes.values() if n is not slurm_cluster.controller)
+    weigh = lambda node, weight: slurm_cluster.controller.sh(  # noqa: E731
+        f"scontrol update NodeName={node.name} Weight={weight}")
+    bad.docker("image", "tag", STANDIN_ACUITY, "saige-aside:1")
+    bad.docker("rmi", STANDIN_ACUITY)
+    for node in slurm_cluster.nodes.values():
+        weigh(node, 1 if node is bad else 10)
+    try:
+        d.drop("unloaded")
+        done = d.job("unloaded", timeout=120)
+        wait_for(lambda: "(left out: on node" in _read(d.outbox / "index.html"), 60, "the node left out on the page")
+        d.drop("after")
+        after = d.job("after", timeout=120)
+    finally:
+        bad.docker("image", "tag", "saige-aside:1", STANDIN_ACUITY)
+        bad.docker("rmi", "saige-aside:1")
+        for node in slurm_cluster.nodes.values():
+            weigh(node, 1)
+    assert (done["state"], done["attempt"]) == ("succeeded", 2), d.tail()
+    [left] = d.events("job.node_left_out")
+    assert (left["node"], left["error_code"], left["job_id"]) == (bad.name, "IMAGE_NOT_FOUND", done["job_id"])
+    [lost] = d.events("job.requeued")
+    assert lost["error_code"] == "ENGINE_LOST" and f"{bad.name} is left out" in lost["message"], lost
+    assert (after["state"], after["attempt"]) == ("succeeded", 1)
+    assert bad.name not in [e["node"] for e in d.events("job.placed")]

@@ -73,7 +73,7 @@ class Daemon:
         self.pool = Pool(config, self.jobs, self.places, self._container_event,
                            lambda: log.info("container.lock_wait", state_dir=str(config.state_dir)), self._changed, clock)
         self.ahead = ahead.attach(config, self.store, self.pool)
-        self.ops = Ops(config, self.store)
+        self.ops = Ops(config, self.store, slurm=self.pool.slurm)
         self.jobs.observers.append(self.ops.observe)
 
     @staticmethod

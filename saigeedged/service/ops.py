@@ -51,7 +51,8 @@ def surfaces(config: Config) -> list[Channel]:
 class Ops(threading.Thread):
     """The surfaces the config turns on; the engines' health is what the engine monitor recorded in the store."""
 
-    def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: Config, store: Store, clock: Callable[[], float] = time.monotonic,
+                 slurm: Slurm | None = None) -> None:
         super().__init__(name="saigeedged-ops", daemon=True)
         self.config, self.store, self.clock = config, store, clock
         self.listen, self.textfile = config.metrics.listen, config.metrics.textfile
@@ -69,7 +70,8 @@ class Ops(threading.Thread):
             self.ends.fresh()  # ... nor the look-back window's ends
         self.policy = retention.Policy.from_config(config.retention)
         self.outputs = retention.Outputs(config.outbox, Places(config.inbox, config.state_dir).failed)
-        self.slurm = Slurm(config.executor) if config.executor.slurm else None  # its nodes stand for the engines
+        # its nodes stand for the engines; the pool's (`slurm`), whose workers leave a node out (Slurm.avoid)
+        self.slurm = slurm or (Slurm(config.executor) if config.executor.slurm else None)
         self.stop_event, self.changed = threading.Event(), threading.Event()
         self._page_stale = False
         self._last = dict.fromkeys(("page", "textfile", "retention"), float("-inf"))
@@ -164,8 +166,10 @@ class Ops(threading.Thread):
     def _slots(self, running: list[Job]) -> list[Slot]:
         """The dashboard's rows: an engine's slots, or a node of the partition with the targets it serves."""
         if self.slurm is not None:
-            wanted = images(self.config)
-            return [Slot(n.name, ", ".join(serves(n, wanted)) or "-", n.up, None) for n in self._nodes()]
+            wanted, left_out = images(self.config), self.slurm.avoided()
+            return [Slot(n.name, (", ".join(serves(n, wanted)) or "-")
+                         + (f" (left out: {left_out[n.name]})" if n.name in left_out else ""), n.up, None)
+                    for n in self._nodes()]
         pool = configured(self.config, self.store.engines())
         ups = {e.name: e.up for e in pool}
         return [Slot(s.engine, s.target, ups[s.engine], s.job) for s in slot_views(pool, running) if s.engine in ups]

@@ -30,6 +30,10 @@ Run = Callable[[Sequence[str], str | None], str]
 # DOCKER_UNAVAILABLE (wait, no attempt spent): "Socket timed out", a drained partition ("Required partition not
 # available (inactive or drain)"), a submit limit of the QOS ("Job violates accounting/QOS policy")
 REFUSED = re.compile(r"Batch job submission failed: (.*(?:Invalid|invalid|permission denied).*)")
+# a node whose agent could not make its target's container (its engine down, the image its feature names not loaded)
+# is left out of this daemon's cluster jobs this long: every job Slurm placed there failed in seconds, and a node that
+# fails fast is the first one free again. Long enough for an operator to load the image or mend the engine
+AVOID_S = 600.0
 REFUSED_HINT = ("check executor.partition (`sinfo`), limits.job_timeout_s against the partition's MaxTime (`scontrol "
                 "show partition`) and the service user's account and QOS (`sacctmgr show assoc user=saigeedged`), then "
                 "`saigeedged retry JOB_ID`")
@@ -65,6 +69,7 @@ class Slurm:
         self._cache: dict[str, tuple[float, Any]] = {}
         self._generation = 0  # bumped by every change we make: an answer asked for before it is not kept
         self._silent_since: float | None = None  # squeue/sinfo have not answered since (said once in the journal)
+        self._avoided: dict[str, tuple[float, str]] = {}  # node -> (left out until, why)
 
     def _json(self, argv: Sequence[str], fresh: bool) -> Any:
         """One command's --json answer, shared by every caller for poll_interval_s unless `fresh`."""
@@ -102,9 +107,32 @@ class Slurm:
                         "--ntasks=1", f"--comment=attempt={base}", f"--time={minutes(limit_s)}",
                         # the agent reports through the share; the daemon's own cwd (/ under systemd) is no place
                         # for slurm-<id>.out files, nor need it exist on the node
-                        "--chdir=/", "--output=/dev/null"], script)
+                        "--chdir=/", "--output=/dev/null",
+                        *([f"--exclude={','.join(sorted(left_out))}"] if (left_out := self.avoided()) else [])], script)
         self._forget()  # the next poll sees the new job
         return int(out.strip().split(";")[0])
+
+    def avoid(self, node: str, why: str) -> None:
+        """Leave a node of the partition out of the next AVOID_S of cluster jobs (--exclude) and of the room."""
+        with self._lock:
+            self._avoided[node] = (self.clock() + AVOID_S, why)
+
+    def avoided(self) -> dict[str, str]:
+        """The nodes left out now, and why (the journal says when one is taken back)."""
+        now = self.clock()
+        with self._lock:
+            back = [name for name, (until, _) in self._avoided.items() if until <= now]
+            for name in back:
+                del self._avoided[name]
+            left = {name: why for name, (_, why) in self._avoided.items()}
+        for name in back:
+            log.info("slurm.node_taken_back", node=name, after_s=AVOID_S)
+        return left
+
+    def usable(self, fresh: bool = False) -> list[ClusterNode]:
+        """The partition's nodes but those left out (avoid)."""
+        left_out = self.avoided()
+        return [n for n in self.nodes(fresh) if n.name not in left_out]
 
     def poll(self, name: str, fresh: bool = False) -> list[ClusterJob]:
         jobs = [_job(j) for j in self._json(["squeue", "--all"], fresh).get("jobs", [])]

@@ -26,12 +26,14 @@ from saigeedged.adapters.docker.detached import Files, Follower, Sink, Stopping
 from saigeedged.adapters.docker.execs import STOPFILE
 from saigeedged.adapters.events import event
 from saigeedged.adapters.slurm.agent import DONE, NODE_DIR, ready_of, ready_path
-from saigeedged.adapters.slurm.cluster import Slurm
+from saigeedged.adapters.slurm.cluster import AVOID_S, Slurm, images
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
-from saigeedged.executor import ClusterJob
+from saigeedged.executor import ClusterJob, capacity
+from saigeedged.guards import printable
 from saigeedged.jobs import FAILED, Job, remaining_s
 
+AGENT_LOG = ".agent.log"
 WAIT_S = (0.02, 0.2)  # between looks for an agent's answer on the share: from the first to the longest, doubling
 Current = Callable[[], tuple[Job | None, Path | None]]
 
@@ -41,8 +43,29 @@ def batch_script(job_dir: Path, base: int, spec: Spec, target: str, python: str 
     fields = json.dumps({"name": spec.name, "image": spec.image, "work_root": str(spec.work_root),
                          "runtime": spec.runtime, "user": spec.user, "owner": spec.owner})
     argv = [python, "-m", "saigeedged", "node-step", "--job-dir", str(job_dir), "--target", target, "--spec", fields]
-    return ("#!/bin/sh\n# a saigeedged attempt: its folder is named by the attempt submitted plus Slurm's requeues\n"
-            f'exec {shlex.join(argv)} --attempt "$(({base} + ${{SLURM_RESTART_COUNT:-0}}))"\n')
+    log = f'{shlex.quote(str(job_dir))}/"attempt$attempt{AGENT_LOG}"'
+    return ("#!/bin/sh\n# a saigeedged attempt: its folder is named by the attempt submitted plus Slurm's requeues; the\n"
+            "# agent's own output (a traceback when it cannot start) goes beside it on the share\n"
+            f'attempt="$(({base} + ${{SLURM_RESTART_COUNT:-0}}))"\n'
+            f'exec {shlex.join(argv)} --attempt "$attempt" >>{log} 2>&1\n')
+
+
+def agent_log(job_dir: Path, attempt: int) -> Path:
+    """Where the batch script of an attempt sends its agent's output (beside the attempt's folder, like its ready
+    file): Slurm's own output goes nowhere (sbatch --output=/dev/null), and an agent that died before it said it was
+    ready left the daemon nothing to tell the operator but that its cluster job had ended."""
+    return job_dir / f"attempt{attempt}{AGENT_LOG}"
+
+
+def _last_words(log: Path) -> str:
+    """The end of an agent's log for a message: its last non-empty line (a traceback's exception), or why none."""
+    try:
+        with filesmod.open_output(log) as f:  # on the share the container's steps write in: a regular file only
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    except OSError as exc:  # NotOutput too
+        return f"no agent log at {log} ({exc.strerror or exc}): the node may not reach the share, or the script never ran"
+    return f"its agent said: {printable(lines[-1].strip())[:300]} ({log})" if lines else f"its agent wrote nothing ({log})"
 
 
 class NodeContainer(Container):
@@ -82,7 +105,7 @@ class NodeContainer(Container):
             self._check_interrupted()
             seen = self._seen(job, mine.cluster_id, fresh=False) or self._seen(job, mine.cluster_id, fresh=True)
             if seen is None or not seen.alive or seen.attempt != job.attempt:
-                raise SaigeError("ENGINE_LOST", _lost(mine.cluster_id, seen, job.attempt))
+                raise SaigeError("ENGINE_LOST", _lost(mine.cluster_id, seen, job.attempt, work.parent))
             if time.monotonic() > deadline:
                 raise SaigeError("TIMEOUT", f"cluster job {mine.cluster_id} waited for a node longer than "
                                  f"limits.job_timeout_s ({seen.describe()})",
@@ -96,11 +119,41 @@ class NodeContainer(Container):
                 self.slurm.start_now(seen.cluster_id)
             time.sleep(poll)
             poll = min(poll * 2, WAIT_S[1])
-        doc = _ready_doc(ready)
+        doc = self._ready(job, ready)
         self.node, self.image_id, self.cluster_id = str(doc["node"]), doc.get("image_id"), mine.cluster_id
         self.serving = (job.job_id, job.attempt)
         event("job.placed", job, node=self.node, cluster_id=self.cluster_id, attempt=job.attempt)
         return None
+
+    def _ready(self, job: Job, ready: Path) -> dict[str, Any]:
+        """The agent's ready file. An agent that could not make the node's container (its engine down, the image its
+        feature names not loaded) says why instead: that node is left out of the next cluster jobs (Slurm.avoid) and,
+        when another node serves the target, the attempt is lost (ENGINE_LOST: it runs again there); else the job ends,
+        or waits, with the agent's own error, as on the local engine. Every job Slurm placed on such a node failed in
+        seconds, and a node that fails fast is the first free one again."""
+        doc: dict[str, Any] = json.loads(ready.read_text())
+        if "error" not in doc:
+            return doc
+        err = doc["error"]
+        said = SaigeError(err["code"], f"on node {doc.get('node') or '?'}: {err['message']}", hint=err.get("hint"))
+        try:
+            # Slurm's name of the node that ran the attempt (the agent's hostname need not be it), else the hostname
+            ran = [j.node for j in self.slurm.poll(job.job_id, fresh=True) if j.attempt == job.attempt and j.node]
+            name = ran[-1] if ran else str(doc.get("node") or "")
+            known = name in {n.name for n in self.slurm.nodes(fresh=True)}  # sbatch refuses to exclude another name
+            if known:
+                self.slurm.avoid(name, said.message)
+            others = capacity(self.slurm.usable(), self.target, images(self.config)[self.target])
+        except SaigeError:  # Slurm does not answer now: the agent's word stands
+            raise said from None
+        if not known:
+            raise said
+        event("job.node_left_out", job, "warning", node=name, error_code=said.code, message=said.message,
+              hint=said.hint, for_s=AVOID_S, other_nodes=others)
+        if not others:
+            raise said
+        raise SaigeError("ENGINE_LOST", f"{said.message}: the job runs again on another node ({name} is left out of "
+                         f"this daemon's cluster jobs for {AVOID_S / 60:.0f} min)", hint=said.hint, step=job.step)
 
     def _seen(self, job: Job, cluster_id: int, fresh: bool) -> ClusterJob | None:
         """The cluster job as squeue says (a shared answer may predate it: then one asked now)."""
@@ -113,7 +166,7 @@ class NodeContainer(Container):
         ready = ready_path(work.parent, job.attempt)
         placed = mine is None and ready.exists()
         if placed:
-            _ready_doc(ready)  # the agent's own error first (read after a restart)
+            self._ready(job, ready)  # the agent's own error first (read after a restart)
         for other in live:
             # an attempt the store has moved past must not hold a node; a lost attempt's requeued job serves the next
             if other is not mine and not (placed and other.attempt > job.attempt):
@@ -127,6 +180,7 @@ class NodeContainer(Container):
                              "its node was lost, or Slurm requeued, preempted or ended it, while the daemon was away",
                              step=job.step)
         ready.unlink(missing_ok=True)
+        agent_log(work.parent, job.attempt).unlink(missing_ok=True)  # a word of an earlier cluster job is not this one's
         script = batch_script(work.parent, job.attempt, self.spec, self.target)
         cluster_id = self.slurm.submit(job.job_id, self.target, self.spec.image, job.attempt, script,
                                        self.config.limits.job_timeout_s)
@@ -268,19 +322,12 @@ class NodeContainer(Container):
         """Nothing: Slurm cancels a stale job when its node returns, and its agent kills the step."""
 
 
-def _ready_doc(ready: Path) -> dict[str, Any]:
-    """The agent's ready file, or the error it says instead (it could not make the node's container ready) raised."""
-    doc: dict[str, Any] = json.loads(ready.read_text())
-    if "error" in doc:
-        err = doc["error"]
-        raise SaigeError(err["code"], f"on node {doc.get('node') or '?'}: {err['message']}", hint=err.get("hint"))
-    return doc
-
-
-def _lost(cluster_id: int, seen: ClusterJob | None, attempt: int) -> str:
+def _lost(cluster_id: int, seen: ClusterJob | None, attempt: int, job_dir: Path) -> str:
     """Why the cluster job of `attempt` no longer serves it, before its node was ready."""
     if seen is None or not seen.alive:
-        return f"cluster job {cluster_id} ended before its node was ready ({seen.describe() if seen else 'gone'})"
+        where = f" on node {seen.node}" if seen is not None and seen.node else ""
+        return (f"cluster job {cluster_id} ended{where} before its node was ready "
+                f"({seen.describe() if seen else 'gone'}); {_last_words(agent_log(job_dir, attempt))}")
     return (f"Slurm requeued cluster job {cluster_id} before its node was ready: it now runs attempt {seen.attempt}, "
             f"not {attempt} ({seen.describe()})")
 
