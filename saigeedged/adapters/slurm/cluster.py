@@ -107,10 +107,21 @@ class Slurm:
                         "--ntasks=1", f"--comment=attempt={base}", f"--time={minutes(limit_s)}",
                         # the agent reports through the share; the daemon's own cwd (/ under systemd) is no place
                         # for slurm-<id>.out files, nor need it exist on the node
-                        "--chdir=/", "--output=/dev/null",
-                        *([f"--exclude={','.join(sorted(left_out))}"] if (left_out := self.avoided()) else [])], script)
+                        "--chdir=/", "--output=/dev/null", *self._exclude()], script)
         self._forget()  # the next poll sees the new job
         return int(out.strip().split(";")[0])
+
+    def _exclude(self) -> list[str]:
+        """sbatch's --exclude of the nodes left out that the partition still has: sbatch refuses the whole job for a
+        name it does not know ("Invalid node name specified": a dynamic node that left), which fails it."""
+        left_out = self.avoided()
+        if not left_out:
+            return []
+        try:
+            names = sorted(n.name for n in self.nodes() if n.name in left_out)
+        except SaigeError:  # Slurm does not answer: the sbatch will say so
+            return []
+        return [f"--exclude={','.join(names)}"] if names else []
 
     def avoid(self, node: str, why: str) -> None:
         """Leave a node of the partition out of the next AVOID_S of cluster jobs (--exclude) and of the room."""
