@@ -463,68 +463,93 @@ def test_a_step_killed_by_its_agent_is_lost_to_slurm_unless_the_daemon_cancelled
     assert raised.value.code == code
 
 
-def test_an_agent_that_dies_before_it_is_ready_is_heard(tmp_path: Path) -> None:
+def _failing_python(tmp_path: Path) -> Path:
+    """A node's interpreter failing as an agent that cannot write on the share would: a traceback, exit 1."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho 'Traceback (most recent call last):'\n"
+                      "echo \"PermissionError: [Errno 13] Permission denied: '$5'\" >&2\nexit 1\n")
+    python.chmod(0o755)
+    return python
+
+
+def test_an_agent_that_dies_before_it_is_ready_is_heard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The batch script (run here by sh, as slurmd runs it) sends its agent's output beside the attempt's folder,
     named by the attempt it serves (a requeue's too); a cluster job that ended before its agent was ready fails the
     attempt with the agent's last words and its node. Slurm's --output=/dev/null threw the traceback away: the message
-    said only that the cluster job had ended, and an operator had nothing to look at."""
+    said only that the cluster job had ended, and an operator had nothing to look at. On a node without the share
+    the script cannot even open its log: said so."""
     import json
     import subprocess
 
     from saigeedged.adapters.slurm import node as nodemod
-    from saigeedged.adapters.slurm.node import NodeContainer, agent_log
+    from saigeedged.adapters.slurm.agent import agent_log
+    from saigeedged.adapters.slurm.node import NodeContainer
 
-    python = tmp_path / "python"  # the node's interpreter, failing as an agent that cannot write on the share would
-    python.write_text("#!/bin/sh\necho 'Traceback (most recent call last):'\n"
-                      "echo \"PermissionError: [Errno 13] Permission denied: '$5'\" >&2\nexit 1\n")
-    python.chmod(0o755)
-    restarts = [0]
+    python = _failing_python(tmp_path)
+    restarts, known, img = [0], [], feature("npu:1")
+    node_dir = [tmp_path / "work"]  # where the node sees the share (gone: not mounted there)
 
     def run(argv: Any, stdin: str | None) -> str:
         if argv[0] == "sbatch":  # a node runs the script after Slurm requeued it restarts[0] times
             assert stdin is not None
-            subprocess.run(["sh", "-c", stdin], env={"SLURM_RESTART_COUNT": str(restarts[0]), "PATH": "/usr/bin:/bin"},
-                           check=False)
+            script = stdin.replace(str(tmp_path / "work"), str(node_dir[0]))
+            subprocess.run(["sh", "-c", script], env={"SLURM_RESTART_COUNT": str(restarts[0]), "PATH": "/usr/bin:/bin"},
+                           check=False, capture_output=True)
             return "7"
+        if argv[0] == "sinfo":
+            return json.dumps({"nodes": [{"name": n, "state": "idle", "gres": "cubie:1", "active_features": f"cubie,{img}",
+                                          "partitions": ["saige"]} for n in known]})
         return json.dumps({"jobs": [{"job_id": 7, "name": "det-1", "job_state": "FAILED", "comment": "attempt=1",
                                      "restart_cnt": restarts[0], "batch_host": "cn03"}]})
 
     config = configmod.load(write_config(tmp_path, executor={"kind": "slurm", "partition": "saige",
-                                                             "work_share": str(tmp_path / "work")}))
+                                                             "work_share": str(tmp_path / "work")},
+                                         cubie={"image": "npu:1"}))
     job = _job()
     job_dir = tmp_path / "work" / "det-1 it's"  # quoted in the script
     (job_dir / "attempt1").mkdir(parents=True)
     node = NodeContainer(config, cluster.Slurm(config.executor, run), "cubie", lambda: (job, job_dir / "attempt1"),
                          lambda: None)
     said = f"PermissionError: [Errno 13] Permission denied: '{job_dir}'"
-    original = nodemod.batch_script
-    nodemod.batch_script = lambda *a: original(*a, python=str(python))  # type: ignore[assignment]
-    try:
-        agent_log(job_dir, 1).write_text("an earlier cluster job's words\n")  # not this one's: removed at sbatch
-        with pytest.raises(SaigeError) as caught:
-            node.ensure()
-        assert caught.value.code == "ENGINE_LOST"
-        assert f"ended on node cn03 before its node was ready (FAILED); its agent said: {said} " \
-               f"({agent_log(job_dir, 1)})" in caught.value.message
-        assert agent_log(job_dir, 1).read_text().splitlines() == ["Traceback (most recent call last):", said]
-        restarts[0] = 1  # requeued once: the script serves (and logs for) attempt 2
-        with pytest.raises(SaigeError):
-            node.ensure()
-        assert agent_log(job_dir, 2).read_text().splitlines()[-1] == said
-    finally:
-        nodemod.batch_script = original
-    agent_log(job_dir, 2).unlink()
-    assert nodemod._last_words(agent_log(job_dir, 2)).startswith(f"no agent log at {agent_log(job_dir, 2)}")
+    monkeypatch.setattr(nodemod, "batch_script", lambda *a, original=nodemod.batch_script: original(*a, python=str(python)))
+    monkeypatch.setattr(nodemod, "READY_GRACE_S", 0.1)  # no ready file is coming
+    agent_log(job_dir, 1).write_text("an earlier cluster job's words\n")  # not this one's: removed at sbatch
+    with pytest.raises(SaigeError) as caught:
+        node.ensure()
+    assert agent_log(job_dir, 1).read_text().splitlines() == ["Traceback (most recent call last):", said]
+    assert caught.value.code == "ENGINE_LOST" and caught.value.message == \
+        f"cluster job 7 ended on node cn03 before its node was ready (FAILED); its agent said: {said}"
+    assert list(node.slurm.avoided()) == []  # the node is Slurm's cn03 only when sinfo knows it by that name
+    node.end_job(job_dir / "attempt1")  # the attempt's end removes what it said (the job's folder can go then)
+    assert not agent_log(job_dir, 1).exists()
+    known = ["cn03", "cn04"]
+    with pytest.raises(SaigeError) as caught:  # a node that fails its agents is left out while another serves
+        node.ensure()
+    assert caught.value.code == "DOCKER_UNAVAILABLE" and caught.value.message.startswith(
+        f"cluster job 7 ended on node cn03 before its node was ready (FAILED); its agent said: {said}; back to the "
+        "queue for another node (cn03 is left out")
+    assert list(node.slurm.avoided("mobilint")) == ["cn03"] and not agent_log(job_dir, 1).exists()
+    restarts[0] = 1  # requeued once: the script serves (and logs for) attempt 2
+    with pytest.raises(SaigeError):
+        node.ensure()
+    assert agent_log(job_dir, 2).read_text().splitlines()[-1] == said
+    restarts[0], node_dir[0] = 0, tmp_path / "unmounted"
+    with pytest.raises(SaigeError) as caught:
+        node.ensure()
+    assert f"no agent log (attempt1.agent.log is missing; looked for {agent_log(job_dir, 1)}): the node may not " \
+        "reach the share" in caught.value.message
 
 
-@pytest.mark.parametrize("nodes, code", [(("cn07", "cn08"), "ENGINE_LOST"), (("cn07",), "IMAGE_NOT_FOUND")])
+@pytest.mark.parametrize("nodes, code", [(("cn07", "cn08"), "DOCKER_UNAVAILABLE"), (("cn07",), "IMAGE_NOT_FOUND")])
 def test_a_node_that_lacks_the_image_is_left_out_while_another_serves(tmp_path: Path, nodes: tuple[str, ...],
                                                                       code: str) -> None:
     """A node whose feature names the image but whose engine lacks it failed every job Slurm placed there in seconds
-    (IMAGE_NOT_FOUND, not retried), and a node that fails fast is the first one free again. Now the attempt is lost
-    (ENGINE_LOST: it runs again) while another node serves the target, that node is left out of the next cluster jobs
-    (sbatch --exclude) and of the room for AVOID_S, then taken back; with no other node the agent's error stands."""
+    (IMAGE_NOT_FOUND, not retried), and a node that fails fast is the first one free again. Now, while another node
+    serves the target, the job goes back to the queue unspent (DOCKER_UNAVAILABLE) and that node is left out of the
+    target's next cluster jobs (sbatch --exclude) and room for AVOID_S, then taken back; with no other node the agent's
+    error stands. Its ready file shows on the share only after squeue says the cluster job failed (NFS): still read."""
     import json
+    import threading
 
     from saigeedged.adapters.slurm.agent import ready_path
     from saigeedged.adapters.slurm.node import NodeContainer
@@ -532,23 +557,29 @@ def test_a_node_that_lacks_the_image_is_left_out_while_another_serves(tmp_path: 
     now = [0.0]
     sbatch: list[list[str]] = []
     img = feature("npu:1")
-    # the agent's hostname need not be Slurm's node name (sbatch refuses to exclude a name it does not know)
     error = SaigeError("IMAGE_NOT_FOUND", "image npu:1 is not loaded").as_dict(None)
+    said = threading.Event()
+
+    def say() -> None:  # the agent's word, seen on the share after its cluster job's end
+        ready_path(work.parent, 1).write_text(json.dumps({"error": error, "node": "cn07.example.org"}))
+        said.set()
 
     def run(argv: Any, stdin: str | None) -> str:
-        if argv[0] == "sbatch":  # the agent on cn07 runs and says why it cannot make the container
+        if argv[0] == "sbatch":
             sbatch.append(list(argv))
-            ready_path(work.parent, 1).write_text(json.dumps({"error": error, "node": "cn07.example.org"}))
             return "7"
         if argv[0] == "sinfo":
-            return json.dumps({"nodes": [{"name": n, "state": "idle", "gres": "cubie:1", "active_features": f"cubie,{img}",
-                                          "partitions": ["saige"]} for n in nodes]})
+            return json.dumps({"nodes": [{"name": n, "state": "idle", "gres": "cubie:1,mobilint:1",
+                                          "active_features": f"cubie,mobilint,{img}", "partitions": ["saige"]}
+                                         for n in nodes]})
+        if not said.is_set():
+            threading.Timer(0.3, say).start()
         return json.dumps({"jobs": [{"job_id": 7, "name": "det-1", "job_state": "FAILED", "restart_cnt": 0,
                                      "comment": "attempt=1", "batch_host": "cn07"}]})
 
     config = configmod.load(write_config(tmp_path, executor={"kind": "slurm", "partition": "saige",
                                                              "work_share": str(tmp_path / "work")},
-                                         cubie={"image": "npu:1"}))
+                                         cubie={"image": "npu:1"}, mobilint={"image": "npu:1"}))
     slurm = cluster.Slurm(config.executor, run, clock=lambda: now[0])
     job = _job()
     work = tmp_path / "work" / "det-1" / "attempt1"
@@ -557,20 +588,27 @@ def test_a_node_that_lacks_the_image_is_left_out_while_another_serves(tmp_path: 
     with structlog.testing.capture_logs() as logs, pytest.raises(SaigeError) as caught:
         node.ensure()
     assert caught.value.code == code
+    # the agent's hostname need not be Slurm's node name: the cluster job's batch_host is (sbatch refuses others)
     assert caught.value.message.startswith("on node cn07.example.org: image npu:1 is not loaded")
-    assert ("runs again on another node (cn07 is left out" in caught.value.message) == (code == "ENGINE_LOST")
+    assert ("back to the queue for another node (cn07 is left out" in caught.value.message) == (len(nodes) > 1)
+    assert not ready_path(work.parent, 1).exists()  # taken: the retake of this attempt submits afresh
+    [left] = [e for e in logs if e["event"] == "job.node_left_out"]
+    assert (left["node"], left["target"], left["error_code"], left["other_nodes"]) \
+        == ("cn07", "cubie", "IMAGE_NOT_FOUND", len(nodes) - 1)
+    assert list(slurm.avoided("cubie")) == ["cn07"] and [n.name for n in slurm.usable("cubie")] == list(nodes[1:])
+    assert slurm.avoided("mobilint") == {} and len(slurm.usable("mobilint")) == len(nodes)  # its image is there
     assert not [a for a in sbatch[0] if a.startswith("--exclude")]
-    [said] = [e for e in logs if e["event"] == "job.node_left_out"]
-    assert (said["node"], said["error_code"], said["other_nodes"]) == ("cn07", "IMAGE_NOT_FOUND", len(nodes) - 1)
-    assert list(slurm.avoided()) == ["cn07"] and [n.name for n in slurm.usable()] == list(nodes[1:])
     slurm.submit("det-2", "cubie", "npu:1", 1, "#!/bin/sh\n", 60)
     assert "--exclude=cn07" in sbatch[-1]
+    slurm.submit("det-2", "mobilint", "npu:1", 1, "#!/bin/sh\n", 60)
+    assert not [a for a in sbatch[-1] if a.startswith("--exclude")]
     slurm.avoid("cn99", "a dynamic node that has left since")  # sbatch refuses a name it does not know
-    slurm.submit("det-2", "cubie", "npu:1", 1, "#!/bin/sh\n", 60)
-    assert "--exclude=cn07" in sbatch[-1]
+    slurm.avoid("cn08", "its engine does not answer")  # every target's
+    slurm.submit("det-2", "mobilint", "npu:1", 1, "#!/bin/sh\n", 60)
+    assert [a for a in sbatch[-1] if a.startswith("--exclude")] == (["--exclude=cn08"] if len(nodes) > 1 else [])
     now[0] += cluster.AVOID_S
     with structlog.testing.capture_logs() as logs:
         assert slurm.avoided() == {}
-    assert sorted(e["node"] for e in logs if e["event"] == "slurm.node_taken_back") == ["cn07", "cn99"]
+    assert sorted(e["node"] for e in logs if e["event"] == "slurm.node_taken_back") == ["cn07", "cn08", "cn99"]
     slurm.submit("det-3", "cubie", "npu:1", 1, "#!/bin/sh\n", 60)
     assert not [a for a in sbatch[-1] if a.startswith("--exclude")]

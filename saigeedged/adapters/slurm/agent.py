@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ POLL_S = 0.05  # between looks at the attempt's folder for requests (a directory
 # job holds its node's GRES until the agent exits: 5 s here cost every job 5 s (bench/slurm.py)
 GONE_GRACE_S = 0.5
 NODE_DIR, DONE = ".node", ".node/done"
+LOG_SUFFIX = ".agent.log"
 
 
 def ready_path(job_dir: Path, attempt: int) -> Path:
@@ -44,6 +46,30 @@ def ready_path(job_dir: Path, attempt: int) -> Path:
 def ready_of(work: Path) -> Path:
     """ready_path of the attempt whose folder is `work`."""
     return work.with_name(f"{work.name}.node")
+
+
+def agent_log(job_dir: Path, attempt: int) -> Path:
+    """Where the batch script of an attempt sends its agent's output until the agent is ready (beside the attempt's
+    folder, like its ready file): Slurm's own output goes nowhere (sbatch --output=/dev/null), and an agent that died
+    before it was ready left the daemon nothing to tell but that its cluster job had ended."""
+    return log_of(job_dir / f"attempt{attempt}")
+
+
+def log_of(work: Path) -> Path:
+    """agent_log of the attempt whose folder is `work`."""
+    return work.with_name(f"{work.name}{LOG_SUFFIX}")
+
+
+def _quiet(log: Path) -> None:
+    """Ready: the agent's output goes nowhere from now on, as Slurm's, and its log is removed (closed first: on NFS a
+    file removed while open is renamed .nfsXXXX until closed, and the job's folder could not be removed at its end)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
+    log.unlink(missing_ok=True)
 
 
 class Agent:
@@ -58,8 +84,8 @@ class Agent:
 
     def announce(self, cluster_id: str, restarts: str) -> None:
         self.container.ensure()
-        doc = {"node": socket.gethostname(), "image_id": self.container.image_id, "cluster_id": cluster_id,
-               "restarts": restarts, "pid": os.getpid()}
+        doc = {"node": socket.gethostname(), "slurm_node": os.environ.get("SLURMD_NODENAME", ""),
+               "image_id": self.container.image_id, "cluster_id": cluster_id, "restarts": restarts, "pid": os.getpid()}
         filesmod.write_bytes(ready_path(self.job_dir, self.attempt), json.dumps(doc).encode())
 
     def serve(self) -> int:
@@ -119,7 +145,12 @@ def main(job_dir: Path, attempt: int, target_spec: dict[str, str], timeout_s: fl
         agent = Agent(container, job_dir, attempt, stop)
         agent.announce(os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURM_RESTART_COUNT", "0"))
     except SaigeError as exc:  # the daemon reads it beside the attempt's folder and fails the job with it
-        filesmod.write_bytes(ready_path(job_dir, attempt), json.dumps({"error": exc.as_dict(None),
-                                                                       "node": socket.gethostname()}).encode())
+        print(f"{exc.code}: {exc.message}", file=sys.stderr, flush=True)  # the log's last line, should this write fail
+        filesmod.write_bytes(ready_path(job_dir, attempt), json.dumps({
+            "error": exc.as_dict(None), "node": socket.gethostname(),
+            "slurm_node": os.environ.get("SLURMD_NODENAME", "")}).encode())
         return 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _quiet(agent_log(job_dir, attempt))
     return agent.serve()

@@ -69,7 +69,7 @@ class Slurm:
         self._cache: dict[str, tuple[float, Any]] = {}
         self._generation = 0  # bumped by every change we make: an answer asked for before it is not kept
         self._silent_since: float | None = None  # squeue/sinfo have not answered since (said once in the journal)
-        self._avoided: dict[str, tuple[float, str]] = {}  # node -> (left out until, why)
+        self._avoided: dict[tuple[str, str | None], tuple[float, str]] = {}  # (node, target) -> (until, why)
 
     def _json(self, argv: Sequence[str], fresh: bool) -> Any:
         """One command's --json answer, shared by every caller for poll_interval_s unless `fresh`."""
@@ -107,43 +107,46 @@ class Slurm:
                         "--ntasks=1", f"--comment=attempt={base}", f"--time={minutes(limit_s)}",
                         # the agent reports through the share; the daemon's own cwd (/ under systemd) is no place
                         # for slurm-<id>.out files, nor need it exist on the node
-                        "--chdir=/", "--output=/dev/null", *self._exclude()], script)
+                        "--chdir=/", "--output=/dev/null", *self._exclude(target)], script)
         self._forget()  # the next poll sees the new job
         return int(out.strip().split(";")[0])
 
-    def _exclude(self) -> list[str]:
-        """sbatch's --exclude of the nodes left out that the partition still has: sbatch refuses the whole job for a
-        name it does not know ("Invalid node name specified": a dynamic node that left), which fails it."""
-        left_out = self.avoided()
+    def avoid(self, node: str, why: str, target: str | None = None) -> None:
+        """Leave a node of the partition out of the next AVOID_S of cluster jobs (--exclude) and of the room: for one
+        target (its image is missing there) or all (its engine does not answer)."""
+        with self._lock:
+            self._avoided[(node, target)] = (self.clock() + AVOID_S, why)
+
+    def avoided(self, target: str | None = None) -> dict[str, str]:
+        """The nodes left out now for `target` (None: for any), and why; the journal says when one is taken back."""
+        now = self.clock()
+        with self._lock:
+            back = [key for key, (until, _) in self._avoided.items() if until <= now]
+            for key in back:
+                del self._avoided[key]
+            left = {node: why for (node, only), (_, why) in self._avoided.items()
+                    if target is None or only in (None, target)}
+        for node, only in back:
+            log.info("slurm.node_taken_back", node=node, target=only, after_s=AVOID_S)
+        return left
+
+    def usable(self, target: str | None = None) -> list[ClusterNode]:
+        """The partition's nodes but those left out for `target` (avoid)."""
+        left_out = self.avoided(target)
+        return [n for n in self.nodes() if n.name not in left_out]
+
+    def _exclude(self, target: str) -> list[str]:
+        """sbatch's --exclude of the nodes left out for `target` that the partition has now (asked afresh): sbatch
+        refuses the whole job for a name it does not know ("Invalid node name specified": a dynamic node that left),
+        and that refusal fails the job."""
+        left_out = self.avoided(target)
         if not left_out:
             return []
         try:
-            names = sorted(n.name for n in self.nodes() if n.name in left_out)
+            names = sorted(n.name for n in self.nodes(fresh=True) if n.name in left_out)
         except SaigeError:  # Slurm does not answer: the sbatch will say so
             return []
         return [f"--exclude={','.join(names)}"] if names else []
-
-    def avoid(self, node: str, why: str) -> None:
-        """Leave a node of the partition out of the next AVOID_S of cluster jobs (--exclude) and of the room."""
-        with self._lock:
-            self._avoided[node] = (self.clock() + AVOID_S, why)
-
-    def avoided(self) -> dict[str, str]:
-        """The nodes left out now, and why (the journal says when one is taken back)."""
-        now = self.clock()
-        with self._lock:
-            back = [name for name, (until, _) in self._avoided.items() if until <= now]
-            for name in back:
-                del self._avoided[name]
-            left = {name: why for name, (_, why) in self._avoided.items()}
-        for name in back:
-            log.info("slurm.node_taken_back", node=name, after_s=AVOID_S)
-        return left
-
-    def usable(self, fresh: bool = False) -> list[ClusterNode]:
-        """The partition's nodes but those left out (avoid)."""
-        left_out = self.avoided()
-        return [n for n in self.nodes(fresh) if n.name not in left_out]
 
     def poll(self, name: str, fresh: bool = False) -> list[ClusterJob]:
         jobs = [_job(j) for j in self._json(["squeue", "--all"], fresh).get("jobs", [])]

@@ -10,14 +10,16 @@ next attempt). A cancel is `scancel` (the agent's TERM kills the step); a daemon
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
 import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from saigeedged import files as filesmod
 from saigeedged import jobid
@@ -25,7 +27,7 @@ from saigeedged.adapters.docker import Container, Containers, DockerAPI, Spec
 from saigeedged.adapters.docker.detached import Files, Follower, Sink, Stopping
 from saigeedged.adapters.docker.execs import STOPFILE
 from saigeedged.adapters.events import event
-from saigeedged.adapters.slurm.agent import DONE, NODE_DIR, ready_of, ready_path
+from saigeedged.adapters.slurm.agent import DONE, LOG_SUFFIX, NODE_DIR, agent_log, log_of, ready_of, ready_path
 from saigeedged.adapters.slurm.cluster import AVOID_S, Slurm, images
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
@@ -33,39 +35,51 @@ from saigeedged.executor import ClusterJob, capacity
 from saigeedged.guards import printable
 from saigeedged.jobs import FAILED, Job, remaining_s
 
-AGENT_LOG = ".agent.log"
 WAIT_S = (0.02, 0.2)  # between looks for an agent's answer on the share: from the first to the longest, doubling
 Current = Callable[[], tuple[Job | None, Path | None]]
 
 
+# a ready file written as its cluster job ended may show this late on the share (NFS, actimeo=1) to the daemon's look
+READY_GRACE_S = 2.0
+NODE_FAULTS = ("IMAGE_NOT_FOUND", "DOCKER_UNAVAILABLE")  # an agent's errors that are its node's, not the job's
+
+
 def batch_script(job_dir: Path, base: int, spec: Spec, target: str, python: str = sys.executable) -> str:
-    """The sbatch script of an attempt: node-step in the foreground (exec: it gets Slurm's TERM itself)."""
+    """The sbatch script of an attempt: node-step in the foreground (exec: it gets Slurm's TERM itself), its output in
+    the attempt's agent log until it is ready (agent.agent_log)."""
     fields = json.dumps({"name": spec.name, "image": spec.image, "work_root": str(spec.work_root),
                          "runtime": spec.runtime, "user": spec.user, "owner": spec.owner})
     argv = [python, "-m", "saigeedged", "node-step", "--job-dir", str(job_dir), "--target", target, "--spec", fields]
-    log = f'{shlex.quote(str(job_dir))}/"attempt$attempt{AGENT_LOG}"'
-    return ("#!/bin/sh\n# a saigeedged attempt: its folder is named by the attempt submitted plus Slurm's requeues; the\n"
-            "# agent's own output (a traceback when it cannot start) goes beside it on the share\n"
+    log = f'{shlex.quote(str(job_dir))}/"attempt$attempt{LOG_SUFFIX}"'
+    return ("#!/bin/sh\n# a saigeedged attempt: its folder is named by the attempt submitted plus Slurm's requeues\n"
             f'attempt="$(({base} + ${{SLURM_RESTART_COUNT:-0}}))"\n'
             f'exec {shlex.join(argv)} --attempt "$attempt" >>{log} 2>&1\n')
 
 
-def agent_log(job_dir: Path, attempt: int) -> Path:
-    """Where the batch script of an attempt sends its agent's output (beside the attempt's folder, like its ready
-    file): Slurm's own output goes nowhere (sbatch --output=/dev/null), and an agent that died before it said it was
-    ready left the daemon nothing to tell the operator but that its cluster job had ended."""
-    return job_dir / f"attempt{attempt}{AGENT_LOG}"
-
-
 def _last_words(log: Path) -> str:
-    """The end of an agent's log for a message: its last non-empty line (a traceback's exception), or why none."""
+    """What an agent that died before it was ready said last (a traceback's exception), or why nothing is known."""
     try:
         with filesmod.open_output(log) as f:  # on the share the container's steps write in: a regular file only
             f.seek(max(0, f.seek(0, 2) - 4096))
             lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
     except OSError as exc:  # NotOutput too
-        return f"no agent log at {log} ({exc.strerror or exc}): the node may not reach the share, or the script never ran"
-    return f"its agent said: {printable(lines[-1].strip())[:300]} ({log})" if lines else f"its agent wrote nothing ({log})"
+        return (f"no agent log ({exc.strerror or exc}; looked for {log}): the node may not reach the share, or its "
+                "script never ran")
+    return f"its agent said: {printable(lines[-1].strip())[:300]}" if lines else f"its agent wrote nothing ({log})"
+
+
+def _appears(ready: Path) -> bool:
+    """Does the ready file show within READY_GRACE_S? Each look reads its folder first: an NFS client may answer a
+    lookup from its cache of the folder, which a read of the folder renews."""
+    deadline = time.monotonic() + READY_GRACE_S
+    while True:
+        with contextlib.suppress(OSError):
+            os.listdir(ready.parent)
+        if ready.exists():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(WAIT_S[1])
 
 
 class NodeContainer(Container):
@@ -105,7 +119,9 @@ class NodeContainer(Container):
             self._check_interrupted()
             seen = self._seen(job, mine.cluster_id, fresh=False) or self._seen(job, mine.cluster_id, fresh=True)
             if seen is None or not seen.alive or seen.attempt != job.attempt:
-                raise SaigeError("ENGINE_LOST", _lost(mine.cluster_id, seen, job.attempt, work.parent))
+                if _appears(ready):  # its agent said something as it ended: read below
+                    break
+                self._unready(job, mine.cluster_id, seen, work.parent)
             if time.monotonic() > deadline:
                 raise SaigeError("TIMEOUT", f"cluster job {mine.cluster_id} waited for a node longer than "
                                  f"limits.job_timeout_s ({seen.describe()})",
@@ -120,40 +136,67 @@ class NodeContainer(Container):
             time.sleep(poll)
             poll = min(poll * 2, WAIT_S[1])
         doc = self._ready(job, ready)
-        self.node, self.image_id, self.cluster_id = str(doc["node"]), doc.get("image_id"), mine.cluster_id
+        self.node, self.image_id = str(doc.get("slurm_node") or doc["node"]), doc.get("image_id")
+        self.cluster_id = mine.cluster_id
         self.serving = (job.job_id, job.attempt)
         event("job.placed", job, node=self.node, cluster_id=self.cluster_id, attempt=job.attempt)
         return None
 
     def _ready(self, job: Job, ready: Path) -> dict[str, Any]:
-        """The agent's ready file. An agent that could not make the node's container (its engine down, the image its
-        feature names not loaded) says why instead: that node is left out of the next cluster jobs (Slurm.avoid) and,
-        when another node serves the target, the attempt is lost (ENGINE_LOST: it runs again there); else the job ends,
-        or waits, with the agent's own error, as on the local engine. Every job Slurm placed on such a node failed in
-        seconds, and a node that fails fast is the first free one again."""
+        """The agent's ready file, or the error it says instead (it could not make the node's container), raised with
+        the node's name; the file is removed then (its word is taken: a retake of the attempt submits afresh). A node
+        fault (NODE_FAULTS) leaves the node out first (_leave_out)."""
         doc: dict[str, Any] = json.loads(ready.read_text())
         if "error" not in doc:
             return doc
         err = doc["error"]
-        said = SaigeError(err["code"], f"on node {doc.get('node') or '?'}: {err['message']}", hint=err.get("hint"))
+        said = SaigeError(err["code"], f"on node {doc.get('slurm_node') or doc.get('node') or '?'}: {err['message']}",
+                          hint=err.get("hint"))
+        ready.unlink(missing_ok=True)
+        if said.code in NODE_FAULTS:  # the image, for this target; the engine, for any
+            name = str(doc.get("slurm_node") or "") or self._ran_on(job) or str(doc.get("node") or "")
+            self._leave_out(job, name, self.target if said.code == "IMAGE_NOT_FOUND" else None, said, ready.parent)
+        raise said
+
+    def _ran_on(self, job: Job) -> str:
+        """Slurm's name of the node whose cluster job ran this attempt ("": not known)."""
         try:
-            # Slurm's name of the node that ran the attempt (the agent's hostname need not be it), else the hostname
             ran = [j.node for j in self.slurm.poll(job.job_id, fresh=True) if j.attempt == job.attempt and j.node]
-            name = ran[-1] if ran else str(doc.get("node") or "")
+        except SaigeError:
+            return ""
+        return ran[-1] if ran else ""
+
+    def _unready(self, job: Job, cluster_id: int, seen: ClusterJob | None, job_dir: Path) -> NoReturn:
+        """The cluster job ended, or was requeued, before its agent was ready: the attempt is lost (ENGINE_LOST).
+        One that failed on its node (the agent or its script exited non-zero: a node without the share, the
+        interpreter, the package) leaves that node out first."""
+        lost = SaigeError("ENGINE_LOST", _lost(cluster_id, seen, job.attempt, job_dir), step=job.step)
+        if seen is not None and seen.state == "FAILED" and seen.node:
+            self._leave_out(job, seen.node, None, lost, job_dir)
+        raise lost
+
+    def _leave_out(self, job: Job, name: str, target: str | None, said: SaigeError, job_dir: Path) -> NoReturn:
+        """A node that cannot serve (`target`'s, or any): left out of the next cluster jobs (Slurm.avoid) and, while
+        another node serves the target, the job goes back to the queue without spending an attempt (the next sbatch
+        excludes the node; no step ran); else `said` stands, as on the local engine. Every job Slurm placed on such a
+        node failed in seconds, and a node that fails fast is the first one free again."""
+        try:
             known = name in {n.name for n in self.slurm.nodes(fresh=True)}  # sbatch refuses to exclude another name
             if known:
-                self.slurm.avoid(name, said.message)
-            others = capacity(self.slurm.usable(), self.target, images(self.config)[self.target])
+                self.slurm.avoid(name, said.message, target)
+            others = capacity(self.slurm.usable(self.target), self.target, images(self.config)[self.target])
         except SaigeError:  # Slurm does not answer now: the agent's word stands
             raise said from None
         if not known:
             raise said
-        event("job.node_left_out", job, "warning", node=name, error_code=said.code, message=said.message,
-              hint=said.hint, for_s=AVOID_S, other_nodes=others)
+        event("job.node_left_out", job, "warning", node=name, target=target, error_code=said.code,
+              message=said.message, hint=said.hint, for_s=AVOID_S, other_nodes=others)
         if not others:
             raise said
-        raise SaigeError("ENGINE_LOST", f"{said.message}: the job runs again on another node ({name} is left out of "
-                         f"this daemon's cluster jobs for {AVOID_S / 60:.0f} min)", hint=said.hint, step=job.step)
+        ready_path(job_dir, job.attempt).unlink(missing_ok=True)  # read: the retake submits a new cluster job
+        agent_log(job_dir, job.attempt).unlink(missing_ok=True)
+        raise SaigeError("DOCKER_UNAVAILABLE", f"{said.message}; back to the queue for another node ({name} is left "
+                         f"out of this daemon's cluster jobs for {AVOID_S / 60:.0f} min)", hint=said.hint)
 
     def _seen(self, job: Job, cluster_id: int, fresh: bool) -> ClusterJob | None:
         """The cluster job as squeue says (a shared answer may predate it: then one asked now)."""
@@ -306,6 +349,7 @@ class NodeContainer(Container):
             (ended / DONE).parent.mkdir(exist_ok=True)
             filesmod.write_bytes(ended / DONE, b"")
         ready_of(ended).unlink(missing_ok=True)  # the ended attempt's: a requeue has moved `job.attempt` on
+        log_of(ended).unlink(missing_ok=True)  # an agent that died before it was ready (a ready one removed its own)
         if job is not None and job.state == FAILED:  # no attempt follows: a requeued or held cluster job goes too
             try:
                 self.slurm.cancel_live(job.job_id)
