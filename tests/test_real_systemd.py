@@ -186,6 +186,26 @@ def test_a_failure_in_the_journal_then_status_and_retry_as_root_and_as_a_group_m
     assert host.job("afterrootretry")["state"] == "succeeded"
 
 
+def test_root_retry_takes_the_groups_the_unit_gives_the_service(host: Host) -> None:
+    """The inbox is a share's folder the service reaches only through a group a unit drop-in gives it
+    (`SupplementaryGroups=`, not in /etc/group): root's `retry` switched to the service's user with /etc/group's groups
+    only, could not reach the inputs and said PATH_NOT_ALLOWED; it takes the unit's groups too."""
+    box, dropin = host.box, "/etc/systemd/system/saigeedged.service.d/share.conf"
+    box.sh(f"set -e; getent group dropshare >/dev/null || groupadd dropshare; mkdir -p {Path(dropin).parent}\n"
+           f"printf '[Service]\\nSupplementaryGroups=dropshare\\n' > {dropin}\n"
+           f"chown root:dropshare {host.inbox}; chmod 2770 {host.inbox}\n"
+           "systemctl daemon-reload; systemctl restart saigeedged")
+    try:
+        host.drop("groupretry_failimport", target="cubie")
+        failed = host.job("groupretry_failimport")
+        assert failed["state"] == "failed", failed
+        retried = box.sh(f"saigeedged retry {failed['job_id']}", check=False)
+        assert retried.returncode == 0 and retried.stdout.strip().endswith("queued again (attempt 2)"), retried
+    finally:
+        box.sh(f"rm -f {dropin}; chown saigeedged:saigeedged {host.inbox}; chmod 0755 {host.inbox}; "
+               "systemctl daemon-reload; systemctl restart saigeedged")
+
+
 def test_reload_and_hup_to_every_process_keep_a_host_job(host: Host) -> None:
     """`systemctl reload` and `systemctl kill -s HUP` while a host job quantizes: the job succeeds, so does the next."""
     host.drop("hupdet", size=(320, 320), n_samples=8)

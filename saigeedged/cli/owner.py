@@ -9,17 +9,23 @@ cache, which only the service's user may: one line says so, never a traceback.
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
 import pwd
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 from saigeedged.errors import SaigeError
 
+UNIT = "saigeedged.service"  # the package's unit (debian/)
+SYSTEMCTL_TIMEOUT_S = 5.0
+
 
 def become(state_dir: Path) -> None:
     """As root, take the uid, gid and groups of `state_dir`'s owner (the service's user: the package's tmpfiles.d and
-    INSTALL.md's `install -d -o saigeedged` make it so); a no-op for any other user, or a state dir root owns."""
+    INSTALL.md's `install -d -o saigeedged` make it so), the groups its unit adds included (unit_groups); a no-op for
+    any other user, or a state dir root owns."""
     if os.geteuid() != 0:
         return
     try:
@@ -30,13 +36,31 @@ def become(state_dir: Path) -> None:
         return
     try:
         user = pwd.getpwuid(uid)
-        gid, groups = user.pw_gid, os.getgrouplist(user.pw_name, user.pw_gid)
+        gid, groups = user.pw_gid, os.getgrouplist(user.pw_name, user.pw_gid) + unit_groups(user.pw_name)
     except KeyError:  # a uid without a passwd entry (a share's): its own group only
         gid = os.stat(state_dir).st_gid
         groups = [gid]
-    os.setgroups(groups)
+    os.setgroups(sorted(set(groups)))
     os.setgid(gid)
     os.setuid(uid)
+
+
+def unit_groups(user: str, unit: str = UNIT) -> list[int]:
+    """The groups the service's unit gives `user` beyond /etc/group (`SupplementaryGroups=`, a drop-in's: a share's
+    group, say), as systemd has the unit loaded; none when the unit runs as another user or systemd does not answer."""
+    try:
+        shown = subprocess.run(["systemctl", "show", unit, "--property=User", "--property=SupplementaryGroups"],
+                               capture_output=True, text=True, timeout=SYSTEMCTL_TIMEOUT_S, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    props = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+    if props.get("User") != user:
+        return []
+    gids = []
+    for name in props.get("SupplementaryGroups", "").split():
+        with contextlib.suppress(KeyError):
+            gids.append(grp.getgrnam(name).gr_gid)
+    return gids
 
 
 def refused(path: Path | str, why: str | None) -> SaigeError:
