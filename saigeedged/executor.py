@@ -123,7 +123,9 @@ class ClusterNode:
     @property
     def up(self) -> bool:
         words = self.state.lower()
-        return not any(w in words for w in ("down", "drain", "fail", "not_responding", "unknown", "future"))
+        # a node in a maintenance or other reservation, rebooting, planned for a job, or in error takes no job of ours
+        return not any(w in words for w in ("down", "drain", "fail", "not_responding", "unknown", "future", "maint",
+                                            "reserved", "reboot", "planned", "error", "invalid"))
 
 
 def serves(node: ClusterNode, images: dict[str, str]) -> tuple[str, ...]:

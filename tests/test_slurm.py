@@ -419,7 +419,8 @@ def test_a_node_that_lacks_the_image_is_left_out_and_the_job_runs_elsewhere(clus
     try:
         d.drop("unloaded")
         done = d.job("unloaded", timeout=120)
-        wait_for(lambda: "(left out: on node" in _read(d.outbox / "index.html"), 60, "the node left out on the page")
+        wait_for(lambda: "left out of cubie target&#x27;s jobs: on node" in _read(d.outbox / "index.html"), 60,
+                 "the node left out on the page")
         d.drop("after")
         after = d.job("after", timeout=120)
     finally:

@@ -166,9 +166,10 @@ class Ops(threading.Thread):
     def _slots(self, running: list[Job]) -> list[Slot]:
         """The dashboard's rows: an engine's slots, or a node of the partition with the targets it serves."""
         if self.slurm is not None:
-            wanted, left_out = images(self.config), self.slurm.avoided()
-            return [Slot(n.name, (", ".join(serves(n, wanted)) or "-")
-                         + (f" (left out: {left_out[n.name]})" if n.name in left_out else ""), n.up, None)
+            wanted, left_out = images(self.config), self.slurm.left_out.listed()
+            return [Slot(n.name, ", ".join([", ".join(serves(n, wanted)) or "-",
+                                            *(f"left out of {only or 'every'} target's jobs: {why}"
+                                              for node, only, why in left_out if node == n.name)]), n.up, None)
                     for n in self._nodes()]
         pool = configured(self.config, self.store.engines())
         ups = {e.name: e.up for e in pool}

@@ -146,9 +146,10 @@ def main(job_dir: Path, attempt: int, target_spec: dict[str, str], timeout_s: fl
         agent.announce(os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURM_RESTART_COUNT", "0"))
     except SaigeError as exc:  # the daemon reads it beside the attempt's folder and fails the job with it
         print(f"{exc.code}: {exc.message}", file=sys.stderr, flush=True)  # the log's last line, should this write fail
+        cluster_id = os.environ.get("SLURM_JOB_ID", "")  # retired by the daemon once read: it may still look alive
         filesmod.write_bytes(ready_path(job_dir, attempt), json.dumps({
-            "error": exc.as_dict(None), "node": socket.gethostname(),
-            "slurm_node": os.environ.get("SLURMD_NODENAME", "")}).encode())
+            "error": exc.as_dict(None), "node": socket.gethostname(), "slurm_node": os.environ.get("SLURMD_NODENAME", ""),
+            "cluster_id": int(cluster_id) if cluster_id.isdigit() else None}).encode())
         return 1
     sys.stdout.flush()
     sys.stderr.flush()

@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 
+from saigeedged.adapters.slurm.leftout import LeftOut
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
 from saigeedged.executor import ClusterJob, ClusterNode, ExecutorSpec, feature, minutes
@@ -30,10 +31,6 @@ Run = Callable[[Sequence[str], str | None], str]
 # DOCKER_UNAVAILABLE (wait, no attempt spent): "Socket timed out", a drained partition ("Required partition not
 # available (inactive or drain)"), a submit limit of the QOS ("Job violates accounting/QOS policy")
 REFUSED = re.compile(r"Batch job submission failed: (.*(?:Invalid|invalid|permission denied).*)")
-# a node whose agent could not make its target's container (its engine down, the image its feature names not loaded)
-# is left out of this daemon's cluster jobs this long: every job Slurm placed there failed in seconds, and a node that
-# fails fast is the first one free again. Long enough for an operator to load the image or mend the engine
-AVOID_S = 600.0
 REFUSED_HINT = ("check executor.partition (`sinfo`), limits.job_timeout_s against the partition's MaxTime (`scontrol "
                 "show partition`) and the service user's account and QOS (`sacctmgr show assoc user=saigeedged`), then "
                 "`saigeedged retry JOB_ID`")
@@ -69,7 +66,7 @@ class Slurm:
         self._cache: dict[str, tuple[float, Any]] = {}
         self._generation = 0  # bumped by every change we make: an answer asked for before it is not kept
         self._silent_since: float | None = None  # squeue/sinfo have not answered since (said once in the journal)
-        self._avoided: dict[tuple[str, str | None], tuple[float, str]] = {}  # (node, target) -> (until, why)
+        self.left_out = LeftOut(clock)  # nodes left out of the next cluster jobs (node.py's agents said why)
 
     def _json(self, argv: Sequence[str], fresh: bool) -> Any:
         """One command's --json answer, shared by every caller for poll_interval_s unless `fresh`."""
@@ -111,35 +108,16 @@ class Slurm:
         self._forget()  # the next poll sees the new job
         return int(out.strip().split(";")[0])
 
-    def avoid(self, node: str, why: str, target: str | None = None) -> None:
-        """Leave a node of the partition out of the next AVOID_S of cluster jobs (--exclude) and of the room: for one
-        target (its image is missing there) or all (its engine does not answer)."""
-        with self._lock:
-            self._avoided[(node, target)] = (self.clock() + AVOID_S, why)
-
-    def avoided(self, target: str | None = None) -> dict[str, str]:
-        """The nodes left out now for `target` (None: for any), and why; the journal says when one is taken back."""
-        now = self.clock()
-        with self._lock:
-            back = [key for key, (until, _) in self._avoided.items() if until <= now]
-            for key in back:
-                del self._avoided[key]
-            left = {node: why for (node, only), (_, why) in self._avoided.items()
-                    if target is None or only in (None, target)}
-        for node, only in back:
-            log.info("slurm.node_taken_back", node=node, target=only, after_s=AVOID_S)
-        return left
-
     def usable(self, target: str | None = None) -> list[ClusterNode]:
         """The partition's nodes but those left out for `target` (avoid)."""
-        left_out = self.avoided(target)
+        left_out = self.left_out.avoided(target)
         return [n for n in self.nodes() if n.name not in left_out]
 
     def _exclude(self, target: str) -> list[str]:
         """sbatch's --exclude of the nodes left out for `target` that the partition has now (asked afresh): sbatch
         refuses the whole job for a name it does not know ("Invalid node name specified": a dynamic node that left),
         and that refusal fails the job."""
-        left_out = self.avoided(target)
+        left_out = self.left_out.avoided(target)
         if not left_out:
             return []
         try:

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
 from saigeedged import files as filesmod
 from saigeedged import jobid
@@ -28,10 +28,11 @@ from saigeedged.adapters.docker.detached import Files, Follower, Sink, Stopping
 from saigeedged.adapters.docker.execs import STOPFILE
 from saigeedged.adapters.events import event
 from saigeedged.adapters.slurm.agent import DONE, LOG_SUFFIX, NODE_DIR, agent_log, log_of, ready_of, ready_path
-from saigeedged.adapters.slurm.cluster import AVOID_S, Slurm, images
+from saigeedged.adapters.slurm.cluster import Slurm
+from saigeedged.adapters.slurm.unfit import Unfit
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError
-from saigeedged.executor import ClusterJob, capacity
+from saigeedged.executor import ClusterJob
 from saigeedged.guards import printable
 from saigeedged.jobs import FAILED, Job, remaining_s
 
@@ -41,7 +42,6 @@ Current = Callable[[], tuple[Job | None, Path | None]]
 
 # a ready file written as its cluster job ended may show this late on the share (NFS, actimeo=1) to the daemon's look
 READY_GRACE_S = 2.0
-NODE_FAULTS = ("IMAGE_NOT_FOUND", "DOCKER_UNAVAILABLE")  # an agent's errors that are its node's, not the job's
 
 
 def batch_script(job_dir: Path, base: int, spec: Spec, target: str, python: str = sys.executable) -> str:
@@ -93,6 +93,7 @@ class NodeContainer(Container):
         self.node = ""
         self.cluster_id: int | None = None
         self.serving: tuple[str, int] | None = None  # the attempt whose agent is ready
+        self.unfit = Unfit(config, slurm, target)
 
     def beside(self) -> Container | None:
         """None: a step runs on the node of its attempt's cluster job, which its worker holds (Slurm's GRES)."""
@@ -121,7 +122,8 @@ class NodeContainer(Container):
             if seen is None or not seen.alive or seen.attempt != job.attempt:
                 if _appears(ready):  # its agent said something as it ended: read below
                     break
-                self._unready(job, mine.cluster_id, seen, work.parent)
+                self.unfit.failed(job, seen, SaigeError("ENGINE_LOST", _lost(mine.cluster_id, seen, job.attempt,
+                                                                             work.parent), step=job.step))
             if time.monotonic() > deadline:
                 raise SaigeError("TIMEOUT", f"cluster job {mine.cluster_id} waited for a node longer than "
                                  f"limits.job_timeout_s ({seen.describe()})",
@@ -143,60 +145,11 @@ class NodeContainer(Container):
         return None
 
     def _ready(self, job: Job, ready: Path) -> dict[str, Any]:
-        """The agent's ready file, or the error it says instead (it could not make the node's container), raised with
-        the node's name; the file is removed then (its word is taken: a retake of the attempt submits afresh). A node
-        fault (NODE_FAULTS) leaves the node out first (_leave_out)."""
+        """The agent's ready file, or the error it says instead (it could not make the node's container) raised."""
         doc: dict[str, Any] = json.loads(ready.read_text())
-        if "error" not in doc:
-            return doc
-        err = doc["error"]
-        said = SaigeError(err["code"], f"on node {doc.get('slurm_node') or doc.get('node') or '?'}: {err['message']}",
-                          hint=err.get("hint"))
-        ready.unlink(missing_ok=True)
-        if said.code in NODE_FAULTS:  # the image, for this target; the engine, for any
-            name = str(doc.get("slurm_node") or "") or self._ran_on(job) or str(doc.get("node") or "")
-            self._leave_out(job, name, self.target if said.code == "IMAGE_NOT_FOUND" else None, said, ready.parent)
-        raise said
-
-    def _ran_on(self, job: Job) -> str:
-        """Slurm's name of the node whose cluster job ran this attempt ("": not known)."""
-        try:
-            ran = [j.node for j in self.slurm.poll(job.job_id, fresh=True) if j.attempt == job.attempt and j.node]
-        except SaigeError:
-            return ""
-        return ran[-1] if ran else ""
-
-    def _unready(self, job: Job, cluster_id: int, seen: ClusterJob | None, job_dir: Path) -> NoReturn:
-        """The cluster job ended, or was requeued, before its agent was ready: the attempt is lost (ENGINE_LOST).
-        One that failed on its node (the agent or its script exited non-zero: a node without the share, the
-        interpreter, the package) leaves that node out first."""
-        lost = SaigeError("ENGINE_LOST", _lost(cluster_id, seen, job.attempt, job_dir), step=job.step)
-        if seen is not None and seen.state == "FAILED" and seen.node:
-            self._leave_out(job, seen.node, None, lost, job_dir)
-        raise lost
-
-    def _leave_out(self, job: Job, name: str, target: str | None, said: SaigeError, job_dir: Path) -> NoReturn:
-        """A node that cannot serve (`target`'s, or any): left out of the next cluster jobs (Slurm.avoid) and, while
-        another node serves the target, the job goes back to the queue without spending an attempt (the next sbatch
-        excludes the node; no step ran); else `said` stands, as on the local engine. Every job Slurm placed on such a
-        node failed in seconds, and a node that fails fast is the first one free again."""
-        try:
-            known = name in {n.name for n in self.slurm.nodes(fresh=True)}  # sbatch refuses to exclude another name
-            if known:
-                self.slurm.avoid(name, said.message, target)
-            others = capacity(self.slurm.usable(self.target), self.target, images(self.config)[self.target])
-        except SaigeError:  # Slurm does not answer now: the agent's word stands
-            raise said from None
-        if not known:
-            raise said
-        event("job.node_left_out", job, "warning", node=name, target=target, error_code=said.code,
-              message=said.message, hint=said.hint, for_s=AVOID_S, other_nodes=others)
-        if not others:
-            raise said
-        ready_path(job_dir, job.attempt).unlink(missing_ok=True)  # read: the retake submits a new cluster job
-        agent_log(job_dir, job.attempt).unlink(missing_ok=True)
-        raise SaigeError("DOCKER_UNAVAILABLE", f"{said.message}; back to the queue for another node ({name} is left "
-                         f"out of this daemon's cluster jobs for {AVOID_S / 60:.0f} min)", hint=said.hint)
+        if "error" in doc:
+            self.unfit.refused(job, doc, ready)
+        return doc
 
     def _seen(self, job: Job, cluster_id: int, fresh: bool) -> ClusterJob | None:
         """The cluster job as squeue says (a shared answer may predate it: then one asked now)."""
@@ -204,10 +157,12 @@ class NodeContainer(Container):
 
     def _cluster_job(self, job: Job, work: Path) -> ClusterJob:
         """The live cluster job of this attempt: found (a daemon restart, a requeue) or submitted now."""
-        live = [j for j in self.slurm.poll(job.job_id, fresh=True) if j.alive]
+        # a retired cluster job (its agent's error read) may look alive as it ends: it is no attempt's
+        live = [j for j in self.slurm.poll(job.job_id, fresh=True)
+                if j.alive and not self.slurm.left_out.retired(j.cluster_id)]
         mine = next((j for j in live if j.attempt == job.attempt), None)
         ready = ready_path(work.parent, job.attempt)
-        placed = mine is None and ready.exists()
+        placed = mine is None and ready.exists() and not self.unfit.stale(ready)
         if placed:
             self._ready(job, ready)  # the agent's own error first (read after a restart)
         for other in live:
