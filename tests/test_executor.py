@@ -668,3 +668,24 @@ def test_a_ready_file_the_share_shows_late_is_read(tmp_path: Path) -> None:
         == ("DOCKER_UNAVAILABLE", "on node cn07: image npu:1 is not loaded")
 
 
+
+
+def test_a_ready_agent_closes_and_removes_its_log(tmp_path: Path) -> None:
+    """Once ready the agent's output goes nowhere (as Slurm's --output) and its log is gone: its open log kept the job's
+    folder from being removed at the job's end (on NFS a file removed while open lingers as .nfsXXXX until closed)."""
+    import subprocess
+    import sys
+
+    from saigeedged.adapters.slurm.agent import agent_log
+
+    log = agent_log(tmp_path, 1)
+    probe = ("import os, sys; from pathlib import Path; from saigeedged.adapters.slurm.agent import _quiet\n"
+             "print('starting', flush=True); _quiet(Path(sys.argv[1]))\n"
+             "Path(sys.argv[2]).write_text(os.readlink('/proc/self/fd/1') + ' ' + os.readlink('/proc/self/fd/2'))\n"
+             "print('after ready, to nowhere'); print('and stderr', file=sys.stderr)\n")
+    with log.open("ab") as out:
+        ran = subprocess.run([sys.executable, "-c", probe, str(log), str(tmp_path / "fds")], stdout=out, stderr=out,
+                             check=False)
+    assert ran.returncode == 0 and not log.exists()
+    assert (tmp_path / "fds").read_text() == "/dev/null /dev/null"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fds"]
