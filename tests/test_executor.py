@@ -476,16 +476,16 @@ def _failing_python(tmp_path: Path) -> Path:
     return python
 
 
-def test_an_agent_that_dies_before_it_is_ready_is_heard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_agent_that_dies_before_it_is_ready_is_heard(tmp_path: Path) -> None:
     """The batch script (run here by sh, as slurmd runs it) sends its agent's output beside the attempt's folder,
     named by the attempt it serves (a requeue's too); a cluster job that ended before its agent was ready fails the
     attempt with the agent's last words and its node. Slurm's --output=/dev/null threw the traceback away: the message
     said only that the cluster job had ended, and an operator had nothing to look at. On a node without the share
-    the script cannot even open its log: said so."""
+    the script cannot even open its log: said so. Its node is left out for the target while another serves it, never
+    when it is the last one or a name sinfo does not know."""
     import json
     import subprocess
 
-    from saigeedged.adapters.slurm import node as nodemod
     from saigeedged.adapters.slurm.agent import agent_log
     from saigeedged.adapters.slurm.node import NodeContainer
 
@@ -513,10 +513,8 @@ def test_an_agent_that_dies_before_it_is_ready_is_heard(tmp_path: Path, monkeypa
     job_dir = tmp_path / "work" / "det-1 it's"  # quoted in the script
     (job_dir / "attempt1").mkdir(parents=True)
     node = NodeContainer(config, cluster.Slurm(config.executor, run), "cubie", lambda: (job, job_dir / "attempt1"),
-                         lambda: None)
+                         lambda: None, python=str(python), ready_grace_s=0.1)  # no ready file is coming
     said = f"PermissionError: [Errno 13] Permission denied: '{job_dir}'"
-    monkeypatch.setattr(nodemod, "batch_script", lambda *a, original=nodemod.batch_script: original(*a, python=str(python)))
-    monkeypatch.setattr(nodemod, "READY_GRACE_S", 0.1)  # no ready file is coming
     agent_log(job_dir, 1).write_text("an earlier cluster job's words\n")  # not this one's: removed at sbatch
     with pytest.raises(SaigeError) as caught:
         node.ensure()
@@ -563,12 +561,12 @@ def _slurm_config(tmp_path: Path) -> Any:
 
 @pytest.mark.timeout(30)  # a retake waiting on the failed agent's cluster job (squeue says RUNNING) never ends
 @pytest.mark.parametrize("nodes, code", [(["cn07", "cn08"], "DOCKER_UNAVAILABLE"), (["cn07"], "IMAGE_NOT_FOUND")])
-def test_a_node_that_lacks_the_image_is_left_out_while_another_serves(tmp_path: Path, nodes: list[str],
-                                                                      code: str) -> None:
+def test_a_node_that_lacks_the_image_is_left_out_and_the_job_requeued_while_another_serves(
+        tmp_path: Path, nodes: list[str], code: str) -> None:
     """A node whose feature names the image but whose engine lacks it failed every job Slurm placed there in seconds
-    (IMAGE_NOT_FOUND, not retried), and a node that fails fast is the first one free again. Now, while another node
-    serves the target, the job goes back to the queue unspent (DOCKER_UNAVAILABLE) and that node is left out of the
-    target's next cluster jobs (sbatch --exclude) and room for AVOID_S, then taken back; with no other node the agent's
+    (IMAGE_NOT_FOUND, not retried), and a node that fails fast is the first one free again. Now that node is left out
+    of the target's next cluster jobs (sbatch --exclude) and room for AVOID_S (even the only one), then taken back;
+    while another node serves the target the job goes back to the queue unspent (DOCKER_UNAVAILABLE), else the agent's
     error stands. The retake submits a new cluster job at once: the failed agent's one, which squeue may still show
     RUNNING as it ends, is retired (cancelled, never taken for the attempt's own)."""
     import json
@@ -610,7 +608,7 @@ def test_a_node_that_lacks_the_image_is_left_out_while_another_serves(tmp_path: 
     assert caught.value.code == code
     # the agent's hostname need not be Slurm's node name: the cluster job's batch_host is (sbatch refuses others)
     assert caught.value.message.startswith("on node cn07.example.org: image npu:1 is not loaded")
-    assert ("back to the queue for another node (cn07 is left out of this daemon's cubie jobs for 10 min)"
+    assert ("back to the queue for another node (cn07 is left out of this daemon's cubie target's jobs for 10 min)"
             in caught.value.message) == (len(nodes) > 1)
     assert not ready_path(work.parent, 1).exists() and cancelled == ["7"]  # its word taken, its cluster job retired
     [left] = [e for e in logs if e["event"] == "job.node_left_out"]
@@ -666,8 +664,7 @@ def test_a_ready_file_the_share_shows_late_is_read(tmp_path: Path) -> None:
         node.ensure()
     assert (caught.value.code, caught.value.message.split(";")[0]) \
         == ("DOCKER_UNAVAILABLE", "on node cn07: image npu:1 is not loaded")
-
-
+    assert list(node.slurm.left_out.avoided("cubie")) == ["cn07"]
 
 
 def test_a_ready_agent_closes_and_removes_its_log(tmp_path: Path) -> None:

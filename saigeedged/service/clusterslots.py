@@ -30,7 +30,7 @@ class Room:
 
     def __call__(self, target: str) -> bool:
         try:
-            nodes = self.slurm.usable(target)  # a node left out (its agent could not make the container) is no room
+            nodes = self.slurm.usable(target)  # a node left out (unfit.py: it could not serve) is no room
         except SaigeError:
             return False  # the controller does not answer: nothing new is submitted meanwhile
         busy = sum(1 for w in self.workers() if w.slot.engine == ENGINE and w.current is not None

@@ -70,7 +70,7 @@ class Ops(threading.Thread):
             self.ends.fresh()  # ... nor the look-back window's ends
         self.policy = retention.Policy.from_config(config.retention)
         self.outputs = retention.Outputs(config.outbox, Places(config.inbox, config.state_dir).failed)
-        # its nodes stand for the engines; the pool's (`slurm`), whose workers leave a node out (Slurm.avoid)
+        # its nodes stand for the engines; the pool's (`slurm`), whose workers leave nodes out (unfit.py)
         self.slurm = slurm or (Slurm(config.executor) if config.executor.slurm else None)
         self.stop_event, self.changed = threading.Event(), threading.Event()
         self._page_stale = False
@@ -164,7 +164,8 @@ class Ops(threading.Thread):
             return []
 
     def _slots(self, running: list[Job]) -> list[Slot]:
-        """The dashboard's rows: an engine's slots, or a node of the partition with the targets it serves."""
+        """The dashboard's rows: an engine's slots, or a node of the partition with the targets it serves and what it
+        is left out of, and why."""
         if self.slurm is not None:
             wanted, left_out = images(self.config), self.slurm.left_out.listed()
             return [Slot(n.name, ", ".join([", ".join(serves(n, wanted)) or "-",

@@ -60,6 +60,18 @@ def log_of(work: Path) -> Path:
     return work.with_name(f"{work.name}{LOG_SUFFIX}")
 
 
+def forget(work: Path) -> None:
+    """The word on the share of the attempt whose folder is `work` removed (its ready file, its agent's log): read
+    already, or an earlier cluster job's."""
+    ready_of(work).unlink(missing_ok=True)
+    log_of(work).unlink(missing_ok=True)
+
+
+def node_of(doc: dict[str, Any]) -> str:
+    """The node a ready file names: Slurm's name of it, else (an agent that does not say it) its hostname."""
+    return str(doc.get("slurm_node") or doc.get("node") or "")
+
+
 def _quiet(log: Path) -> None:
     """Ready: the agent's output goes nowhere from now on, as Slurm's, and its log is removed (closed first: on NFS a
     file removed while open is renamed .nfsXXXX until closed, and the job's folder could not be removed at its end)."""
@@ -144,7 +156,8 @@ def main(job_dir: Path, attempt: int, target_spec: dict[str, str], timeout_s: fl
         container = Container(connect(DEFAULT, timeout_s), spec, lambda event, fields: print(event, fields, flush=True))
         agent = Agent(container, job_dir, attempt, stop)
         agent.announce(os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURM_RESTART_COUNT", "0"))
-    except SaigeError as exc:  # the daemon reads it beside the attempt's folder and fails the job with it
+    except SaigeError as exc:  # the daemon reads it beside the attempt's folder (unfit.py: the job fails, waits, or
+        # goes back to the queue for another node)
         print(f"{exc.code}: {exc.message}", file=sys.stderr, flush=True)  # the log's last line, should this write fail
         cluster_id = os.environ.get("SLURM_JOB_ID", "")  # retired by the daemon once read: it may still look alive
         filesmod.write_bytes(ready_path(job_dir, attempt), json.dumps({

@@ -66,7 +66,7 @@ class Slurm:
         self._cache: dict[str, tuple[float, Any]] = {}
         self._generation = 0  # bumped by every change we make: an answer asked for before it is not kept
         self._silent_since: float | None = None  # squeue/sinfo have not answered since (said once in the journal)
-        self.left_out = LeftOut(clock)  # nodes left out of the next cluster jobs (node.py's agents said why)
+        self.left_out = LeftOut(clock)  # nodes left out of the next cluster jobs, retired ones (unfit.py decides)
 
     def _json(self, argv: Sequence[str], fresh: bool) -> Any:
         """One command's --json answer, shared by every caller for poll_interval_s unless `fresh`."""
@@ -108,8 +108,8 @@ class Slurm:
         self._forget()  # the next poll sees the new job
         return int(out.strip().split(";")[0])
 
-    def usable(self, target: str | None = None) -> list[ClusterNode]:
-        """The partition's nodes but those left out for `target` (avoid)."""
+    def usable(self, target: str) -> list[ClusterNode]:
+        """The partition's nodes but those left out for `target` (left_out)."""
         left_out = self.left_out.avoided(target)
         return [n for n in self.nodes() if n.name not in left_out]
 

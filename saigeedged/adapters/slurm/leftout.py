@@ -10,10 +10,8 @@ import structlog
 
 log = structlog.get_logger()
 
-# a node whose agent could not make its target's container (its engine down, the image its feature names not loaded)
-# is left out this long: every job Slurm placed there failed in seconds, and a node that fails fast is the first one
-# free again. Long enough for an operator to load the image or mend the engine
-AVOID_S = 600.0
+AVOID_S = 600.0  # how long a node that cannot serve (unfit.py) is left out: for an operator to load the image or mend
+# the engine
 RETIRED_KEEP_S = 3600.0  # a cluster job whose agent failed is no attempt's any more; forgotten after this (squeue's
 # MinJobAge keeps an ended job 300 s by default)
 
@@ -28,7 +26,8 @@ class LeftOut:
         self._retired: dict[int, float] = {}  # cluster id -> since
 
     def avoid(self, node: str, why: str, target: str | None = None) -> None:
-        """Leave a node out for AVOID_S: for one target (its image is missing there) or all (None)."""
+        """Leave a node out for AVOID_S: for one target (its image missing, or its cluster job failed before ready)
+        or all (None: its engine does not answer)."""
         with self._lock:
             self._nodes[(node, target)] = (self.clock() + AVOID_S, why)
 
@@ -57,5 +56,6 @@ class LeftOut:
             self._retired[cluster_id] = now
 
     def retired(self, cluster_id: int) -> bool:
+        """Was this cluster job retired (its agent's error read)?"""
         with self._lock:
             return cluster_id in self._retired

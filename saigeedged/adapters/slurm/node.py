@@ -27,7 +27,7 @@ from saigeedged.adapters.docker import Container, Containers, DockerAPI, Spec
 from saigeedged.adapters.docker.detached import Files, Follower, Sink, Stopping
 from saigeedged.adapters.docker.execs import STOPFILE
 from saigeedged.adapters.events import event
-from saigeedged.adapters.slurm.agent import DONE, LOG_SUFFIX, NODE_DIR, agent_log, log_of, ready_of, ready_path
+from saigeedged.adapters.slurm.agent import DONE, LOG_SUFFIX, NODE_DIR, agent_log, forget, node_of, ready_path
 from saigeedged.adapters.slurm.cluster import Slurm
 from saigeedged.adapters.slurm.unfit import Unfit
 from saigeedged.config import Config
@@ -68,10 +68,10 @@ def _last_words(log: Path) -> str:
     return f"its agent said: {printable(lines[-1].strip())[:300]}" if lines else f"its agent wrote nothing ({log})"
 
 
-def _appears(ready: Path) -> bool:
-    """Does the ready file show within READY_GRACE_S? Each look reads its folder first: an NFS client may answer a
+def _appears(ready: Path, grace_s: float) -> bool:
+    """Does the ready file show within `grace_s`? Each look reads its folder first: an NFS client may answer a
     lookup from its cache of the folder, which a read of the folder renews."""
-    deadline = time.monotonic() + READY_GRACE_S
+    deadline = time.monotonic() + grace_s
     while True:
         with contextlib.suppress(OSError):
             os.listdir(ready.parent)
@@ -86,7 +86,8 @@ class NodeContainer(Container):
     """The target's container on the node that runs the current attempt's cluster job."""
 
     def __init__(self, config: Config, slurm: Slurm, target: str, current: Current,
-                 interrupted: Callable[[], str | None]) -> None:
+                 interrupted: Callable[[], str | None], python: str = sys.executable,
+                 ready_grace_s: float = READY_GRACE_S) -> None:
         super().__init__(cast(DockerAPI, None), Spec.for_target(config, target), lambda event, fields: None)
         self.config, self.slurm, self.target = config, slurm, target
         self.current, self.interrupted = current, interrupted
@@ -94,6 +95,7 @@ class NodeContainer(Container):
         self.cluster_id: int | None = None
         self.serving: tuple[str, int] | None = None  # the attempt whose agent is ready
         self.unfit = Unfit(config, slurm, target)
+        self.python, self.ready_grace_s = python, ready_grace_s  # the nodes' interpreter; see READY_GRACE_S
 
     def beside(self) -> Container | None:
         """None: a step runs on the node of its attempt's cluster job, which its worker holds (Slurm's GRES)."""
@@ -120,7 +122,7 @@ class NodeContainer(Container):
             self._check_interrupted()
             seen = self._seen(job, mine.cluster_id, fresh=False) or self._seen(job, mine.cluster_id, fresh=True)
             if seen is None or not seen.alive or seen.attempt != job.attempt:
-                if _appears(ready):  # its agent said something as it ended: read below
+                if _appears(ready, self.ready_grace_s):  # its agent said something as it ended: read below
                     break
                 self.unfit.failed(job, seen, SaigeError("ENGINE_LOST", _lost(mine.cluster_id, seen, job.attempt,
                                                                              work.parent), step=job.step))
@@ -138,7 +140,7 @@ class NodeContainer(Container):
             time.sleep(poll)
             poll = min(poll * 2, WAIT_S[1])
         doc = self._ready(job, ready)
-        self.node, self.image_id = str(doc.get("slurm_node") or doc["node"]), doc.get("image_id")
+        self.node, self.image_id = node_of(doc), doc.get("image_id")
         self.cluster_id = mine.cluster_id
         self.serving = (job.job_id, job.attempt)
         event("job.placed", job, node=self.node, cluster_id=self.cluster_id, attempt=job.attempt)
@@ -162,7 +164,7 @@ class NodeContainer(Container):
                 if j.alive and not self.slurm.left_out.retired(j.cluster_id)]
         mine = next((j for j in live if j.attempt == job.attempt), None)
         ready = ready_path(work.parent, job.attempt)
-        placed = mine is None and ready.exists() and not self.unfit.stale(ready)
+        placed = mine is None and ready.exists() and not self.unfit.drop_stale(ready)
         if placed:
             self._ready(job, ready)  # the agent's own error first (read after a restart)
         for other in live:
@@ -177,9 +179,8 @@ class NodeContainer(Container):
                              f"({seen}): "
                              "its node was lost, or Slurm requeued, preempted or ended it, while the daemon was away",
                              step=job.step)
-        ready.unlink(missing_ok=True)
-        agent_log(work.parent, job.attempt).unlink(missing_ok=True)  # a word of an earlier cluster job is not this one's
-        script = batch_script(work.parent, job.attempt, self.spec, self.target)
+        forget(work)  # a word of an earlier cluster job is not this one's
+        script = batch_script(work.parent, job.attempt, self.spec, self.target, self.python)
         cluster_id = self.slurm.submit(job.job_id, self.target, self.spec.image, job.attempt, script,
                                        self.config.limits.job_timeout_s)
         return ClusterJob(cluster_id, job.job_id, "PENDING", 0, job.attempt)
@@ -303,8 +304,8 @@ class NodeContainer(Container):
         if ended.is_dir():
             (ended / DONE).parent.mkdir(exist_ok=True)
             filesmod.write_bytes(ended / DONE, b"")
-        ready_of(ended).unlink(missing_ok=True)  # the ended attempt's: a requeue has moved `job.attempt` on
-        log_of(ended).unlink(missing_ok=True)  # an agent that died before it was ready (a ready one removed its own)
+        forget(ended)  # the ended attempt's (a requeue has moved `job.attempt` on); the log of an agent that died
+        # before it was ready (a ready one removed its own)
         if job is not None and job.state == FAILED:  # no attempt follows: a requeued or held cluster job goes too
             try:
                 self.slurm.cancel_live(job.job_id)

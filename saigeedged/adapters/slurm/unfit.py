@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from saigeedged.adapters.events import event
-from saigeedged.adapters.slurm.agent import agent_log
+from saigeedged.adapters.slurm.agent import forget, node_of
 from saigeedged.adapters.slurm.cluster import Slurm, images
 from saigeedged.adapters.slurm.leftout import AVOID_S
 from saigeedged.config import Config
@@ -20,7 +20,7 @@ from saigeedged.executor import ClusterJob, capacity
 from saigeedged.jobs import Job
 
 NODE_FAULTS = ("IMAGE_NOT_FOUND", "DOCKER_UNAVAILABLE")  # an agent's errors that are its node's, not the job's
-SHOWN = 160  # characters of why a node is left out, on the dashboard
+WHY_CHARS = 160  # of why a node is left out, kept for the dashboard
 
 
 class Unfit:
@@ -30,28 +30,27 @@ class Unfit:
         self.config, self.slurm, self.target = config, slurm, target
 
     def refused(self, job: Job, doc: dict[str, Any], ready: Path) -> NoReturn:
-        """The agent's error instead of ready, raised naming Slurm's node (its hostname when older). Its word is taken
+        """The agent's error instead of ready, raised naming its node (node_of). Its word is taken
         once: the ready file and the agent's log are removed and its cluster job retired (it may still look alive as
         it ends: the retake of the attempt must not wait on it). A node fault (NODE_FAULTS) leaves the node out: for
         this target when the image is missing, for every target when the engine does not answer."""
         err = doc["error"]
-        node = str(doc.get("slurm_node") or "")
-        said = SaigeError(err["code"], f"on node {node or doc.get('node') or '?'}: {err['message']}",
-                          hint=err.get("hint"))
-        ready.unlink(missing_ok=True)
-        agent_log(ready.parent, job.attempt).unlink(missing_ok=True)
+        said = SaigeError(err["code"], f"on node {node_of(doc) or '?'}: {err['message']}", hint=err.get("hint"))
+        forget(ready.parent / f"attempt{job.attempt}")
         cluster_id = doc.get("cluster_id")
         if isinstance(cluster_id, int):
             self.slurm.left_out.retire(cluster_id)
             with contextlib.suppress(SaigeError):  # ending already; Slurm not answering changes nothing
                 self.slurm.cancel(cluster_id)
         if said.code in NODE_FAULTS:
-            name = node or self._ran_on(job) or str(doc.get("node") or "")
+            # Slurm's name of it (sbatch --exclude knows no other): the agent's, else the cluster job's batch host
+            name = str(doc.get("slurm_node") or "") or self._ran_on(job) or node_of(doc)
             self.leave_out(job, name, self.target if said.code == "IMAGE_NOT_FOUND" else None, said, spend=False)
         raise said
 
-    def stale(self, ready: Path) -> bool:
-        """Is this the error of a retired cluster job, which the share showed late? Removed then, never read again."""
+    def drop_stale(self, ready: Path) -> bool:
+        """Remove the ready file if it is the error of a retired cluster job (the share showed it late): never read
+        twice. True when it was."""
         with contextlib.suppress(OSError, ValueError):
             doc = json.loads(ready.read_text())
             if isinstance(doc, dict) and "error" in doc and isinstance(doc.get("cluster_id"), int) \
@@ -70,10 +69,10 @@ class Unfit:
         raise lost
 
     def leave_out(self, job: Job, name: str, only: str | None, said: SaigeError, spend: bool) -> NoReturn:
-        """Leave node `name` out (for target `only`, or all) when Slurm knows it by that name (sbatch refuses to
-        exclude another); then, unless `spend`, while another node serves the target the job goes back to the queue
-        without spending an attempt (no step ran; the next sbatch excludes the node): DOCKER_UNAVAILABLE. Else `said`
-        stands, as on the local engine."""
+        """Leave node `name` out (for target `only`, or all) when it is a name Slurm knows (not a hostname); with
+        `spend` only while another node serves the target. Then, unless `spend`, while another node serves it the job
+        goes back to the queue without spending an attempt (no step ran; the next sbatch excludes the node):
+        DOCKER_UNAVAILABLE. Else `said` stands, as on the local engine."""
         try:
             known = name in {n.name for n in self.slurm.nodes(fresh=True)}
             others = capacity([n for n in self.slurm.usable(self.target) if n.name != name], self.target,
@@ -82,13 +81,14 @@ class Unfit:
             raise said from None
         if not known or (spend and not others):
             raise said
-        self.slurm.left_out.avoid(name, said.message[:SHOWN], only)
+        self.slurm.left_out.avoid(name, said.message[:WHY_CHARS], only)
         event("job.node_left_out", job, "warning", node=name, target=only, error_code=said.code, message=said.message,
               hint=said.hint, for_s=AVOID_S, other_nodes=others)
         if spend or not others:
             raise said
         raise SaigeError("DOCKER_UNAVAILABLE", f"{said.message}; back to the queue for another node ({name} is left "
-                         f"out of this daemon's {self.target} jobs for {AVOID_S / 60:.0f} min)", hint=said.hint)
+                         f"out of this daemon's {only or 'every'} target's jobs for {AVOID_S / 60:.0f} min)",
+                         hint=said.hint)
 
     def _ran_on(self, job: Job) -> str:
         """Slurm's name of the node whose cluster job ran this attempt ("": not known)."""
