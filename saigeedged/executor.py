@@ -123,9 +123,10 @@ class ClusterNode:
     @property
     def up(self) -> bool:
         words = self.state.lower()
-        # a node in a maintenance or other reservation, rebooting, planned for a job, or in error takes no job of ours
+        # a node in a maintenance or other reservation, to reboot, or in error takes no job of ours (PLANNED, held
+        # for a job of higher priority for a while, is up: `check` would call it down)
         return not any(w in words for w in ("down", "drain", "fail", "not_responding", "unknown", "future", "maint",
-                                            "reserved", "reboot", "planned", "error", "invalid"))
+                                            "reserved", "reboot", "error", "invalid"))
 
 
 def serves(node: ClusterNode, images: dict[str, str]) -> tuple[str, ...]:

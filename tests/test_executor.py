@@ -66,9 +66,9 @@ def test_capacity_counts_up_nodes_with_the_gres_and_the_image() -> None:
              ClusterNode("c", "idle drain", {"cubie": 1}, (img,)),
              ClusterNode("d", "down not_responding", {"cubie": 1}, (img,)),
              ClusterNode("e", "idle", {"cubie": 1}, ("img-other",)),
-             # in a maintenance or another reservation, to reboot, planned for a higher priority job: takes none of ours
+             # in a maintenance or another reservation, to reboot: takes none of ours
              *(ClusterNode(f"x{i}", state, {"cubie": 1}, (img,)) for i, state in enumerate(
-                 ("idle maintenance reserved", "idle reserved", "mixed reboot_requested", "idle planned")))]
+                 ("idle maintenance reserved", "idle reserved", "mixed reboot_requested")))]
     assert capacity(nodes, "cubie", "npu:1") == 2
     assert capacity(nodes, "mobilint", "npu:1") == 1
     assert serves(nodes[2], {"cubie": "npu:1", "mobilint": "npu:1"}) == ("cubie",)  # what it has, down or not
