@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -572,8 +573,9 @@ def test_a_node_that_lacks_the_image_is_left_out_and_the_job_requeued_while_anot
     import json
 
     from saigeedged.adapters.slurm.agent import ready_path
-    from saigeedged.adapters.slurm.leftout import AVOID_S
+    from saigeedged.adapters.slurm.leftout import AVOID_S, LeftOut
     from saigeedged.adapters.slurm.node import NodeContainer
+    from saigeedged.cli.partition import node_line
 
     now = [0.0]
     sbatch: list[list[str]] = []
@@ -598,7 +600,8 @@ def test_a_node_that_lacks_the_image_is_left_out_and_the_job_requeued_while_anot
         return _sinfo(nodes) if argv[0] == "sinfo" else json.dumps({"jobs": jobs})
 
     config = _slurm_config(tmp_path)
-    slurm = cluster.Slurm(config.executor, run, clock=lambda: now[0])
+    kept = tmp_path / "slurm-left-out.json"
+    slurm = cluster.Slurm(config.executor, run, left_out=LeftOut(clock=lambda: now[0], kept=kept))
     job = _job()
     work = tmp_path / "work" / "det-1" / "attempt1"
     work.mkdir(parents=True)
@@ -622,6 +625,13 @@ def test_a_node_that_lacks_the_image_is_left_out_and_the_job_requeued_while_anot
         assert "--exclude=cn07" in sbatch[-1] and (node.node, node.cluster_id) == ("cn08.example.org", 8)
     slurm.submit("det-2", "mobilint", "npu:1", 1, "#!/bin/sh\n", 60)
     assert not [a for a in sbatch[-1] if a.startswith("--exclude")]
+    # kept for a restart and for check and status (other processes), which name what and why
+    assert LeftOut(clock=lambda: now[0], kept=kept).avoided("cubie") == {"cn07": caught.value.message.split(";")[0]}
+    [line] = [node_line(n, {"cubie": "npu:1", "mobilint": "npu:1"}, slurm.left_out.listed())
+              for n in slurm.nodes() if n.name == "cn07"]
+    assert line.endswith("; left out of cubie target's jobs by the daemon until "
+                         f"{time.strftime('%H:%M:%S', time.localtime(AVOID_S))}: on node cn07.example.org: image npu:1 "
+                         "is not loaded"), line
     slurm.left_out.avoid("cn99", "a dynamic node that has left since")  # sbatch refuses a name it does not know
     slurm.left_out.avoid("cn08", "its engine does not answer")  # every target's
     slurm.submit("det-2", "mobilint", "npu:1", 1, "#!/bin/sh\n", 60)
@@ -630,6 +640,7 @@ def test_a_node_that_lacks_the_image_is_left_out_and_the_job_requeued_while_anot
     with structlog.testing.capture_logs() as logs:
         assert slurm.left_out.avoided() == {}
     assert sorted(e["node"] for e in logs if e["event"] == "slurm.node_taken_back") == ["cn07", "cn08", "cn99"]
+    assert LeftOut(clock=lambda: now[0] - AVOID_S, kept=kept).avoided() == {}  # taken back in the file too
     slurm.submit("det-3", "cubie", "npu:1", 1, "#!/bin/sh\n", 60)
     assert not [a for a in sbatch[-1] if a.startswith("--exclude")]
 

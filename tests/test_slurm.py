@@ -421,6 +421,8 @@ def test_a_node_that_lacks_the_image_is_left_out_and_the_job_runs_elsewhere(clus
         done = d.job("unloaded", timeout=120)
         wait_for(lambda: "left out of cubie target&#x27;s jobs: on node" in _read(d.outbox / "index.html"), 60,
                  "the node left out on the page")
+        checked = d.cli("check").stdout  # another process: from the daemon's state dir
+        assert "left out of cubie target's jobs by the daemon until" in checked and bad.name in checked, checked
         d.drop("after")
         after = d.job("after", timeout=120)
     finally:

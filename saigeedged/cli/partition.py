@@ -3,8 +3,10 @@ the targets whose GRES and image feature it has), read from `sinfo --json`."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
+from saigeedged.adapters.slurm import leftout
 from saigeedged.adapters.slurm.cluster import Slurm, images
 from saigeedged.config import Config
 from saigeedged.engines import CONTAINER_TARGETS
@@ -13,14 +15,19 @@ from saigeedged.executor import ClusterNode, feature, serves
 from saigeedged.guards import printable
 
 
-def node_line(node: ClusterNode, wanted: dict[str, str]) -> str:
+def node_line(node: ClusterNode, wanted: dict[str, str], left_out: Sequence[tuple[str, str | None, str, float]] = ()
+              ) -> str:
     """`name  up|down  targets...`: a target counts when the node has its GRES and its image's feature; what it
-    lacks is named, so the operator knows which `Feature=`/`Gres=` to add."""
+    lacks is named, so the operator knows which `Feature=`/`Gres=` to add; and what the daemon leaves it out of, until
+    when and why (its agent could not serve: unfit.py)."""
     served = serves(node, wanted)
     lacks = [f"{t} (needs Gres={t}:1 Feature={feature(wanted[t])})" for t in CONTAINER_TARGETS if t not in served]
     state = "up" if node.up else f"down ({node.state}{': ' + node.reason if node.reason else ''})"
+    left = [f"left out of {only or 'every'} target's jobs by the daemon until "
+            f"{time.strftime('%H:%M:%S', time.localtime(until))}: {why}" for name, only, why, until in left_out
+            if name == node.name]
     return printable(f"{node.name:<24} {state:<8} serves {', '.join(served) or 'nothing'}"
-                     + (f"; lacks {', '.join(lacks)}" if lacks else ""))
+                     + (f"; lacks {', '.join(lacks)}" if lacks else "") + "".join(f"; {said}" for said in left))
 
 
 def lines(config: Config, nodes: Sequence[ClusterNode] | None = None) -> list[str]:
@@ -30,4 +37,13 @@ def lines(config: Config, nodes: Sequence[ClusterNode] | None = None) -> list[st
         found = list(nodes) if nodes is not None else Slurm(config.executor).nodes(fresh=True)
     except SaigeError as exc:
         return [head, printable(f"slurm not answering: {exc.message}")]
-    return [head, *(node_line(n, images(config)) for n in found)] if found else [head, "no nodes"]
+    left = left_out(config)
+    return [head, *(node_line(n, images(config), left) for n in found)] if found else [head, "no nodes"]
+
+
+def left_out(config: Config) -> list[tuple[str, str | None, str, float]]:
+    """The nodes the daemon leaves out now (node, target or None, why, until), as its state dir keeps them: read,
+    never written here (this may run as another user)."""
+    now = time.time()
+    kept = leftout.read(leftout.path(config.state_dir))
+    return [(node, only, why, until) for (node, only), (until, why) in kept.items() if until > now]

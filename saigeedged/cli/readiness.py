@@ -195,9 +195,10 @@ def _partition(report: Report, config: Config) -> None:
         return
     wanted = images(config)
     report(OK, "slurm", f"partition {config.executor.partition}: {len(nodes)} nodes, work share {config.work_root}")
+    left = partition.left_out(config)
     for node in nodes:
-        line = partition.node_line(node, wanted)
-        report(OK if node.up and "lacks" not in line else WARN, "node", line)
+        line = partition.node_line(node, wanted, left)
+        report(OK if node.up and "lacks" not in line and "left out" not in line else WARN, "node", line)
     for target in CONTAINER_TARGETS:
         if capacity(nodes, target, wanted[target]) == 0:
             report(FAIL, target, f"no up node of partition {config.executor.partition} has Gres={target}:1 and "

@@ -170,7 +170,7 @@ class Ops(threading.Thread):
             wanted, left_out = images(self.config), self.slurm.left_out.listed()
             return [Slot(n.name, ", ".join([", ".join(serves(n, wanted)) or "-",
                                             *(f"left out of {only or 'every'} target's jobs: {why}"
-                                              for node, only, why in left_out if node == n.name)]), n.up, None)
+                                              for node, only, why, _ in left_out if node == n.name)]), n.up, None)
                     for n in self._nodes()]
         pool = configured(self.config, self.store.engines())
         ups = {e.name: e.up for e in pool}

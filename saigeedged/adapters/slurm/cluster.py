@@ -60,13 +60,15 @@ def run_command(argv: Sequence[str], stdin: str | None = None) -> str:
 class Slurm:
     """A Slurm partition as the daemon's executor (`executor: slurm`)."""
 
-    def __init__(self, spec: ExecutorSpec, run: Run = run_command, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, spec: ExecutorSpec, run: Run = run_command, clock: Callable[[], float] = time.monotonic,
+                 left_out: LeftOut | None = None) -> None:
         self.spec, self.run, self.clock = spec, run, clock
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, Any]] = {}
         self._generation = 0  # bumped by every change we make: an answer asked for before it is not kept
         self._silent_since: float | None = None  # squeue/sinfo have not answered since (said once in the journal)
-        self.left_out = LeftOut(clock)  # nodes left out of the next cluster jobs, retired ones (unfit.py decides)
+        # nodes left out of the next cluster jobs, retired ones (unfit.py decides); the daemon's kept in state_dir
+        self.left_out = left_out or LeftOut()
 
     def _json(self, argv: Sequence[str], fresh: bool) -> Any:
         """One command's --json answer, shared by every caller for poll_interval_s unless `fresh`."""
