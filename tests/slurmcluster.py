@@ -129,9 +129,13 @@ class Cluster:
         return node
 
     def _services(self, node: Node) -> None:
-        node.sh(f"mkdir -p /var/log/slurm /run/munge && chown munge:munge /run/munge && runuser -u munge -- munged; "
-                f"(dockerd --cgroup-parent /{node.name} --bridge=none --iptables=false --ip6tables=false "
-                f"> /var/log/dockerd.log 2>&1 &); "
+        node.sh("mkdir -p /var/log/slurm /run/munge && chown munge:munge /run/munge && runuser -u munge -- munged")
+        self.revive_engine(node)
+
+    def revive_engine(self, node: Node) -> None:
+        """Start the node's own dockerd (again, when a test stopped it) and wait until it answers."""
+        node.sh(f"pgrep -x dockerd >/dev/null || (dockerd --cgroup-parent /{node.name} --bridge=none --iptables=false "
+                "--ip6tables=false > /var/log/dockerd.log 2>&1 &); "
                 "for _ in $(seq 300); do docker info >/dev/null 2>&1 && break; sleep 0.1; done; docker info >/dev/null")
 
     def revive(self, node: Node) -> None:

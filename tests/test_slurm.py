@@ -425,6 +425,10 @@ def test_a_node_that_lacks_the_image_is_left_out_and_the_job_runs_elsewhere(clus
         assert "left out of cubie target's jobs by the daemon until" in checked and bad.name in checked, checked
         d.drop("after")
         after = d.job("after", timeout=120)
+        d.stop()  # a restart remembers the node left out (the state dir keeps it)
+        d.start()
+        d.drop("restarted")
+        restarted = d.job("restarted", timeout=120)
     finally:
         bad.docker("image", "tag", "saige-aside:1", STANDIN_ACUITY)
         bad.docker("rmi", "saige-aside:1")
@@ -438,4 +442,30 @@ def test_a_node_that_lacks_the_image_is_left_out_and_the_job_runs_elsewhere(clus
     for job in (done, after):  # nothing left in the share: the agents' logs (removed when ready, or at the end) and
         assert not (d.root / "work" / job["job_id"]).exists()  # the ready files were all the job folder held
     assert (after["state"], after["attempt"]) == ("succeeded", 1)
+    assert (restarted["state"], restarted["attempt"]) == ("succeeded", 1)
+    assert bad.name not in [e["node"] for e in d.events("job.placed")]
+
+
+def test_a_node_without_its_engine_is_left_out_for_every_target(cluster_daemon: Any,  # noqa: F811
+                                                               slurm_cluster: Cluster) -> None:  # noqa: F811
+    """dockerd gone on the node Slurm picks first: its agent says DOCKER_UNAVAILABLE, the node is left out for every
+    target, the job runs elsewhere without spending an attempt, and a mobilint drop after it never goes there."""
+    d = cluster_daemon()
+    bad = next(n for n in slurm_cluster.nodes.values() if n is not slurm_cluster.controller)
+    bad.sh("pkill -x dockerd; for _ in $(seq 100); do pgrep -x dockerd >/dev/null || break; sleep 0.1; done")
+    for node in slurm_cluster.nodes.values():
+        slurm_cluster.controller.sh(f"scontrol update NodeName={node.name} Weight={1 if node is bad else 10}")
+    try:
+        d.drop("noengine")
+        done = d.job("noengine", timeout=120)
+        d.drop("noengine_mob", target="mobilint", device="aries-rb")
+        mobilint = d.job("noengine_mob", timeout=120)
+    finally:
+        slurm_cluster.revive_engine(bad)
+        for node in slurm_cluster.nodes.values():
+            slurm_cluster.controller.sh(f"scontrol update NodeName={node.name} Weight=1")
+    assert (done["state"], done["attempt"]) == ("succeeded", 1), d.tail()
+    assert [(e["node"], e["error_code"], e["target"]) for e in d.events("job.node_left_out")] \
+        == [(bad.name, "DOCKER_UNAVAILABLE", None)]
+    assert (mobilint["state"], mobilint["attempt"]) == ("succeeded", 1), mobilint
     assert bad.name not in [e["node"] for e in d.events("job.placed")]
