@@ -145,6 +145,11 @@ class Cluster:
         self._slurmd(node)
         self.wait_idle([node.name])
 
+    def prefer(self, first: Node | None) -> None:
+        """Slurm places jobs on `first` before any other node (the lowest Weight); None: every node alike again."""
+        for node in self.nodes.values():
+            self.controller.sh(f"scontrol update NodeName={node.name} Weight={1 if first in (None, node) else 10}")
+
     def drain(self, node: Node, on: bool) -> None:
         """Keep new jobs off a node (the daemon's host, in the tests that kill or cut a node), or let them in again."""
         state = "DRAIN Reason=test" if on else "RESUME"

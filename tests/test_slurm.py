@@ -410,12 +410,9 @@ def test_a_node_that_lacks_the_image_is_left_out_and_the_job_runs_elsewhere(clus
     the next drop never goes there."""
     d = cluster_daemon(dashboard=True)
     bad = next(n for n in slurm_cluster.nodes.values() if n is not slurm_cluster.controller)
-    weigh = lambda node, weight: slurm_cluster.controller.sh(  # noqa: E731
-        f"scontrol update NodeName={node.name} Weight={weight}")
     bad.docker("image", "tag", STANDIN_ACUITY, "saige-aside:1")
     bad.docker("rmi", STANDIN_ACUITY)
-    for node in slurm_cluster.nodes.values():
-        weigh(node, 1 if node is bad else 10)
+    slurm_cluster.prefer(bad)
     try:
         d.drop("unloaded")
         done = d.job("unloaded", timeout=120)
@@ -432,8 +429,7 @@ def test_a_node_that_lacks_the_image_is_left_out_and_the_job_runs_elsewhere(clus
     finally:
         bad.docker("image", "tag", "saige-aside:1", STANDIN_ACUITY)
         bad.docker("rmi", "saige-aside:1")
-        for node in slurm_cluster.nodes.values():
-            weigh(node, 1)
+        slurm_cluster.prefer(None)
     assert (done["state"], done["attempt"]) == ("succeeded", 1), d.tail()  # no attempt spent on the node
     [left] = d.events("job.node_left_out")
     assert (left["node"], left["error_code"], left["job_id"]) == (bad.name, "IMAGE_NOT_FOUND", done["job_id"])
@@ -453,8 +449,7 @@ def test_a_node_without_its_engine_is_left_out_for_every_target(cluster_daemon: 
     d = cluster_daemon()
     bad = next(n for n in slurm_cluster.nodes.values() if n is not slurm_cluster.controller)
     bad.sh("pkill -x dockerd; for _ in $(seq 100); do pgrep -x dockerd >/dev/null || break; sleep 0.1; done")
-    for node in slurm_cluster.nodes.values():
-        slurm_cluster.controller.sh(f"scontrol update NodeName={node.name} Weight={1 if node is bad else 10}")
+    slurm_cluster.prefer(bad)
     try:
         d.drop("noengine")
         done = d.job("noengine", timeout=120)
@@ -462,8 +457,7 @@ def test_a_node_without_its_engine_is_left_out_for_every_target(cluster_daemon: 
         mobilint = d.job("noengine_mob", timeout=120)
     finally:
         slurm_cluster.revive_engine(bad)
-        for node in slurm_cluster.nodes.values():
-            slurm_cluster.controller.sh(f"scontrol update NodeName={node.name} Weight=1")
+        slurm_cluster.prefer(None)
     assert (done["state"], done["attempt"]) == ("succeeded", 1), d.tail()
     assert [(e["node"], e["error_code"], e["target"]) for e in d.events("job.node_left_out")] \
         == [(bad.name, "DOCKER_UNAVAILABLE", None)]

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from saigeedged.adapters.slurm import leftout
 from saigeedged.adapters.slurm.cluster import Slurm, images
+from saigeedged.adapters.slurm.leftout import Left
 from saigeedged.config import Config
 from saigeedged.engines import CONTAINER_TARGETS
 from saigeedged.errors import SaigeError
@@ -15,17 +16,15 @@ from saigeedged.executor import ClusterNode, feature, serves
 from saigeedged.guards import printable
 
 
-def node_line(node: ClusterNode, wanted: dict[str, str], left_out: Sequence[tuple[str, str | None, str, float]] = ()
-              ) -> str:
+def node_line(node: ClusterNode, wanted: dict[str, str], left_out: Sequence[Left] = ()) -> str:
     """`name  up|down  targets...`: a target counts when the node has its GRES and its image's feature; what it
     lacks is named, so the operator knows which `Feature=`/`Gres=` to add; and what the daemon leaves it out of, until
     when and why (its agent could not serve: unfit.py)."""
     served = serves(node, wanted)
     lacks = [f"{t} (needs Gres={t}:1 Feature={feature(wanted[t])})" for t in CONTAINER_TARGETS if t not in served]
     state = "up" if node.up else f"down ({node.state}{': ' + node.reason if node.reason else ''})"
-    left = [f"left out of {only or 'every'} target's jobs by the daemon until "
-            f"{time.strftime('%H:%M:%S', time.localtime(until))}: {why}" for name, only, why, until in left_out
-            if name == node.name]
+    left = [f"{left.of} by the daemon until {time.strftime('%H:%M:%S', time.localtime(left.until))}: {left.why}"
+            for left in left_out if left.node == node.name]
     return printable(f"{node.name:<24} {state:<8} serves {', '.join(served) or 'nothing'}"
                      + (f"; lacks {', '.join(lacks)}" if lacks else "") + "".join(f"; {said}" for said in left))
 
@@ -37,13 +36,5 @@ def lines(config: Config, nodes: Sequence[ClusterNode] | None = None) -> list[st
         found = list(nodes) if nodes is not None else Slurm(config.executor).nodes(fresh=True)
     except SaigeError as exc:
         return [head, printable(f"slurm not answering: {exc.message}")]
-    left = left_out(config)
+    left = leftout.current(config.state_dir, time.time())
     return [head, *(node_line(n, images(config), left) for n in found)] if found else [head, "no nodes"]
-
-
-def left_out(config: Config) -> list[tuple[str, str | None, str, float]]:
-    """The nodes the daemon leaves out now (node, target or None, why, until), as its state dir keeps them: read,
-    never written here (this may run as another user)."""
-    now = time.time()
-    kept = leftout.read(leftout.path(config.state_dir))
-    return [(node, only, why, until) for (node, only), (until, why) in kept.items() if until > now]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TextIO
 
 from saigeedged.adapters import journal
 from saigeedged.adapters.docker import MANAGED_LABEL, DockerAPI, Spec, connect
 from saigeedged.adapters.docker.api import ENGINE_ERRORS, ImageNotFound, NotFound
+from saigeedged.adapters.slurm import leftout
 from saigeedged.adapters.slurm.cluster import Slurm, images
 from saigeedged.adapters.store import Store
 from saigeedged.cli import partition
@@ -195,7 +197,7 @@ def _partition(report: Report, config: Config) -> None:
         return
     wanted = images(config)
     report(OK, "slurm", f"partition {config.executor.partition}: {len(nodes)} nodes, work share {config.work_root}")
-    left = partition.left_out(config)
+    left = leftout.current(config.state_dir, time.time())
     for node in nodes:
         line = partition.node_line(node, wanted, left)
         report(OK if node.up and "lacks" not in line and "left out" not in line else WARN, "node", line)

@@ -169,9 +169,8 @@ class Ops(threading.Thread):
         if self.slurm is not None:
             wanted, left_out = images(self.config), self.slurm.left_out.listed()
             return [Slot(n.name, ", ".join([", ".join(serves(n, wanted)) or "-",
-                                            *(f"left out of {only or 'every'} target's jobs: {why}"
-                                              for node, only, why, _ in left_out if node == n.name)]), n.up, None)
-                    for n in self._nodes()]
+                                            *(f"{left.of}: {left.why}" for left in left_out if left.node == n.name)]),
+                         n.up, None) for n in self._nodes()]
         pool = configured(self.config, self.store.engines())
         ups = {e.name: e.up for e in pool}
         return [Slot(s.engine, s.target, ups[s.engine], s.job) for s in slot_views(pool, running) if s.engine in ups]

@@ -13,7 +13,6 @@ from typing import Any
 from saigeedged.adapters.docker import Beside, Containers, Engine
 from saigeedged.adapters.slurm import leftout
 from saigeedged.adapters.slurm.cluster import Slurm
-from saigeedged.adapters.slurm.leftout import LeftOut
 from saigeedged.config import Config
 from saigeedged.jobs import HOST_ENGINE, TERMINAL, Attempt, Job
 from saigeedged.service import clusterslots
@@ -39,7 +38,7 @@ class Pool:
         self.on_event, self.on_wait, self.on_change = on_event, on_wait, on_change
         self.specs = [] if config.executor.slurm else list(config.engines)  # at least the local engine
         self.engines = [Engine(spec, config, on_event) for spec in self.specs]
-        self.slurm = Slurm(config.executor, left_out=LeftOut(kept=leftout.path(config.state_dir))) \
+        self.slurm = Slurm(config.executor, left_out=leftout.LeftOut(kept=leftout.path(config.state_dir))) \
             if config.executor.slurm else None
         self.wake = threading.Event()
         self.workers: list[Worker] = []

@@ -67,6 +67,11 @@ def forget(work: Path) -> None:
     log_of(work).unlink(missing_ok=True)
 
 
+def _names() -> dict[str, str]:
+    """This node's names in a ready file: its hostname, and Slurm's name of it (which sbatch --exclude knows)."""
+    return {"node": socket.gethostname(), "slurm_node": os.environ.get("SLURMD_NODENAME", "")}
+
+
 def node_of(doc: dict[str, Any]) -> str:
     """The node a ready file names: Slurm's name of it, else (an agent that does not say it) its hostname."""
     return str(doc.get("slurm_node") or doc.get("node") or "")
@@ -96,8 +101,8 @@ class Agent:
 
     def announce(self, cluster_id: str, restarts: str) -> None:
         self.container.ensure()
-        doc = {"node": socket.gethostname(), "slurm_node": os.environ.get("SLURMD_NODENAME", ""),
-               "image_id": self.container.image_id, "cluster_id": cluster_id, "restarts": restarts, "pid": os.getpid()}
+        doc = {**_names(), "image_id": self.container.image_id, "cluster_id": cluster_id, "restarts": restarts,
+               "pid": os.getpid()}
         filesmod.write_bytes(ready_path(self.job_dir, self.attempt), json.dumps(doc).encode())
 
     def serve(self) -> int:
@@ -161,8 +166,8 @@ def main(job_dir: Path, attempt: int, target_spec: dict[str, str], timeout_s: fl
         print(f"{exc.code}: {exc.message}", file=sys.stderr, flush=True)  # the log's last line, should this write fail
         cluster_id = os.environ.get("SLURM_JOB_ID", "")  # retired by the daemon once read: it may still look alive
         filesmod.write_bytes(ready_path(job_dir, attempt), json.dumps({
-            "error": exc.as_dict(None), "node": socket.gethostname(), "slurm_node": os.environ.get("SLURMD_NODENAME", ""),
-            "cluster_id": int(cluster_id) if cluster_id.isdigit() else None}).encode())
+            "error": exc.as_dict(None), **_names(), "cluster_id": int(cluster_id) if cluster_id.isdigit() else None
+        }).encode())
         return 1
     sys.stdout.flush()
     sys.stderr.flush()

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import structlog
 
@@ -28,6 +29,26 @@ FILE = "slurm-left-out.json"
 def path(state_dir: Path) -> Path:
     """Where the daemon keeps the nodes it leaves out."""
     return state_dir / FILE
+
+
+class Left(NamedTuple):
+    """A node left out: for `target` (None: every target) until `until` (the wall clock), and why."""
+
+    node: str
+    target: str | None
+    why: str
+    until: float
+
+    @property
+    def of(self) -> str:
+        """What it is left out of, in words."""
+        return f"left out of {self.target or 'every'} target's jobs"
+
+
+def current(state_dir: Path, now: float) -> list[Left]:
+    """The nodes a daemon with this state dir leaves out at `now`, as it keeps them: read, never written (`check` and
+    `status` may run as another user)."""
+    return [Left(node, only, why, until) for (node, only), (until, why) in read(path(state_dir)).items() if until > now]
 
 
 class LeftOut:
@@ -49,8 +70,8 @@ class LeftOut:
             self._nodes[(node, target)] = (self.clock() + AVOID_S, why)
             self._keep()
 
-    def listed(self) -> list[tuple[str, str | None, str, float]]:
-        """(node, target or None, why, until) of every node left out now; the journal says when one is taken back."""
+    def listed(self) -> list[Left]:
+        """Every node left out now; the journal says when one is taken back."""
         now = self.clock()
         with self._lock:
             back = [key for key, (until, _) in self._nodes.items() if until <= now]
@@ -58,14 +79,14 @@ class LeftOut:
                 del self._nodes[key]
             if back:
                 self._keep()
-            left = [(node, only, why, until) for (node, only), (until, why) in self._nodes.items()]
+            left = [Left(node, only, why, until) for (node, only), (until, why) in self._nodes.items()]
         for node, only in back:
             log.info("slurm.node_taken_back", node=node, target=only, after_s=AVOID_S)
         return left
 
     def avoided(self, target: str | None = None) -> dict[str, str]:
         """The nodes left out now for `target` (None: for any), and why."""
-        return {node: why for node, only, why, _ in self.listed() if target is None or only in (None, target)}
+        return {left.node: left.why for left in self.listed() if target is None or left.target in (None, target)}
 
     def retire(self, cluster_id: int) -> None:
         """A cluster job whose agent said it cannot serve: it may still look alive (RUNNING, COMPLETING) as it ends,

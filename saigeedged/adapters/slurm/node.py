@@ -27,7 +27,7 @@ from saigeedged.adapters.docker import Container, Containers, DockerAPI, Spec
 from saigeedged.adapters.docker.detached import Files, Follower, Sink, Stopping
 from saigeedged.adapters.docker.execs import STOPFILE
 from saigeedged.adapters.events import event
-from saigeedged.adapters.slurm.agent import DONE, LOG_SUFFIX, NODE_DIR, agent_log, forget, node_of, ready_path
+from saigeedged.adapters.slurm.agent import DONE, LOG_SUFFIX, NODE_DIR, agent_log, forget, node_of, ready_of, ready_path
 from saigeedged.adapters.slurm.cluster import Slurm
 from saigeedged.adapters.slurm.unfit import Unfit
 from saigeedged.config import Config
@@ -139,18 +139,19 @@ class NodeContainer(Container):
                 self.slurm.start_now(seen.cluster_id)
             time.sleep(poll)
             poll = min(poll * 2, WAIT_S[1])
-        doc = self._ready(job, ready)
+        doc = self._ready(job, work)
         self.node, self.image_id = node_of(doc), doc.get("image_id")
         self.cluster_id = mine.cluster_id
         self.serving = (job.job_id, job.attempt)
         event("job.placed", job, node=self.node, cluster_id=self.cluster_id, attempt=job.attempt)
         return None
 
-    def _ready(self, job: Job, ready: Path) -> dict[str, Any]:
-        """The agent's ready file, or the error it says instead (it could not make the node's container) raised."""
-        doc: dict[str, Any] = json.loads(ready.read_text())
+    def _ready(self, job: Job, work: Path) -> dict[str, Any]:
+        """The ready file of the attempt whose folder is `work`, or the error its agent says instead (it could not make
+        the node's container) raised."""
+        doc: dict[str, Any] = json.loads(ready_of(work).read_text())
         if "error" in doc:
-            self.unfit.refused(job, doc, ready)
+            self.unfit.refused(job, doc, work)
         return doc
 
     def _seen(self, job: Job, cluster_id: int, fresh: bool) -> ClusterJob | None:
@@ -166,7 +167,7 @@ class NodeContainer(Container):
         ready = ready_path(work.parent, job.attempt)
         placed = mine is None and ready.exists() and not self.unfit.drop_stale(ready)
         if placed:
-            self._ready(job, ready)  # the agent's own error first (read after a restart)
+            self._ready(job, work)  # the agent's own error first (read after a restart)
         for other in live:
             # an attempt the store has moved past must not hold a node; a lost attempt's requeued job serves the next
             if other is not mine and not (placed and other.attempt > job.attempt):

@@ -29,14 +29,15 @@ class Unfit:
     def __init__(self, config: Config, slurm: Slurm, target: str) -> None:
         self.config, self.slurm, self.target = config, slurm, target
 
-    def refused(self, job: Job, doc: dict[str, Any], ready: Path) -> NoReturn:
-        """The agent's error instead of ready, raised naming its node (node_of). Its word is taken
+    def refused(self, job: Job, doc: dict[str, Any], work: Path) -> NoReturn:
+        """The agent's error instead of ready (of the attempt whose folder is `work`), raised naming its node
+        (node_of). Its word is taken
         once: the ready file and the agent's log are removed and its cluster job retired (it may still look alive as
         it ends: the retake of the attempt must not wait on it). A node fault (NODE_FAULTS) leaves the node out: for
         this target when the image is missing, for every target when the engine does not answer."""
         err = doc["error"]
         said = SaigeError(err["code"], f"on node {node_of(doc) or '?'}: {err['message']}", hint=err.get("hint"))
-        forget(ready.parent / f"attempt{job.attempt}")
+        forget(work)
         cluster_id = doc.get("cluster_id")
         if isinstance(cluster_id, int):
             self.slurm.left_out.retire(cluster_id)
