@@ -1,7 +1,8 @@
 """A burst of cache-off cubie (or host) drops of a YOLOX-nano-shaped detector through the daemon (issue 25, not a test): the
 time from the drops to the last job's end with the report on (the default 16 held-out images) and with
-`eval_samples: 0`, and their ratio. Each run has its own state dir, container and daemon (under `prlimit --as` when
-asked); the stand-in ACUITY image is SAIGEEDGED_STANDIN_ACUITY (default saigeedged-standin/acuity:test).
+`eval_samples: 0`, and their ratio; the CPU each burst used (the machine's, from /proc/stat: run it on an idle
+machine) and what 1.3x would leave the reports a job. Each run has its own state dir, container and daemon (under
+`prlimit --as` when asked); the stand-in ACUITY image is SAIGEEDGED_STANDIN_ACUITY (default saigeedged-standin/acuity:test).
 
     .venv/bin/python bench/burst.py [--drops 30] [--size 640] [--prlimit 6000000000]
 
@@ -34,6 +35,8 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).parent))
+from cpusample import HZ, busy  # noqa: E402
 from factory import random_labels, valjson  # noqa: E402
 from harness import Daemon  # noqa: E402
 from realmodels import yolox_nano  # noqa: E402
@@ -112,7 +115,7 @@ def burst(root: Path, drops: int, size: int, eval_samples: int, prlimit: str | N
                        if (doc := json.loads(p.read_text()))["state"] in ("succeeded", "failed")]:
                 time.sleep(0.5)
             put_references(_container(container), tensors)
-        start = time.monotonic()
+        start, idle_before = time.monotonic(), busy()
         for path in sorted(staging.iterdir(), key=lambda p: p.suffix != ".onnx"):
             path.rename(d.inbox / path.name)
         while True:
@@ -120,8 +123,10 @@ def burst(root: Path, drops: int, size: int, eval_samples: int, prlimit: str | N
             if len(docs) == drops and all(doc["state"] in ("succeeded", "failed") for doc in docs):
                 break
             time.sleep(0.5)
+        seconds, idle_after = time.monotonic() - start, busy()
+        used = ((idle_after[1] - idle_before[1]) - (idle_after[0] - idle_before[0])) / HZ
         methods = sorted({(doc.get("accuracy") or {}).get("method") for doc in docs} - {None})
-        return {"seconds": time.monotonic() - start, "states": sorted({doc["state"] for doc in docs}),
+        return {"seconds": seconds, "cpu_s": round(used, 1), "states": sorted({doc["state"] for doc in docs}),
                 "errors": sorted({doc["error"]["code"] for doc in docs if doc["error"]}), "methods": methods,
                 **paths(d.events())}
     finally:
@@ -152,6 +157,18 @@ def main() -> None:
     print(f"{args.drops} drops of a {args.size} detector: report on {on['seconds']:.1f} s, eval_samples 0 "
           f"{off['seconds']:.1f} s, ratio {on['seconds'] / off['seconds']:.2f}; load average after: "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    if "cpu_s" in off:
+        print(budget(off["seconds"], off["cpu_s"], on["cpu_s"], args.drops))
+
+
+def budget(off_s: float, off_cpu: float, on_cpu: float, drops: int, ratio: float = 1.3) -> str:
+    """What the reports cost against what `ratio` leaves them: every core this process may use busy for ratio x the
+    `eval_samples: 0` burst, less that burst's own CPU (the machine's, /proc/stat: on an idle machine the burst's)."""
+    cores = len(os.sched_getaffinity(0))
+    room = (cores * ratio * off_s - off_cpu) / drops
+    return (f"CPU: eval_samples 0 {off_cpu:.1f} s ({off_cpu / drops:.2f} a job), report on {on_cpu:.1f} s: the reports "
+            f"{(on_cpu - off_cpu) / drops:.2f} CPU-s a job, against {room:.2f} that {ratio}x leaves them on {cores} "
+            f"cores fully busy")
 
 
 if __name__ == "__main__":
