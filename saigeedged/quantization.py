@@ -42,6 +42,18 @@ def unhonoured(target: str, key: str, value: Any, where: str) -> str | None:
     return f"`{where}` {safeyaml.shown(value)} has no effect for target {target} (it takes {takes}): {why}"
 
 
+def compiled_as(target: str, entry: Any) -> tuple[tuple[str, Any], ...]:
+    """The quantization `target`'s compiler is given for a manifest.Entry: each setting it does not honour at its
+    default, hybrid_dtype at its default without hybrid layers. Two entries with the same compile the same model."""
+    given = {}
+    for key, default in DEFAULTS.items():
+        value = getattr(entry, key)
+        given[key] = default if unhonoured(target, key, value, key) else value
+    if not given["hybrid_topn"]:
+        given["hybrid_dtype"] = DEFAULTS["hybrid_dtype"]
+    return tuple(given.items())
+
+
 def warnings(entry: Any) -> list[str]:
     """The settings of a manifest.Entry (not imported: manifest imports this module), then of each of its variants,
     that its target's compiler does not honour."""

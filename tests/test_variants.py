@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +58,41 @@ def test_variants_without_a_report_compile_only_the_first(tmp_path: Path, config
     log = next((tmp_path / "state" / "logs").iterdir()).read_text()
     assert "the variants cannot be compared, so only the first is compiled and published" in log
     assert "variant 2/2" not in log and "variant 1/2 published: calibration_method minmax" in log
+
+
+def test_variants_that_compile_the_same_model_are_evaluated_once(tmp_path: Path, config_path: Path,
+                                                                  capsys: Any) -> None:
+    """A host sweep whose second variant changes only hybrid layers (which the host target never gives its
+    quantizer) compiles and evaluates it once with the first: the report's table has the distinct compiles, its notes
+    and the job log name the one folded, validate says it; the mobilint case (every variant the same .mxq) failed or
+    passed one artifact's gate by settings qbcompiler never ran."""
+    sweep = [{"name": "plain"}, {"name": "hyb", "hybrid_topn": 2}, {"name": "wide", "qtype": "int16"}]
+    mf = det_manifest(tmp_path, target="host", eval_samples=4, variants=sweep)
+    assert cli.main(["validate", str(mf), "-c", str(config_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "    2. hyb: hybrid_topn 2 (compiles the same model as plain for target host (it changes only settings its " \
+           "compiler is never given): compiled and evaluated once)" in out, out
+    assert "    3. wide: qtype int16" in out
+    assert cli.main(["compile", str(mf), "-c", str(config_path)]) == 0
+    with zipfile.ZipFile(tmp_path / "det.saigeedge") as zf:
+        rep = json.loads(zf.read("accuracy.json"))
+    assert [r["name"] for r in rep["variants"]] == ["plain", "wide"]
+    assert any(n.startswith("variant 2 (hyb) compiles the same model as plain") for n in rep["notes"]), rep["notes"]
+    log = next((tmp_path / "state" / "logs").iterdir()).read_text()
+    assert "variants: hyb compiles the same model as plain for target host" in log
+    assert "variant 2/3" not in log and "variant 3/3: wide" in log
+
+
+def test_every_mobilint_variant_is_one_compile() -> None:
+    """Mobilint's qbcompiler is given no quantization setting: every variant folds into the first; cubie's are all
+    its own compiles (a variant repeating another's settings folds there too)."""
+    from saigeedged.compile import variants
+
+    def entry(target: str, rows: list[dict[str, Any]]) -> Any:
+        return manifestmod.Entry(task="detection", num_classes=3, calib=Path("c.json"), onnx=Path("m.onnx"), stem="m",
+                                 manifest=Path("m.yml"), target=target, variants=rows)
+
+    rows = [{"calibration_method": "minmax"}, {"name": "i16", "qtype": "int16"}, {"hybrid_topn": 2}]
+    assert variants.folded(entry("mobilint", rows)) == {1: 0, 2: 0}
+    assert variants.folded(entry("cubie", rows)) == {}
+    assert variants.folded(entry("cubie", [*rows, {"name": "again", "calibration_method": "minmax"}])) == {3: 0}

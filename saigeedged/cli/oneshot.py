@@ -89,9 +89,11 @@ def variant_lines(entry: Entry, compared: bool) -> list[str]:
         return []
     plan = "each compiled and evaluated, the best that passes the gate published" if compared else "only the first compiled"
     lines = [f"  variants    {len(rows)}: {plan}"]
+    twins = variants.folded(entry) if compared else {}
     for i, overrides in enumerate(rows):
         changes = ", ".join(f"{k} {v}" for k, v in overrides.items() if k != "name") or "nothing (the entry as written)"
-        lines.append(f"    {i + 1}. {variants.label(i, overrides)}: {changes}")
+        same = f" ({variants.same_as(entry, twins[i])})" if i in twins else ""
+        lines.append(f"    {i + 1}. {variants.label(i, overrides)}: {changes}{same}")
     return lines + ([] if compared else [f"  warning     variants: {variants.UNCOMPARED}"])
 
 

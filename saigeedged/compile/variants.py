@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from saigeedged import accuracytable, files
+from saigeedged import accuracytable, files, quantization
 from saigeedged.compile import backends, reuse
 from saigeedged.compile.backends import Context
 from saigeedged.compile.inputs import Prepared
@@ -95,33 +95,57 @@ class Swept:
     variant: dict[str, Any]
 
 
-def compared(prep: Prepared, ctx: Context, skip: Callable[[list[str]], None]) -> list[dict[str, Any]]:
-    """The variants a sweep compiles: all of them, or without a held-out image (nothing to rank them by) only the
-    first, saying so (`skip` gets the steps only the others would have run)."""
-    variants = prep.entry.variants or []
-    if prep.held_out:
-        return variants
-    ctx.log.line(f"variants: {UNCOMPARED}: {label(0, variants[0])}")
-    own = backends.get(prep.entry.target).steps(entry_of(prep.entry, variants[0]))
+def compared(prep: Prepared, ctx: Context, skip: Callable[[list[str]], None]) -> list[tuple[int, dict[str, Any]]]:
+    """The variants a sweep compiles, each with its index: without a held-out image (nothing to rank them by) only the
+    first; else each but those that compile the same model as an earlier one (quantization.compiled_as: a setting
+    the target's compiler is never given), which would be the same artifact judged by settings the board never ran
+    (mobilint: every variant the same .mxq). Each left out is said in the job log; `skip` gets the steps only the
+    variants left out would have run."""
+    rows = prep.entry.variants or []
+    if not prep.held_out:
+        ctx.log.line(f"variants: {UNCOMPARED}: {label(0, rows[0])}")
+        kept = [(0, rows[0])]
+    else:
+        twins = folded(prep.entry)
+        kept = [(i, overrides) for i, overrides in enumerate(rows) if i not in twins]
+        for i, same in twins.items():
+            ctx.log.line(f"variants: {label(i, rows[i])} {same_as(prep.entry, same)}")
+    backend = backends.get(prep.entry.target)
+    own = {name for _, overrides in kept for name in backend.steps(entry_of(prep.entry, overrides))}
     skip([name for name in backend_steps(prep.entry) if name not in own])
-    return variants[:1]
+    return kept
+
+
+def folded(entry: Entry) -> dict[int, int]:
+    """The variants that give the target's compiler the same settings as an earlier one (the same model), each with
+    that earlier one's index."""
+    given = [quantization.compiled_as(entry.target, entry_of(entry, overrides)) for overrides in entry.variants or []]
+    return {i: given.index(settings) for i, settings in enumerate(given) if given.index(settings) < i}
+
+
+def same_as(entry: Entry, index: int) -> str:
+    """Why a variant folded into variant `index` is not compiled on its own."""
+    rows = entry.variants or []
+    return (f"compiles the same model as {label(index, rows[index])} for target {entry.target} (it changes only "
+            "settings its compiler is never given): compiled and evaluated once")
 
 
 def sweep(prep: Prepared, ctx: Context, job_id: str, judge: Judge, skip: Callable[[list[str]], None]) -> Swept:
     """Compile and evaluate every variant (see compared); the chosen one's prep, compile and report, and which."""
-    variants = compared(prep, ctx, skip)
+    variants = prep.entry.variants or []
+    of = len(variants)
     results = []
-    for i, overrides in enumerate(variants):
-        ctx.log.line(f"variant {i + 1}/{len(variants)}: {label(i, overrides)}")
+    for i, overrides in compared(prep, ctx, skip):
+        ctx.log.line(f"variant {i + 1}/{of}: {label(i, overrides)}")
         vprep = prepared(prep, i, overrides)
         made = reuse.compile(vprep, ctx, job_id, lambda names: None)  # the steps stay: the next variant runs them
-        results.append((vprep, made, judge(vprep, made)))
-    ranked = max(range(len(results)), key=lambda i: (score(results[i][2]), -i))
-    vprep, made, measured = results[ranked]
+        results.append((i, vprep, made, judge(vprep, made)))
+    ranked, vprep, made, measured = max(results, key=lambda r: (score(r[3]), -r[0]))
     if measured is not None:
-        measured["variants"] = [_row(i, variants[i], r[1], r[2]) for i, r in enumerate(results)]
+        measured["variants"] = [_row(i, variants[i], m, r) for i, _, m, r in results]
         measured["chosen"] = ranked + 1
-    of = len(prep.entry.variants or [])
+        measured["notes"] += [f"variant {i + 1} ({label(i, variants[i])}) {same_as(prep.entry, same)}"
+                              for i, same in folded(prep.entry).items()]
     ctx.log.line(f"variant {ranked + 1}/{of} published: {label(ranked, variants[ranked])}")
     return Swept(vprep, made, measured, {"index": ranked + 1, "of": of, "name": label(ranked, variants[ranked]),
                                          "overrides": variants[ranked], "compared": len(results) > 1})
