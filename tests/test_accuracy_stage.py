@@ -124,6 +124,27 @@ def test_the_simulator_call_runs_beside_the_next_jobs_steps(docker_config: Path,
     assert len([c for c in record if INFERENCE in c]) == 2, record
 
 
+def test_a_sweeps_reports_run_beside_the_next_jobs_steps(docker_config: Path, daemon: Any, docker_client: Any,
+                                                        tmp_path: Path) -> None:
+    """A cubie sweep is handed over after its last variant's export, before any variant's report: while its first
+    variant's simulator call is held, the next job runs its container steps and is handed over too; then the sweep
+    succeeds with both variants in its table (their reports were made in its slot, the container idle meanwhile)."""
+    settings = yaml.safe_load(docker_config.read_text())
+    d = _cubie_daemon(daemon, docker_config)
+    fields = _fields(tmp_path)
+    ctr, first = _held_simulator(d, docker_client, settings, tmp_path, {**fields, "variants": SWEEP})
+    drop(d.inbox, "second", yolox_nano(tmp_path / "second.onnx", 320, seed=1), fields)
+    wait_for(lambda: [e for e in d.events("job.finishing") if e["job_name"] == "second"], 120,
+             "the second job's container steps, with the sweep's first simulator call held")
+    assert d.status(first["job_id"])["state"] == "running"
+    ctr.exec_run(["rm", "-f", HOLD_INFERENCE])
+    done = [d.wait_job(name, timeout=180) for name in ("first_untilreleased", "second")]
+    assert [j["state"] for j in done] == ["succeeded", "succeeded"], done
+    assert [r["variant"] for r in done[0]["accuracy"]["variants"]] == [1, 2], done[0]["accuracy"]
+    record = container_output(ctr, ["cat", "/tmp/standin-calls.log"]).splitlines()
+    assert len([c for c in record if INFERENCE in c]) == 3, record  # one for each variant, one for the second job
+
+
 def test_host_jobs_waiting_for_a_report_are_bounded_cancelled_at_once_and_requeued_at_a_stop(
         docker_config: Path, daemon: Any, docker_client: Any, tmp_path: Path) -> None:
     """Host jobs are handed to the finishing stage too (the next compile never waits for a report). While the

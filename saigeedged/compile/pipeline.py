@@ -106,8 +106,14 @@ class Compiled:
     made: reuse.Made
     steps: list[str]  # the step names this job runs (a cache hit skipped some)
     planned: report.Plan | None = None  # the report still to make in the child (None: none to make)
-    measured: dict[str, Any] | None = None  # a variant sweep's, made within the sweep
-    variant: dict[str, Any] | None = None  # a sweep's: which variant is published (checkpoint.yaml `variant`)
+    sweep: variants.Sweep | None = None  # a variant sweep's compiles, their reports still to make (one published)
+
+    @property
+    def plans(self) -> list[report.Plan]:
+        """The reports still to make (a sweep's: one a variant)."""
+        if self.sweep is not None:
+            return [c.planned for c in self.sweep.candidates if c.planned is not None]
+        return [] if self.planned is None else [self.planned]
 
 
 def run(job: Job, publish: Callable[[Path], None], created_at: str,
@@ -172,10 +178,9 @@ def _compile(job: Job, step: _Steps) -> Compiled:
     if entry.target != "host":  # a container job's attempt outlives the daemon: a resume starts from here
         job.on_prepared(prep)
     if entry.variants:
-        swept = variants.sweep(prep, ctx, job.job_id,
-                               lambda p, m: _gated(job, p, report.measure(p, m.art, ctx, m.key)), step.skip)
-        job.on_inputs({"cache": swept.made.status()})
-        return Compiled(swept.prep, swept.made, step.names, measured=swept.measured, variant=swept.variant)
+        sweep = variants.compile_all(prep, ctx, job.job_id, lambda p, m: report.plan(p, m.art, ctx, m.key), step.skip)
+        first = sweep.candidates[0]
+        return Compiled(first.prep, first.made, step.names, sweep=sweep)
     made = reuse.compile(prep, ctx, job.job_id, step.skip)
     job.on_inputs({"cache": made.status()})
     return Compiled(prep, made, step.names, report.plan(prep, made.art, ctx, made.key))
@@ -184,14 +189,21 @@ def _compile(job: Job, step: _Steps) -> Compiled:
 def _finish(job: Job, step: _Steps, compiled: Compiled, publish: Callable[[Path], None], created_at: str) -> Result:
     prep, made, entry = compiled.prep, compiled.made, job.entry
     step("bundle")
-    measured = compiled.measured
-    if compiled.planned is not None:
-        measured = _gated(job, prep, report.made(prep, compiled.planned, _context(job, step)))
+    ctx = _context(job, step)
+    measured, variant = None, None
+    if compiled.sweep is not None:  # each variant's report, made here (off the container's path like a job's own)
+        swept = variants.chosen(compiled.sweep, lambda c: _gated(
+            job, c.prep, None if c.planned is None else report.made(c.prep, c.planned, ctx)))
+        prep, made, measured, variant = swept.prep, swept.made, swept.measured, swept.variant
+        job.log.line(f"variant {variant['index']}/{variant['of']} published: {variant['name']}")
+        job.on_inputs({"cache": made.status()})
+    elif compiled.planned is not None:
+        measured = _gated(job, prep, report.made(prep, compiled.planned, ctx))
     art = made.art
     _announce(job, measured)
     dest = job.work_dir / f"{job.job_id}.saigeedge"
     texts = made.texts() | ({ACCURACY_MEMBER: json.dumps(measured, indent=1)} if measured else {})
-    made_by = made.checkpoint(prep) | ({"variant": compiled.variant} if compiled.variant else {})
+    made_by = made.checkpoint(prep) | ({"variant": variant} if variant else {})
     bundle.write(dest, bundle.checkpoint(prep, art, job.job_id, created_at, made_by), art.members,
                  entry.password, texts, job.work_dir)
     if measured and not measured["gate"]["passed"]:

@@ -210,12 +210,6 @@ def made(prep: Prepared, planned: Plan, ctx: Context) -> dict[str, Any]:
 SHOWN = 5  # non-finite values named in a note or a gate failure
 
 
-def measure(prep: Prepared, art: Artifact, ctx: Context, key: str | None = None) -> dict[str, Any] | None:
-    """The report of this compile (None: no held-out image), container part and child together."""
-    planned = plan(prep, art, ctx, key)
-    return None if planned is None else made(prep, planned, ctx)
-
-
 def thresholds(prep: Prepared, config: Config) -> dict[str, float]:
     """The gate: the config's `accuracy:` with the manifest's values over it."""
     gate = {"min_cosine": config.accuracy.min_cosine, "max_map_drop": config.accuracy.max_map_drop}

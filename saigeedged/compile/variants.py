@@ -1,5 +1,6 @@
-"""Variant sweeps (SPEC §17): each variant compiled through the cache in its own folder and evaluated; the best one
-that passes the gate is the one published."""
+"""Variant sweeps (SPEC §17): each variant compiled through the cache in its own folder (compile_all, in the job's
+slot), then each evaluated (chosen, where a single job's report is made: the finishing stage, beside the next job's
+steps, issue 25); the best one that passes the gate is the one published."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saigeedged import accuracytable, files, quantization
 from saigeedged.compile import backends, reuse
@@ -16,7 +17,9 @@ from saigeedged.compile.backends import Context
 from saigeedged.compile.inputs import Prepared
 from saigeedged.manifest import Entry
 
-Judge = Callable[[Prepared, reuse.Made], "dict[str, Any] | None"]
+if TYPE_CHECKING:
+    from saigeedged.compile.report import Plan
+
 UNCOMPARED = ("no held-out image (eval_samples 0, or calibration used every image): the variants cannot be compared, "
               "so only the first is compiled and published")
 
@@ -95,6 +98,25 @@ class Swept:
     variant: dict[str, Any]
 
 
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One compiled variant: its index in the manifest's list, prep, compile, and its report still to make (None:
+    no held-out image)."""
+
+    index: int
+    prep: Prepared
+    made: reuse.Made
+    planned: Plan | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """Every variant a sweep compiled (compile_all), their reports not made yet."""
+
+    entry: Entry
+    candidates: list[Candidate]
+
+
 def compared(prep: Prepared, ctx: Context, skip: Callable[[list[str]], None]) -> list[tuple[int, dict[str, Any]]]:
     """The variants a sweep compiles, each with its index: without a held-out image (nothing to rank them by) only the
     first; else each but those that compile the same model as an earlier one (quantization.compiled_as: a setting
@@ -130,22 +152,32 @@ def same_as(entry: Entry, index: int) -> str:
             "settings its compiler is never given): compiled and evaluated once")
 
 
-def sweep(prep: Prepared, ctx: Context, job_id: str, judge: Judge, skip: Callable[[list[str]], None]) -> Swept:
-    """Compile and evaluate every variant (see compared); the chosen one's prep, compile and report, and which."""
-    variants = prep.entry.variants or []
-    of = len(variants)
-    results = []
+def compile_all(prep: Prepared, ctx: Context, job_id: str, plan: Callable[[Prepared, reuse.Made], Plan | None],
+                skip: Callable[[list[str]], None]) -> Sweep:
+    """Compile every variant (see compared), each with its report planned (`plan`: the container part it may make
+    now); the reports are made by chosen()."""
+    of = len(prep.entry.variants or [])
+    candidates = []
     for i, overrides in compared(prep, ctx, skip):
         ctx.log.line(f"variant {i + 1}/{of}: {label(i, overrides)}")
         vprep = prepared(prep, i, overrides)
         made = reuse.compile(vprep, ctx, job_id, lambda names: None)  # the steps stay: the next variant runs them
-        results.append((i, vprep, made, judge(vprep, made)))
-    ranked, vprep, made, measured = max(results, key=lambda r: (score(r[3]), -r[0]))
+        candidates.append(Candidate(i, vprep, made, plan(vprep, made)))
+    return Sweep(prep.entry, candidates)
+
+
+def chosen(sweep: Sweep, judge: Callable[[Candidate], dict[str, Any] | None]) -> Swept:
+    """Each variant's report (`judge`: made and gated), and the one to publish: its prep, compile and report, and
+    which it is."""
+    variants = sweep.entry.variants or []
+    results = [(c, judge(c)) for c in sweep.candidates]
+    best, measured = max(results, key=lambda r: (score(r[1]), -r[0].index))
+    ranked = best.index
     if measured is not None:
-        measured["variants"] = [_row(i, variants[i], m, r) for i, _, m, r in results]
+        measured["variants"] = [_row(c.index, variants[c.index], c.made, r) for c, r in results]
         measured["chosen"] = ranked + 1
-        measured["notes"] += [f"variant {i + 1} ({label(i, variants[i])}) {same_as(prep.entry, same)}"
-                              for i, same in folded(prep.entry).items()]
-    ctx.log.line(f"variant {ranked + 1}/{of} published: {label(ranked, variants[ranked])}")
-    return Swept(vprep, made, measured, {"index": ranked + 1, "of": of, "name": label(ranked, variants[ranked]),
-                                         "overrides": variants[ranked], "compared": len(results) > 1})
+        measured["notes"] += [f"variant {i + 1} ({label(i, variants[i])}) {same_as(sweep.entry, same)}"
+                              for i, same in folded(sweep.entry).items()]
+    return Swept(best.prep, best.made, measured, {"index": ranked + 1, "of": len(variants),
+                                                  "name": label(ranked, variants[ranked]),
+                                                  "overrides": variants[ranked], "compared": len(results) > 1})

@@ -250,13 +250,13 @@ class Worker(threading.Thread):
         outbox that refuses bundles (a job without a report is handed over too: its publication may wait an hour)."""
         if self.finisher is None:
             return False
-        if compiled.planned is None and self.config.executor.kind != "local":
+        if not compiled.plans and self.config.executor.kind != "local":
             return False  # on a Slurm node the hand-over ends the cluster job: a stop while the bundle waited for the
             # outbox would then have the next start wait for a node to replay the steps of a bundle already built
         if self.attempt is None or not self.jobs.still_current(self.attempt):
             raise Superseded(f"{job.job_id}: attempt {job.attempt} is not the store's any more")
         left = None
-        if compiled.planned is not None and compiled.planned.simulator:  # its call runs beside this slot's next job
+        if any(planned.simulator for planned in compiled.plans):  # its call runs beside this slot's next job
             active = self.containers.active
             left = None if active is None else active.beside()
             if left is None:
