@@ -379,6 +379,32 @@ def test_mobilint_report_is_emulated(tmp_path: Path, docker_config: Path) -> Non
 
 
 @pytest.mark.docker
+@pytest.mark.parametrize("damage", ["truncated", "random bytes"])
+def test_a_damaged_emulated_model_is_made_again(tmp_path: Path, docker_config: Path, damage: str) -> None:
+    """A cache hit whose kept emulated model was damaged (truncated, or other bytes) quantizes again and keeps a sound
+    one; the next hit takes that (the damaged model was taken and every later report ended INTERNAL "InvalidProtobuf")."""
+    src = classifier(tmp_path / "tags.onnx", 3, (64, 64))
+    calib = valjson(tmp_path / "data", random_labels(12, 3))
+    out = tmp_path / "tags.saigeedge"
+    mf = manifest(tmp_path / "tags.yml", task="mlc", num_classes=3, calib=str(calib), target="mobilint",
+                  device="regulus-rb", output=str(out), onnx=str(src), n_samples=4, input_size=[64, 64],
+                  accuracy={"max_map_drop": 1.0})  # the gate off: this untrained classifier's INT8 scores tie
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        rep = json.loads(zf.read("accuracy.json"))
+    [kept] = (Path(yaml.safe_load(docker_config.read_text())["state_dir"]) / "cache" / ".emulated").iterdir()
+    good = kept.read_bytes()
+    kept.write_bytes(good[:len(good) // 2] if damage == "truncated" else os.urandom(len(good)))
+    for made_before in (False, True):
+        assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+        with zipfile.ZipFile(out) as zf:
+            again = json.loads(zf.read("accuracy.json"))
+        assert any("made before (no new quantization)" in n for n in again["notes"]) == made_before
+        assert again["outputs"] == rep["outputs"]
+    assert [p.read_bytes() for p in kept.parent.iterdir()] == [good]
+
+
+@pytest.mark.docker
 def test_a_report_over_the_memory_bound_fails_out_of_memory(tmp_path: Path, docker_config: Path, capsys: Any) -> None:
     """A cubie job whose report needs more than limits.child_memory_bytes (128 MiB; a 320 YOLOX-nano-shaped detector's
     emulation) fails OUT_OF_MEMORY in step bundle naming that bound, also when onnxruntime's own arena is what fails
