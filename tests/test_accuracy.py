@@ -21,6 +21,7 @@ from realmodels import yolox_nano
 from saigeedged.cli import main as cli
 from saigeedged.compile import accuracy, calibration, evaluate, images, report
 from saigeedged.compile.calibration import CalibSet, Sample
+from saigeedged.manifest import Entry
 from saigeedged.profiles import DETECTION_HEADS
 
 
@@ -344,6 +345,22 @@ def test_report_shows_in_status_dashboard_and_table(config_path: Path, capsys: A
     assert printed[1:1 + len(lines)] == lines
 
 
+@pytest.mark.parametrize(("fields", "bits", "note"), [
+    ({}, 8, "onnxruntime QDQ uint8 asymmetric per tensor (emulating asymmetric_affine uint8), MinMax moving average (ema)"),
+    ({"quantizer": "dynamic_fixed_point", "qtype": "int16", "calibration_method": "minmax"}, 16,
+     "onnxruntime QDQ uint16 asymmetric per tensor (emulating dynamic_fixed_point int16), MinMax (minmax)"),
+    ({"quantizer": "perchannel_symmetric_affine", "qtype": "int8", "calibration_method": "kl"}, 8,
+     "onnxruntime QDQ uint8 asymmetric per tensor (emulating perchannel_symmetric_affine int8), Entropy (kl)"),
+])
+def test_the_emulation_note_names_what_it_runs_and_the_board_setting(fields: dict[str, Any], bits: int,
+                                                                     note: str) -> None:
+    """An emulated report's note says what onnxruntime runs and which board quantization and calibration it stands in
+    for (it called cubie's default `ema` plain MinMax and a dynamic_fixed_point int16 only "uint16 asymmetric")."""
+    entry = Entry(task="detection", num_classes=3, calib=Path("/c.json"), onnx=Path("/m.onnx"), stem="m",
+                  manifest=Path("/m.yml"), **fields)
+    assert report.emulation_note(entry, bits) == note
+
+
 @pytest.mark.docker
 def test_mobilint_report_is_emulated(tmp_path: Path, docker_config: Path) -> None:
     """A mobilint bundle carries a report made by the host emulation of its quantization, labelled `emulated`."""
@@ -356,7 +373,8 @@ def test_mobilint_report_is_emulated(tmp_path: Path, docker_config: Path) -> Non
     with zipfile.ZipFile(out) as zf:
         rep = json.loads(zf.read("accuracy.json"))
     assert rep["method"] == "emulated" and rep["images"] == 8 and rep["gate"]["passed"]
-    assert "uint8 asymmetric per tensor" in rep["notes"][0] and rep["task"]["metric"] == "mAP"
+    assert rep["notes"][0] == "onnxruntime QDQ uint8 asymmetric per tensor (emulating asymmetric_affine uint8), " \
+        "MinMax moving average (ema)" and rep["task"]["metric"] == "mAP"
     assert rep["outputs"]["scores"]["cosine"] > 0.95
     assert not any("made before" in n for n in rep["notes"])
     # the same drop again: a cache hit, whose report takes the emulated model of that compile instead of quantizing
