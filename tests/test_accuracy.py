@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -14,15 +15,16 @@ import onnx
 import onnxruntime as ort
 import pytest
 import yaml
-from factory import classifier, image, infinite, manifest, random_labels, undefined, valjson, yolox
+from factory import classifier, image, infinite, manifest, random_labels, unbounded, undefined, valjson, yolox
 from harness import container_output, drop, reported_beside
 from realmodels import yolox_nano
 
 from saigeedged.cli import main as cli
 from saigeedged.compile import accuracy, calibration, evaluate, images, report
+from saigeedged.compile.backends import host
 from saigeedged.compile.calibration import CalibSet, Sample
 from saigeedged.manifest import Entry
-from saigeedged.profiles import DETECTION_HEADS
+from saigeedged.profiles import DETECTION_HEADS, PROFILES, mean_scale
 
 
 def _set(labels: list[list[int]]) -> CalibSet:
@@ -260,6 +262,40 @@ def test_an_infinite_range_quantizes_as_before(tmp_path: Path, config_path: Path
                   onnx=str(infinite(tmp_path / "m.onnx")), input_size=[64, 64], output=str(tmp_path / "m.saigeedge"))
     assert cli.main(["compile", str(mf), "-c", str(config_path)]) == 0
     assert (tmp_path / "m.saigeedge").is_file()
+
+
+def test_a_model_infinite_on_some_images_quantizes_and_reports_without_runtime_warnings(tmp_path: Path) -> None:
+    """A model -inf on the dark images (a Log of 0) is quantized, and its §6c report and accuracy report are NaN there,
+    without a numpy RuntimeWarning (NaN zero points in onnxruntime's quantizer, inf - inf and inf / inf in the
+    comparisons: their warnings reached the stderr of `saigeedged compile`)."""
+    paths = tuple(str(image(tmp_path / f"img{i}.jpg", seed=i, grey=20 if i % 2 else 200)) for i in range(6))
+    wrapped, int8 = tmp_path / "m.uint8.onnx", tmp_path / "m.int8.onnx"
+    host.wrap_job(unbounded(tmp_path / "m.onnx"), wrapped, "input", (64, 64), *mean_scale(PROFILES["reid"]), False)
+    calib = host.Calib(paths, (64, 64), PROFILES["reid"].letterbox)
+    spec = evaluate.Spec(wrapped, int8, "int8", "input", paths, tuple((None, (0,)) for _ in paths), (64, 64),
+                         calib.letterbox, "reid", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        host.quantize(wrapped, int8, "input", calib.stream(), "minmax")
+        quantization = host.report(wrapped, int8, "input", calib.batches())
+        rep = evaluate.run(spec)
+    assert quantization["flagged"] == ["emb"] and quantization["outputs"]["emb"]["cosine"] is None
+    assert np.isnan(rep["outputs"]["emb"]["cosine"]) and np.isnan(rep["outputs"]["emb"]["max_abs_error"])
+
+
+def test_infinite_detection_heads_are_compared_without_runtime_warnings() -> None:
+    """YOLOX heads infinite in one cell (obj inf, cls 0: inf * 0; the box inf: inf - inf) give NaN score cosines, not
+    a numpy RuntimeWarning."""
+    rng = np.random.default_rng(0)
+    ref = [rng.normal(size=(1, 8, s, s)).astype(np.float32) for s in (8, 4, 2)]
+    got = [h.copy() for h in ref]
+    ref[0][0, 4, 0, 0], ref[0][0, 5, 0, 0], ref[0][0, 0, 1, 1] = np.inf, 0, np.inf
+    spec = evaluate.Spec(Path("f.onnx"), Path("c.onnx"), "emulated", "images", ("a.jpg",), ((None, (0,)),), (64, 64),
+                         True, "detection", 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        rep = evaluate.compare(spec, list(DETECTION_HEADS), [ref], [got])
+    assert np.isnan(rep["task"]["score_cosine"]) and np.isnan(rep["outputs"][DETECTION_HEADS[0]]["cosine"])
 
 
 def test_a_quantization_report_with_nan_stays_json_and_is_flagged(daemon: Any, tmp_path: Path) -> None:
