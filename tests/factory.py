@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 from saigeedged.cli.examples import OPSET, classifier, const, image, random_labels, valjson, yolox
 
 __all__ = ["checkpoint", "classifier", "collapsing", "det_manifest", "image", "manifest", "random_labels", "undefined",
-           "valjson", "yolox", "infinite"]
+           "valjson", "yolox", "infinite", "unbounded"]
 
 
 def collapsing(path: Path, size: tuple[int, int] = (32, 32)) -> Path:
@@ -53,6 +53,17 @@ def infinite(path: Path, size: tuple[int, int] = (64, 64)) -> Path:
     graph = helper.make_graph(nodes, "infinite", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, *size])],
                               [helper.make_tensor_value_info("emb", TensorProto.FLOAT, [1, 3])],
                               [const("big", np.array(1000.0)), const("lo", np.array(0.0)), const("hi", np.array(10.0))])
+    onnx.save(helper.make_model(graph, opset_imports=OPSET), str(path))
+    return path
+
+
+def unbounded(path: Path, size: tuple[int, int] = (64, 64)) -> Path:
+    """A re-id model whose output is the Log of its Relu'd pooled pixels: -inf on dark images (the re-id profile
+    subtracts the ImageNet mean), finite on bright ones, so its range is infinite and its report NaN."""
+    nodes = [helper.make_node("GlobalAveragePool", ["input"], ["q"]), helper.make_node("Relu", ["q"], ["r"]),
+             helper.make_node("Log", ["r"], ["p"]), helper.make_node("Flatten", ["p"], ["emb"])]
+    graph = helper.make_graph(nodes, "unbounded", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, *size])],
+                              [helper.make_tensor_value_info("emb", TensorProto.FLOAT, [1, 3])])
     onnx.save(helper.make_model(graph, opset_imports=OPSET), str(path))
     return path
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -14,14 +15,16 @@ import onnx
 import onnxruntime as ort
 import pytest
 import yaml
-from factory import classifier, image, infinite, manifest, random_labels, undefined, valjson, yolox
+from factory import classifier, image, infinite, manifest, random_labels, unbounded, undefined, valjson, yolox
 from harness import container_output, drop, reported_beside
 from realmodels import yolox_nano
 
 from saigeedged.cli import main as cli
 from saigeedged.compile import accuracy, calibration, evaluate, images, report
+from saigeedged.compile.backends import host
 from saigeedged.compile.calibration import CalibSet, Sample
-from saigeedged.profiles import DETECTION_HEADS
+from saigeedged.manifest import Entry
+from saigeedged.profiles import DETECTION_HEADS, PROFILES, mean_scale
 
 
 def _set(labels: list[list[int]]) -> CalibSet:
@@ -261,6 +264,40 @@ def test_an_infinite_range_quantizes_as_before(tmp_path: Path, config_path: Path
     assert (tmp_path / "m.saigeedge").is_file()
 
 
+def test_a_model_infinite_on_some_images_quantizes_and_reports_without_runtime_warnings(tmp_path: Path) -> None:
+    """A model -inf on the dark images (a Log of 0) is quantized, and its §6c report and accuracy report are NaN there,
+    without a numpy RuntimeWarning (NaN zero points in onnxruntime's quantizer, inf - inf and inf / inf in the
+    comparisons: their warnings reached the stderr of `saigeedged compile`)."""
+    paths = tuple(str(image(tmp_path / f"img{i}.jpg", seed=i, grey=20 if i % 2 else 200)) for i in range(6))
+    wrapped, int8 = tmp_path / "m.uint8.onnx", tmp_path / "m.int8.onnx"
+    host.wrap_job(unbounded(tmp_path / "m.onnx"), wrapped, "input", (64, 64), *mean_scale(PROFILES["reid"]), False)
+    calib = host.Calib(paths, (64, 64), PROFILES["reid"].letterbox)
+    spec = evaluate.Spec(wrapped, int8, "int8", "input", paths, tuple((None, (0,)) for _ in paths), (64, 64),
+                         calib.letterbox, "reid", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        host.quantize(wrapped, int8, "input", calib.stream(), "minmax")
+        quantization = host.report(wrapped, int8, "input", calib.batches())
+        rep = evaluate.run(spec)
+    assert quantization["flagged"] == ["emb"] and quantization["outputs"]["emb"]["cosine"] is None
+    assert np.isnan(rep["outputs"]["emb"]["cosine"]) and np.isnan(rep["outputs"]["emb"]["max_abs_error"])
+
+
+def test_infinite_detection_heads_are_compared_without_runtime_warnings() -> None:
+    """YOLOX heads infinite in one cell (obj inf, cls 0: inf * 0; the box inf: inf - inf) give NaN score cosines, not
+    a numpy RuntimeWarning."""
+    rng = np.random.default_rng(0)
+    ref = [rng.normal(size=(1, 8, s, s)).astype(np.float32) for s in (8, 4, 2)]
+    got = [h.copy() for h in ref]
+    ref[0][0, 4, 0, 0], ref[0][0, 5, 0, 0], ref[0][0, 0, 1, 1] = np.inf, 0, np.inf
+    spec = evaluate.Spec(Path("f.onnx"), Path("c.onnx"), "emulated", "images", ("a.jpg",), ((None, (0,)),), (64, 64),
+                         True, "detection", 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        rep = evaluate.compare(spec, list(DETECTION_HEADS), [ref], [got])
+    assert np.isnan(rep["task"]["score_cosine"]) and np.isnan(rep["outputs"][DETECTION_HEADS[0]]["cosine"])
+
+
 def test_a_quantization_report_with_nan_stays_json_and_is_flagged(daemon: Any, tmp_path: Path) -> None:
     """The host's own quantization report (the calibration images) of a model NaN on some of them: the cosine is null
     and flagged, the job succeeds (it published, then ended INTERNAL "malformed JSON": the store's doc held NaN)."""
@@ -344,6 +381,22 @@ def test_report_shows_in_status_dashboard_and_table(config_path: Path, capsys: A
     assert printed[1:1 + len(lines)] == lines
 
 
+@pytest.mark.parametrize(("fields", "bits", "note"), [
+    ({}, 8, "onnxruntime QDQ uint8 asymmetric per tensor (emulating asymmetric_affine uint8), MinMax moving average (ema)"),
+    ({"quantizer": "dynamic_fixed_point", "qtype": "int16", "calibration_method": "minmax"}, 16,
+     "onnxruntime QDQ uint16 asymmetric per tensor (emulating dynamic_fixed_point int16), MinMax (minmax)"),
+    ({"quantizer": "perchannel_symmetric_affine", "qtype": "int8", "calibration_method": "kl"}, 8,
+     "onnxruntime QDQ uint8 asymmetric per tensor (emulating perchannel_symmetric_affine int8), Entropy (kl)"),
+])
+def test_the_emulation_note_names_what_it_runs_and_the_board_setting(fields: dict[str, Any], bits: int,
+                                                                     note: str) -> None:
+    """An emulated report's note says what onnxruntime runs and which board quantization and calibration it stands in
+    for (it called cubie's default `ema` plain MinMax and a dynamic_fixed_point int16 only "uint16 asymmetric")."""
+    entry = Entry(task="detection", num_classes=3, calib=Path("/c.json"), onnx=Path("/m.onnx"), stem="m",
+                  manifest=Path("/m.yml"), **fields)
+    assert report.emulation_note(entry, bits) == note
+
+
 @pytest.mark.docker
 def test_mobilint_report_is_emulated(tmp_path: Path, docker_config: Path) -> None:
     """A mobilint bundle carries a report made by the host emulation of its quantization, labelled `emulated`."""
@@ -356,7 +409,8 @@ def test_mobilint_report_is_emulated(tmp_path: Path, docker_config: Path) -> Non
     with zipfile.ZipFile(out) as zf:
         rep = json.loads(zf.read("accuracy.json"))
     assert rep["method"] == "emulated" and rep["images"] == 8 and rep["gate"]["passed"]
-    assert "uint8 asymmetric per tensor" in rep["notes"][0] and rep["task"]["metric"] == "mAP"
+    assert rep["notes"][0] == "onnxruntime QDQ uint8 asymmetric per tensor (emulating asymmetric_affine uint8), " \
+        "MinMax moving average (ema)" and rep["task"]["metric"] == "mAP"
     assert rep["outputs"]["scores"]["cosine"] > 0.95
     assert not any("made before" in n for n in rep["notes"])
     # the same drop again: a cache hit, whose report takes the emulated model of that compile instead of quantizing
@@ -376,6 +430,32 @@ def test_mobilint_report_is_emulated(tmp_path: Path, docker_config: Path) -> Non
     assert not any("made before" in n for n in scratch["notes"]) and scratch["outputs"] == rep["outputs"]
     assert cli.main(["cache", "clear", "-c", str(docker_config)]) == 0  # the kept emulated models go with the cache
     assert not (state / "cache" / ".emulated").exists()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("damage", ["truncated", "random bytes"])
+def test_a_damaged_emulated_model_is_made_again(tmp_path: Path, docker_config: Path, damage: str) -> None:
+    """A cache hit whose kept emulated model was damaged (truncated, or other bytes) quantizes again and keeps a sound
+    one; the next hit takes that (the damaged model was taken and every later report ended INTERNAL "InvalidProtobuf")."""
+    src = classifier(tmp_path / "tags.onnx", 3, (64, 64))
+    calib = valjson(tmp_path / "data", random_labels(12, 3))
+    out = tmp_path / "tags.saigeedge"
+    mf = manifest(tmp_path / "tags.yml", task="mlc", num_classes=3, calib=str(calib), target="mobilint",
+                  device="regulus-rb", output=str(out), onnx=str(src), n_samples=4, input_size=[64, 64],
+                  accuracy={"max_map_drop": 1.0})  # the gate off: this untrained classifier's INT8 scores tie
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        rep = json.loads(zf.read("accuracy.json"))
+    [kept] = (Path(yaml.safe_load(docker_config.read_text())["state_dir"]) / "cache" / ".emulated").iterdir()
+    good = kept.read_bytes()
+    kept.write_bytes(good[:len(good) // 2] if damage == "truncated" else os.urandom(len(good)))
+    for made_before in (False, True):
+        assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+        with zipfile.ZipFile(out) as zf:
+            again = json.loads(zf.read("accuracy.json"))
+        assert any("made before (no new quantization)" in n for n in again["notes"]) == made_before
+        assert again["outputs"] == rep["outputs"]
+    assert [p.read_bytes() for p in kept.parent.iterdir()] == [good]
 
 
 @pytest.mark.docker

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import zipfile
 from pathlib import Path
@@ -170,5 +171,29 @@ def test_a_write_into_a_taken_emulated_model_leaves_the_kept_one_alone(tmp_path:
     assert emulated.take(kept, taken) and taken.read_bytes() == b"the emulated model"
     with taken.open("r+b") as fh:  # a step writing into the file in place
         fh.write(b"POISONED")
-    assert kept.read_bytes() == b"the emulated model"
+    assert [p.read_bytes() for p in kept.parent.glob("*.onnx")] == [b"the emulated model"]
     assert emulated.take(kept, work / "again.onnx") and (work / "again.onnx").read_bytes() == b"the emulated model"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random bytes"])
+def test_a_damaged_emulated_model_is_removed_and_made_again(tmp_path: Path, damage: str) -> None:
+    """A kept emulated model whose bytes are no longer those kept (truncated, or other bytes of the same size) is not
+    taken but removed, and the next keep is taken again (it was taken, and every later report of that compile ended
+    INTERNAL "InvalidProtobuf" until `cache clear`)."""
+    from saigeedged.compile import emulated
+
+    slot = emulated.path(tmp_path / "state", "k" * 64, "ema", 8)
+    assert slot is not None
+    made = classifier(tmp_path / "made.onnx", 4, (64, 64))
+    emulated.keep(made, slot)
+    [kept] = slot.parent.iterdir()
+    good = kept.read_bytes()
+    kept.write_bytes(good[:len(good) // 2] if damage == "truncated" else os.urandom(len(good)))
+    work = tmp_path / "work"
+    work.mkdir()
+    taken = work / "det.emulated.onnx"
+    taken.write_bytes(b"a step's leftover")
+    assert not emulated.take(slot, taken)
+    assert not taken.exists() and not list(slot.parent.iterdir())  # the report quantizes into it afresh
+    emulated.keep(made, slot)  # what the report made then
+    assert emulated.take(slot, taken) and taken.read_bytes() == good

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from saigeedged.compile.backends import Artifact, Context
     from saigeedged.compile.inputs import Prepared
     from saigeedged.config import Config
+    from saigeedged.manifest import Entry
 
 FLOAT_QTYPES = ("float16", "qbfloat16")  # a board run in float: the emulation is the float model itself
 # how much lower the report child's CPU priority is than the daemon's (nice): the report runs beside the next compile
@@ -70,7 +71,7 @@ def emulated_job(prep: Prepared, emulation: Path, wrapped: Path, kept: Path | No
     if entry.qtype in FLOAT_QTYPES:
         return evaluate.run(spec(prep, wrapped, "emulated", wrapped, (f"qtype {entry.qtype}: emulated in float32",)))
     bits = 16 if entry.qtype == "int16" else 8
-    notes: tuple[str, ...] = (f"onnxruntime QDQ uint{bits} asymmetric per tensor, {host.METHODS[entry.calibration_method][0]}",)
+    notes: tuple[str, ...] = (emulation_note(entry, bits),)
     if emulated.take(kept, emulation):
         notes += ("the emulated model of this compile made before (no new quantization)",)
     else:
@@ -81,6 +82,17 @@ def emulated_job(prep: Prepared, emulation: Path, wrapped: Path, kept: Path | No
     if entry.hybrid_topn:
         notes += (f"hybrid_topn {entry.hybrid_topn}: the board's hybrid layers are chosen by pegasus and not emulated",)
     return evaluate.run(spec(prep, emulation, "emulated", wrapped, notes))
+
+
+def emulation_note(entry: Entry, bits: int) -> str:
+    """What the emulation runs, then the board's setting it stands in for, as the manifest names it (a
+    dynamic_fixed_point int16 is emulated as uint16 asymmetric: the reader sees both), and the calibration: `ema` is
+    MinMax with a moving average (host.METHODS), not plain MinMax."""
+    from saigeedged.compile.backends import host
+
+    calib, moving = host.METHODS[entry.calibration_method]
+    return (f"onnxruntime QDQ uint{bits} asymmetric per tensor (emulating {entry.quantizer} {entry.qtype}), "
+            f"{calib}{' moving average' if moving else ''} ({entry.calibration_method})")
 
 
 def simulated_job(prep: Prepared, wrapped: Path, folder: Path, defaults: list[str], note: str,

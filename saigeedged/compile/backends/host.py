@@ -144,6 +144,7 @@ def quantize(float_path: Path, int8_path: Path, input_name: str, batches: Iterab
     onnxruntime's own calibration bit for bit, at about half its time), saved beside the output as
     `<name>.ranges.json` in onnxruntime's calibration cache format, which quantize_static reads instead of
     calibrating; Entropy and Percentile keep onnxruntime's calibrator."""
+    import numpy as np
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     from saigeedged.compile import ranges
@@ -159,11 +160,15 @@ def quantize(float_path: Path, int8_path: Path, input_name: str, batches: Iterab
         reader = _Reader(input_name, batches)
     logging.disable(logging.WARNING)  # onnxruntime logs "consider pre-processing" advice to the root logger
     try:
-        quantize_static(str(float_path), str(int8_path), reader, calibration_cache_path=cache,
-                        quant_format=QuantFormat.QDQ, activation_type=act, weight_type=weight,
-                        calibrate_method=getattr(CalibrationMethod, calib_method), nodes_to_exclude=list(keep_float),
-                        # 16-bit Q/DQ needs opset 21; below it onnxruntime's own (com.microsoft) Q/DQ ops take them
-                        extra_options={"CalibMovingAverage": moving, "UseQDQContribOps": bits == 16})
+        # an infinite range (quantized as onnxruntime does, ranges.collect) is a NaN zero point in its quant_utils
+        # (-inf / inf, then cast): numpy's RuntimeWarnings reached the stderr of `saigeedged compile`; the report
+        # measures what that quantization gives
+        with np.errstate(invalid="ignore"):
+            quantize_static(str(float_path), str(int8_path), reader, calibration_cache_path=cache,
+                            quant_format=QuantFormat.QDQ, activation_type=act, weight_type=weight,
+                            calibrate_method=getattr(CalibrationMethod, calib_method), nodes_to_exclude=list(keep_float),
+                            # 16-bit Q/DQ needs opset 21; below it onnxruntime's own (com.microsoft) Q/DQ ops take them
+                            extra_options={"CalibMovingAverage": moving, "UseQDQContribOps": bits == 16})
     except (AssertionError, ValueError) as exc:  # onnxruntime's own calibrators (Entropy, Percentile) on NaN or inf
         if not any(words in str(exc) for words in UNDEFINED):
             raise
@@ -185,7 +190,8 @@ def cosine(a: NDArray[np.float32], b: NDArray[np.float32]) -> float:
     nx, ny = np.linalg.norm(x), np.linalg.norm(y)
     if nx == 0 or ny == 0:
         return 1.0 if nx == ny else 0.0
-    return float(np.dot(x, y) / (nx * ny))
+    with np.errstate(invalid="ignore"):  # an infinite tensor's inf / inf: NaN, flagged by report() (no RuntimeWarning)
+        return float(np.dot(x, y) / (nx * ny))
 
 
 def report(float_path: Path, int8_path: Path, input_name: str, batches: list[NDArray[np.uint8]]) -> dict[str, Any]:
@@ -206,7 +212,8 @@ def report(float_path: Path, int8_path: Path, input_name: str, batches: list[NDA
         ref, got = (s.run(names, {input_name: batch}) for s in sessions)
         for name, r, g in zip(names, ref, got, strict=True):
             cos[name].append(cosine(r, g))
-            err[name] = float(np.max([err[name], np.max(np.abs(r.astype(np.float64) - g.astype(np.float64)))]))
+            with np.errstate(invalid="ignore"):  # inf - inf: NaN, flagged like the cosine
+                err[name] = float(np.max([err[name], np.max(np.abs(r.astype(np.float64) - g.astype(np.float64)))]))
     # np.min keeps a NaN (min() kept whichever came first); a NaN is flagged, then null (accuracytable.nulled)
     worst = {n: float(np.min(cos[n])) for n in names}
     outputs = {n: {"cosine": round(worst[n], 6), "cosine_mean": round(float(np.mean(cos[n])), 6),
