@@ -38,6 +38,10 @@ def test_a_cubie_variant_adding_hybrid_layers_compiles_them(tmp_path: Path, dock
     assert ckpt["quantization"]["hybrid_topn"] == 2 and len(ckpt["quantization"]["hybrid_layers"]) == 2
     assert ckpt["variant"] == {"index": 1, "of": 1, "name": "hybrid_topn 2", "overrides": {"hybrid_topn": 2},
                                "compared": False}
+    with zipfile.ZipFile(tmp_path / "det.saigeedge") as zf:  # the emulation says what it leaves out (it said pegasus
+        notes = json.loads(zf.read("accuracy.json"))["notes"]  # chose the layers: the daemon does)
+    assert "hybrid_topn 2: the tensors promoted to float16 on the board (the job log's `hybrid` line, checkpoint.yaml's " \
+           "hybrid_layers) are not emulated: quantized here like the rest" in notes, notes
 
 
 def test_variants_without_a_report_compile_only_the_first(tmp_path: Path, config_path: Path, capsys: Any) -> None:

@@ -80,7 +80,8 @@ def emulated_job(prep: Prepared, emulation: Path, wrapped: Path, kept: Path | No
         host.quantize(wrapped, emulation, prep.info.input_name, calib.stream(), entry.calibration_method, bits)
         emulated.keep(emulation, kept)
     if entry.hybrid_topn:
-        notes += (f"hybrid_topn {entry.hybrid_topn}: the board's hybrid layers are chosen by pegasus and not emulated",)
+        notes += (f"hybrid_topn {entry.hybrid_topn}: the tensors promoted to {entry.hybrid_dtype} on the board (the job "
+                  "log's `hybrid` line, checkpoint.yaml's hybrid_layers) are not emulated: quantized here like the rest",)
     return evaluate.run(spec(prep, emulation, "emulated", wrapped, notes))
 
 
