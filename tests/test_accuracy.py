@@ -277,6 +277,19 @@ def test_a_quantization_report_with_nan_stays_json_and_is_flagged(daemon: Any, t
     assert row["cosine"] is None and row["flagged"] and doc["quantization_report"]["flagged"] == ["emb"]
 
 
+def test_a_host_job_below_the_gate_has_its_quantization_report_in_its_status(daemon: Any, tmp_path: Path) -> None:
+    """A host job that fails the accuracy gate still carries its §6c `quantization_report` in its status file, as a
+    succeeded one does (it was null)."""
+    calib = valjson(tmp_path / "data", random_labels(24, 3))
+    d = daemon()
+    drop(d.inbox, "gated", yolox(tmp_path / "gated.onnx", size=(64, 64)),
+         {"task": "detection", "num_classes": 3, "calib": str(calib), "n_samples": 8, "accuracy": {"min_cosine": 1}})
+    doc = d.wait_job("gated")
+    assert doc["state"] == "failed" and doc["error"]["code"] == "ACCURACY_GATE", doc
+    assert doc["quantization_report"] and doc["quantization_report"]["outputs"], doc
+    assert doc["accuracy"] and not doc["accuracy"]["gate"]["passed"]
+
+
 def test_a_report_with_nan_fails_the_gate_and_its_status_stays_json(daemon: Any, tmp_path: Path) -> None:
     """A model that is NaN on some held-out images (a Log of the dark ones' pooled pixels): the gate fails, naming what
     was not a number (NaN < min_cosine is false: it passed and published), and the status file and accuracy.json

@@ -46,7 +46,8 @@ class Job:
     policy: PathPolicy = field(default_factory=PathPolicy)
     on_step: Callable[[str, int, int], None] = lambda name, index, count: None
     on_progress: Callable[[dict[str, Any]], None] = lambda event: None
-    on_inputs: Callable[[dict[str, Any]], None] = lambda facts: None  # onnx_sha256, calib_samples, cache once known
+    on_inputs: Callable[[dict[str, Any]], None] = lambda facts: None  # onnx_sha256, calib_samples, cache,
+    # quantization_report, accuracy: each once known
     container: Callable[[str], Container] | None = None
     deadline: float | None = None  # time.monotonic() limit for the whole job
     interrupted: Callable[[], str | None] = lambda: None  # "stop" | "cancel" once the job must end
@@ -189,6 +190,8 @@ def _finish(job: Job, step: _Steps, compiled: Compiled, publish: Callable[[Path]
     if compiled.planned is not None:
         measured = _gated(job, prep, report.made(prep, compiled.planned, _context(job, step)))
     art = made.art
+    if art.report is not None:  # the host's quantization report (§6c), in the status file of a job the gate fails too
+        job.on_inputs({"quantization_report": art.report})
     _announce(job, measured)
     dest = job.work_dir / f"{job.job_id}.saigeedge"
     texts = made.texts() | ({ACCURACY_MEMBER: json.dumps(measured, indent=1)} if measured else {})
