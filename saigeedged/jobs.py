@@ -144,8 +144,8 @@ HOST_ENGINE = "host"  # host jobs' attempts are recorded on this engine name; th
 def begin_attempt(job: Job, engine: str, now_iso: str) -> None:
     """A slot of `engine` starts running `job`: a new open attempt, and `job.engine` names it (None on the host).
 
-    Each entry carries the job's `attempt` number (retries and spent attempts count it up; a requeue that spends none,
-    DOCKER_UNAVAILABLE, takes the same number again), so `status` numbers them as the status file's `attempt` does.
+    Each entry carries the job's `attempt` number (retries, stops and spent attempts count it up; a requeue that spends
+    none, DOCKER_UNAVAILABLE, takes the same number again), so `status` numbers them as the status file's `attempt` does.
     An attempt still open is one the daemon died under (nothing ended it): it is closed now, as INTERNAL.
     """
     end_attempt(job, now_iso, "INTERNAL")
@@ -160,6 +160,16 @@ STOPPED = "stopped"  # how an attempt a stop ended is counted (no error code: no
 def attempt_outcome(attempt: dict[str, Any]) -> str:
     """How an ended attempt is counted (the engine_attempts metric): its error code, `stopped`, or "" (it succeeded)."""
     return str(attempt.get("error") or (STOPPED if attempt.get("stopped") else ""))
+
+
+def spent(job: Job) -> int:
+    """How many of limits.max_attempts the job has used: its attempt number less the attempts a stop ended.
+
+    A stop (SIGTERM, an upgrade) is the operator's, not the job's: its requeue opens a new attempt number (SPEC §8, an
+    attempt is named by it, §15), and it uses none of the job's retries. Before, a stop at the last attempt kept its
+    number so as not to use them: five stops numbered the runs 1, 2, 3, 3, 3, 3.
+    """
+    return job.attempt - sum(1 for attempt in job.attempts if attempt.get("stopped"))
 
 
 def end_attempt(job: Job, now_iso: str, code: str | None, stopped: bool = False) -> None:

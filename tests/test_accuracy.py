@@ -314,6 +314,19 @@ def test_a_quantization_report_with_nan_stays_json_and_is_flagged(daemon: Any, t
     assert row["cosine"] is None and row["flagged"] and doc["quantization_report"]["flagged"] == ["emb"]
 
 
+def test_a_host_job_below_the_gate_has_its_quantization_report_in_its_status(daemon: Any, tmp_path: Path) -> None:
+    """A host job that fails the accuracy gate still carries its §6c `quantization_report` in its status file, as a
+    succeeded one does (it was null)."""
+    calib = valjson(tmp_path / "data", random_labels(24, 3))
+    d = daemon()
+    drop(d.inbox, "gated", yolox(tmp_path / "gated.onnx", size=(64, 64)),
+         {"task": "detection", "num_classes": 3, "calib": str(calib), "n_samples": 8, "accuracy": {"min_cosine": 1}})
+    doc = d.wait_job("gated")
+    assert doc["state"] == "failed" and doc["error"]["code"] == "ACCURACY_GATE", doc
+    assert doc["quantization_report"] and doc["quantization_report"]["outputs"], doc
+    assert doc["accuracy"] and not doc["accuracy"]["gate"]["passed"]
+
+
 def test_a_report_with_nan_fails_the_gate_and_its_status_stays_json(daemon: Any, tmp_path: Path) -> None:
     """A model that is NaN on some held-out images (a Log of the dark ones' pooled pixels): the gate fails, naming what
     was not a number (NaN < min_cosine is false: it passed and published), and the status file and accuracy.json
@@ -336,19 +349,23 @@ def test_a_report_with_nan_fails_the_gate_and_its_status_stays_json(daemon: Any,
     assert not (d.outbox / "nan.host.saigeedge").exists()
 
 
-def test_a_gate_failure_of_saigeedged_compile_says_no_bundle_is_kept(tmp_path: Path, config_path: Path,
-                                                                      capsys: Any) -> None:
-    """`saigeedged compile` below the gate: exit 1, the message says the bundle was not kept and the hint no longer
-    says it is kept under the inbox's failed/ (the daemon's place, which a one-shot compile has not)."""
+def test_a_gate_failure_of_saigeedged_compile_keeps_the_bundle_under_failed(tmp_path: Path, config_path: Path,
+                                                                           capsys: Any) -> None:
+    """`saigeedged compile` below the gate: exit 1, nothing published, the bundle kept under failed/<job_id>/ beside
+    the output (SPEC §17; it was thrown away, "not kept (no claimed folder)") and its path printed in the error."""
     calib = valjson(tmp_path / "data", random_labels(24, 3))
+    output = tmp_path / "out" / "m.saigeedge"  # a folder that does not exist yet
     mf = manifest(tmp_path / "m.yml", task="detection", num_classes=3, calib=str(calib), n_samples=8, target="host",
-                  onnx=str(yolox(tmp_path / "m.onnx", size=(64, 64))), accuracy={"min_cosine": 1},
-                  output=str(tmp_path / "m.saigeedge"))
+                  onnx=str(yolox(tmp_path / "m.onnx", size=(64, 64))), accuracy={"min_cosine": 1}, output=str(output))
     assert cli.main(["compile", str(mf), "-c", str(config_path)]) == 1
     err = capsys.readouterr().out  # a compile's failure is collected with the others' results
-    assert "ACCURACY_GATE" in err and "the bundle was not kept (no claimed folder)" in err, err
-    assert "hint: the compiled model is too far from the float ONNX (the report is in the job log): try" in err
-    assert "failed/<job_id>" not in err and not (tmp_path / "m.saigeedge").exists()
+    [kept] = (tmp_path / "out" / "failed").glob("*/m.saigeedge")
+    assert kept.parent.name.startswith("m-") and "ACCURACY_GATE" in err and f"the bundle was kept as {kept}" in err, err
+    assert "hint: the compiled model is too far from the float ONNX (the report is in the job log and the kept " \
+        "bundle's accuracy.json): try" in err and "<inbox>" not in err, err
+    with zipfile.ZipFile(kept) as zf:
+        assert not json.loads(zf.read("accuracy.json"))["gate"]["passed"]
+    assert not output.exists()
 
 
 def test_report_shows_in_status_dashboard_and_table(config_path: Path, capsys: Any) -> None:

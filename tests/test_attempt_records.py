@@ -167,7 +167,7 @@ def test_a_started_step_without_replayable_host_steps_is_not_resumed(tmp_path: P
 @pytest.mark.parametrize(("code", "reason", "retryable", "attempt", "started", "expected"), [
     ("CANCELLED", "stop", False, 1, True, Decision(DETACH)),
     ("CANCELLED", "stop", False, 1, False, Decision(REQUEUE, "stop", spend=True)),
-    ("CANCELLED", "stop", False, 3, False, Decision(REQUEUE, "stop", spend=False)),
+    ("CANCELLED", "stop", False, 3, False, Decision(REQUEUE, "stop", spend=True)),  # a new number (jobs.spent)
     ("DOCKER_UNAVAILABLE", None, False, 1, True, Decision(HOLD)),
     ("DOCKER_UNAVAILABLE", None, False, 3, False, Decision(REQUEUE, "docker_unavailable", spend=False)),
     ("CANCELLED", "cancel", False, 1, True, Decision(END, CANCELLED)),
@@ -306,6 +306,31 @@ def test_a_host_job_with_an_unreadable_record_is_requeued_by_a_stop_never_detach
         assert stored is not None
         states[target] = stored.state
     assert states == {"cubie": "running", "host": "queued"}
+
+
+def test_each_stop_numbers_the_next_attempt_anew_and_spends_none_of_the_jobs_retries(tmp_path: Path) -> None:
+    """A host job stopped five times during its report (the finishing stage settles it as a stop) is requeued as
+    attempt + 1 each time (SPEC §8): its attempts are numbered 1 to 6 (they read 1, 2, 3, 3, 3, 3 under max_attempts
+    3), and since stops spend none of its retries a CHILD_LOST after them is still retried."""
+    from saigeedged.adapters.docker import Containers
+    from saigeedged.service.worker import Worker
+
+    config = configmod.load(write_config(tmp_path))
+    assert config.limits.max_attempts == 3
+    jobs = lifecycle(tmp_path)
+    worker = Worker(config, jobs, Containers(config), jobs.places)
+    jobs.add(job("host-1", "host"))
+    for take in range(1, 7):
+        taken = jobs.take("host-1", "local", f"/w/host-1/attempt{take}")
+        assert taken is not None
+        worker.attempt = Attempt.of(taken)
+        worker._settle(taken, SaigeError("CANCELLED", "the daemon stopped before its report was made", reason="stop",
+                                         step="bundle") if take < 6 else SaigeError("CHILD_LOST", "report died"))
+    stored = jobs.store.get("host-1")
+    assert stored is not None
+    assert [a["attempt"] for a in stored.attempts] == [1, 2, 3, 4, 5, 6], stored.attempts
+    assert [bool(a.get("stopped")) for a in stored.attempts] == [True] * 5 + [False]
+    assert (stored.state, stored.attempt) == ("queued", 7)
 
 
 def test_a_cancel_of_a_held_job_keeps_no_work_dir_of_the_job_its_worker_runs(tmp_path: Path) -> None:

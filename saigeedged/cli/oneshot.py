@@ -36,6 +36,12 @@ def output_path(entry: Entry) -> Path:
     return Path(entry.output_name).expanduser().absolute()
 
 
+def refused_path(dest: Path, job_id: str) -> Path:
+    """Where a bundle below the accuracy gate is kept (SPEC §17: under failed/<job_id>/, never published): beside the
+    output it would have replaced, under its name, as the daemon keeps one beside the inputs it failed with."""
+    return dest.parent / "failed" / job_id / dest.name
+
+
 def describe(config: Config, entry: Entry, out: TextIO) -> None:
     """Check the entry like a compile would (no compiler) and print the resolved profile and paths."""
     with tempfile.TemporaryDirectory(prefix="saige-validate-") as tmp:
@@ -125,7 +131,7 @@ def _compile_one(config: Config, entry: Entry, containers: Containers, out: Text
                   file=out, flush=True)
 
     job = pipeline.Job(job_id, entry, work, log, config, on_step=on_step, on_inputs=on_inputs, container=containers.get,
-                       deadline=time.monotonic() + config.limits.job_timeout_s)
+                       deadline=time.monotonic() + config.limits.job_timeout_s, refused_to=refused_path(dest, job_id))
     try:
         pipeline.run(job, publish, jobid.iso(now))
     except SaigeError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import resource
@@ -23,11 +24,13 @@ EXIT_WAIT_S = 5.0  # a child that closed its pipe without an answer is exiting: 
 # imported once by the fork server, not by each child: a child loads its function by reference, and a module
 # the server lacks was imported (compiled, with no .pyc) by every child of every step (issue 21: most of what a
 # cache-hit job cost, 0.5 -> 0.2 s a job). onethread first, before numpy loads; ranges and images by name: the host
-# backend imports them (and numpy, onnx) only in its child-side functions
-PRELOAD = ["saigeedged.compile.onethread", "saigeedged.compile.backends.host", "onnxruntime.quantization",
+# backend imports them (and numpy, onnx) only in its child-side functions. compile/preload.py imports them.
+MODULES = ["saigeedged.compile.onethread", "saigeedged.compile.backends.host", "onnxruntime.quantization",
            "saigeedged.compile.prepare", "saigeedged.compile.report", "saigeedged.compile.evaluate",
            "saigeedged.compile.ahead", "saigeedged.compile.ranges", "saigeedged.compile.images",
            "saigeedged.compile.backends.mobilint"]
+PRELOAD = ["saigeedged.compile.preload"]
+NO_MEMORY = 75  # the fork server's exit code when an import of its preload ran out of memory (compile/preload.py)
 # how a child dies of its memory bound outside Python: C++ bad_alloc aborts, a NULL from malloc faults, the OOM
 # killer kills (a SIGTERM of a stopping unit is not one of them)
 CPU_KILL_AFTER_S = 5  # past its CPU bound a child that outlived SIGXCPU is SIGKILLed this many CPU-seconds later
@@ -125,8 +128,16 @@ def run(fn: Callable[..., Any], args: Sequence[Any], label: str, timeout_s: floa
     proc = context.Process(target=_main, args=(child, fn, args, memory[0] if memory else None, cpu_limits, os.getpid()),
                            name=f"saigeedged-{label}", daemon=True)
     ooms = memorybound.oom_kills()  # a SIGKILL with no OOM kill counted since is someone's `kill`, not memory
-    with _hangup_blocked():
-        proc.start()
+    try:
+        with _hangup_blocked():
+            proc.start()
+    except (EOFError, OSError, MemoryError) as exc:
+        parent.close()
+        child.close()
+        starved = _starved(label, exc, ooms)
+        if starved is None:
+            raise
+        raise starved from exc
     child.close()
     try:
         ok, value, bound = _wait(parent, proc, label, timeout_s, interrupted, memory, cpu, ooms)
@@ -182,6 +193,52 @@ def _died(label: str, exitcode: int | None, memory: tuple[int, Code] | None, bou
         with open("/proc/self/cgroup") as fh:
             return memorybound.killed(label, memory[1], memorybound.cgroup_limit(fh.read()))
     return memorybound.exceeded(label, memory[1], memory[0], bound)
+
+
+def _starved(label: str, exc: BaseException, ooms: int | None) -> SaigeError | None:
+    """OUT_OF_MEMORY when the child could not be started for want of memory: the daemon's own allocation or exec
+    failed (MemoryError, ENOMEM), or the fork server died of its memory bound (its preload's NO_MEMORY, an allocator's
+    abort, the OOM killer); None for any other failure to start. A server that died is started afresh by the next
+    child.run (multiprocessing's ensure_running reaps it and starts another)."""
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
+        what = "could not be started for want of memory"
+    else:
+        status = _server_status()
+        if status is None or not (status == NO_MEMORY or (status < 0 and -status in OUT_OF_MEMORY)):
+            return None
+        if status == -signal.SIGKILL and ooms is not None and (memorybound.oom_kills() or 0) <= ooms:
+            return None  # someone's `kill -9` of the server, not the OOM killer
+        what = "ran out of memory while it started"
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    with open("/proc/self/cgroup") as fh:
+        cgroup = memorybound.cgroup_limit(fh.read())
+    return memorybound.starved(label, what, None if hard == resource.RLIM_INFINITY else hard, cgroup)
+
+
+def _server_status() -> int | None:
+    """The fork server's exit status if it has ended (its exit code, or -signal), read without reaping it (the next
+    ensure_running reaps it and starts another); None while it runs or when it is unknown. Its stdout closes as it
+    exits, a moment before it can be waited for: its pidfd says when."""
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)  # private: multiprocessing names it nowhere else
+    if pid is None:
+        return None
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        select.select([fd], [], [], EXIT_WAIT_S)
+    finally:
+        os.close(fd)
+    try:
+        ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped by another thread's start meanwhile
+        return None
+    if ended is None:
+        return None
+    return ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
 
 
 @contextmanager

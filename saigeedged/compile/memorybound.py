@@ -9,6 +9,7 @@ from pathlib import Path
 from saigeedged.errors import Code, SaigeError
 
 UNLIMITED = 1 << 62  # cgroup v1 writes "no limit" as a page-rounded 2**63 - 1
+SERVER_BYTES = 200 << 20  # what the fork server maps once it has imported onnxruntime (VmPeak 198 MB, measured)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,23 @@ def exceeded(label: str, code: Code, configured: int, bound: Bound) -> SaigeErro
                       hint="the input is too large for this host's bound: make it smaller (for the accuracy "
                       "report: fewer `eval_samples`), or raise limits.child_memory_bytes (the service's MemoryMax= "
                       "too) if the host has the memory")
+
+
+def starved(label: str, what: str, hard_as: int | None, cgroup: int | None) -> SaigeError:
+    """The children's fork server (onnxruntime loaded once for all of them) `what` (died, could not start) for want
+    of memory, before any work: OUT_OF_MEMORY naming the bound, the hard RLIMIT_AS the daemon runs under when it has
+    one, else the cgroup's limit, else the host's memory."""
+    server = f"{label}: the fork server that runs onnxruntime for the job's host-side work {what}"
+    if hard_as is not None:
+        return SaigeError("OUT_OF_MEMORY", f"{server}, at the address-space limit RLIMIT_AS ({hard_as} bytes) the daemon "
+                          "runs under (prlimit --as, ulimit -v or the unit's LimitAS=)", bound="RLIMIT_AS",
+                          hint="raise or remove that address-space limit (prlimit --as, ulimit -v, LimitAS=): the "
+                          f"fork server maps about {SERVER_BYTES >> 20} MB with onnxruntime loaded, before any work")
+    if cgroup is not None:
+        return SaigeError("OUT_OF_MEMORY", f"{server}, at the cgroup memory limit ({cgroup} bytes: the unit's "
+                          "MemoryMax=)", bound="MemoryMax", hint="raise MemoryMax= (systemctl edit saigeedged)")
+    return SaigeError("OUT_OF_MEMORY", f"{server}: the host ran out of memory", bound="host",
+                      hint="the host has too little free memory for onnxruntime: free some, or add memory")
 
 
 def oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:

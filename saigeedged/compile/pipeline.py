@@ -46,13 +46,15 @@ class Job:
     policy: PathPolicy = field(default_factory=PathPolicy)
     on_step: Callable[[str, int, int], None] = lambda name, index, count: None
     on_progress: Callable[[dict[str, Any]], None] = lambda event: None
-    on_inputs: Callable[[dict[str, Any]], None] = lambda facts: None  # onnx_sha256, calib_samples, cache once known
+    on_inputs: Callable[[dict[str, Any]], None] = lambda facts: None  # onnx_sha256, calib_samples, cache,
+    # quantization_report, accuracy: each once known
     container: Callable[[str], Container] | None = None
     deadline: float | None = None  # time.monotonic() limit for the whole job
     interrupted: Callable[[], str | None] = lambda: None  # "stop" | "cancel" once the job must end
     host: HostSteps | None = None  # validate, surgery, calibration done ahead (compile/ahead.py); None: run them now
     current: Callable[[], bool] = lambda: True  # the store still names this attempt (SPEC §15 fencing)
     on_prepared: Callable[[Prepared], None] = lambda prep: None  # host steps done: kept for a resume (attempt record)
+    refused_to: Path | None = None  # where a bundle below the accuracy gate is kept; None: beside the claimed inputs
 
 
 @dataclass
@@ -200,6 +202,8 @@ def _finish(job: Job, step: _Steps, compiled: Compiled, publish: Callable[[Path]
     elif compiled.planned is not None:
         measured = _gated(job, prep, report.made(prep, compiled.planned, ctx))
     art = made.art
+    if art.report is not None:  # the host's quantization report (§6c), in the status file of a job the gate fails too
+        job.on_inputs({"quantization_report": art.report})
     _announce(job, measured)
     dest = job.work_dir / f"{job.job_id}.saigeedge"
     texts = made.texts() | ({ACCURACY_MEMBER: json.dumps(measured, indent=1)} if measured else {})
@@ -239,21 +243,29 @@ def _announce(job: Job, measured: dict[str, Any] | None) -> None:
 
 
 def _refused(job: Job, dest: Path, measured: dict[str, Any]) -> SaigeError:
-    """ACCURACY_GATE: the bundle is kept beside the claimed inputs (the first root of a drop's path policy), which the
-    service moves under <inbox>/.saigeedged/failed/<job_id>/; it is never published."""
+    """ACCURACY_GATE: the bundle is kept for inspection and never published (SPEC §17): at `job.refused_to`
+    (`saigeedged compile`: failed/<job_id>/ beside its output), else beside the claimed inputs (the first root of a
+    drop's path policy), which the service moves under <inbox>/.saigeedged/failed/<job_id>/."""
+    keep = job.refused_to or (job.policy.roots[0] / dest.name if job.policy.roots else None)
     kept = "not kept (no claimed folder)"
-    if job.policy.roots:
+    if keep is not None:
         # a copy read from the checked file itself (open_output): never a link a step swapped in after a check (the
         # inbox share is read), nor the work folder's inode, which the next job's steps could still write into
         try:
-            files.copy_file(dest, job.policy.roots[0] / dest.name, nofollow=True)
-            kept = f"kept as {dest.name} with the job's inputs under failed/"
+            if job.refused_to is not None:
+                keep.parent.mkdir(parents=True, exist_ok=True)
+            files.copy_file(dest, keep, nofollow=True)
+            kept = f"kept as {keep}" if job.refused_to else f"kept as {dest.name} with the job's inputs under failed/"
         except files.NotOutput:
             kept = "not kept (no longer a file of the work folder)"
         except OSError as exc:
-            kept = f"not kept (writing it beside the inputs: {exc.strerror})"
+            kept = f"not kept (writing it {'to ' + str(keep.parent) if job.refused_to else 'beside the inputs'}: " \
+                f"{exc.strerror})"
     failures = "; ".join(measured["gate"]["failures"])
-    hint = None if job.policy.roots else f"the compiled model is too far from the float ONNX (the report is in the " \
-        f"job log): {GATE_REMEDIES}"  # `saigeedged compile` keeps no bundle: the default hint says where it is kept
+    hint = None  # the daemon's: the default hint says where under the inbox the bundle is kept
+    if job.refused_to is not None or not job.policy.roots:
+        where = f" and the kept bundle's {ACCURACY_MEMBER}" if kept.startswith("kept") else ""
+        hint = f"the compiled model is too far from the float ONNX (the report is in the job log{where}): " \
+            f"{GATE_REMEDIES}"
     return SaigeError("ACCURACY_GATE", f"below the accuracy gate ({measured['method']}, {measured['images']} "
                       f"held-out images): {failures}; the bundle was {kept}", hint=hint, accuracy=measured)

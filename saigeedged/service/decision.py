@@ -26,7 +26,8 @@ class Decision:
 
 def decide(code: str, reason: str | None, retryable: bool, exhausted: bool, attempt: int, max_attempts: int,
            started: bool, full: bool = False) -> Decision:
-    """The settlement of an attempt that raised error `code` (`reason`: a cancel's, "stop" or "cancel"); `started`:
+    """The settlement of an attempt that raised error `code` (`reason`: a cancel's, "stop" or "cancel"); `attempt`: the
+    attempts it has spent of `max_attempts` (jobs.spent: stops are not counted); `started`:
     its record says a container step may be running; `full`: state_dir had no room for it (waited out: the attempt
     goes back to the queue unspent, or stays running where a step runs on)."""
     if full:
@@ -34,7 +35,7 @@ def decide(code: str, reason: str | None, retryable: bool, exhausted: bool, atte
     if code == "CANCELLED" and reason == "stop":  # the operator's, not the job's fault
         if started:
             return Decision(DETACH)
-        return Decision(REQUEUE, "stop", spend=attempt < max_attempts)  # never past max_attempts for a stop
+        return Decision(REQUEUE, "stop")  # a new number (SPEC §8), never one of the job's retries (jobs.spent)
     if code == "DOCKER_UNAVAILABLE":
         return Decision(HOLD) if started else Decision(REQUEUE, "docker_unavailable", spend=False)
     if code == "CANCELLED":

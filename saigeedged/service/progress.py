@@ -42,6 +42,7 @@ class Progress:
         job.calib_samples = facts.get("calib_samples", job.calib_samples)
         job.cache = facts.get("cache", job.cache)
         job.accuracy = facts.get("accuracy", job.accuracy)
+        job.report = facts.get("quantization_report", job.report)
 
     def progress(self, progress: dict[str, Any]) -> None:
         self.job.progress = progress

@@ -19,7 +19,7 @@ from saigeedged.compile import resume
 from saigeedged.errors import SaigeError
 from saigeedged.intake import claims, ownfolders
 from saigeedged.intake.claims import Orphan
-from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job, bundle_rel
+from saigeedged.jobs import FAILED, QUEUED, RUNNING, TERMINAL, Job, bundle_rel, spent
 from saigeedged.records import AttemptRecord, UnreadableRecord
 from saigeedged.service import legacy
 from saigeedged.service.lifecycle import Jobs
@@ -160,10 +160,10 @@ class Recovery:
 
     def interrupted(self, job: Job, max_attempts: int) -> None:
         """A job the daemon died under (killed, out of memory) runs again, up to max_attempts in all."""
-        if job.attempt < max_attempts:
+        if spent(job) < max_attempts:  # the attempts a stop ended are not the job's
             self.jobs.requeue(job, "restart")
             return
-        self.died_under(job, job.attempt)
+        self.died_under(job, spent(job))
 
     def died_under(self, job: Job, times: int) -> None:
         """The daemon died under this job `times` times: it ends failed instead of running for ever."""

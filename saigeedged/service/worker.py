@@ -18,7 +18,18 @@ from saigeedged.compile import ahead, pipeline
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.config import Config
 from saigeedged.errors import SaigeError, out_of_attempts
-from saigeedged.jobs import RUNNING, SUCCEEDED, Attempt, Job, Superseded, bundle_rel, end_attempt, entry_from_doc, remaining_s
+from saigeedged.jobs import (
+    RUNNING,
+    SUCCEEDED,
+    Attempt,
+    Job,
+    Superseded,
+    bundle_rel,
+    end_attempt,
+    entry_from_doc,
+    remaining_s,
+    spent,
+)
 from saigeedged.service import room
 from saigeedged.service.attempt import Facts
 from saigeedged.service.decision import DETACH, END, HOLD, decide
@@ -280,7 +291,7 @@ class Worker(threading.Thread):
         full = bool(exc.fields.get("state_full"))
         started = self.facts.step_may_run(job) or bool(exc.fields.get("detached"))
         done = decide(exc.code, exc.fields.get("reason"), exc.retryable, bool(exc.fields.get("exhausted")),
-                      job.attempt, self.config.limits.max_attempts, started, full)
+                      spent(job), self.config.limits.max_attempts, started, full)
         kept = full or exc.code == "DOCKER_UNAVAILABLE"  # the latter: whatever may still run there is the monitor's
         if full:  # not the job's fault: it goes on (or back to the queue) once state_dir has room again
             room.wait_for_disk(self.config.work_root, self.jobs.store.wait_for_room, exc.message)
