@@ -170,7 +170,7 @@ def test_a_gate_refused_bundle_is_kept_as_a_copy_of_a_regular_file_only(tmp_path
     work, claim = tmp_path / "work" / "job" / "attempt1", tmp_path / "inbox" / "claimed" / "job"
     work.mkdir(parents=True)
     claim.mkdir(parents=True)
-    job: Any = SimpleNamespace(policy=PathPolicy((claim,)))
+    job: Any = SimpleNamespace(policy=PathPolicy((claim,)), refused_to=None)
     measured = {"method": "cosine", "images": 2, "gate": {"failures": ["min_cosine 0.5 < 0.95"]}}
     bundle = work / "det.saigeedge"
     bundle.write_bytes(b"PK gated")
