@@ -145,6 +145,27 @@ def test_a_sweeps_reports_run_beside_the_next_jobs_steps(docker_config: Path, da
     assert len([c for c in record if INFERENCE in c]) == 3, record  # one for each variant, one for the second job
 
 
+def test_a_stop_during_a_sweeps_reports_redoes_only_the_reports(docker_config: Path, daemon: Any, docker_client: Any,
+                                                               tmp_path: Path) -> None:
+    """SIGTERM while a cubie sweep's variant reports are made (handed over after both variants' exports): the next start
+    re-attaches it, replays both variants' ended steps and makes their reports again; the job succeeds in attempt 1
+    with both variants in its table, and each variant's import, quantize and export ran once in the container."""
+    settings = yaml.safe_load(docker_config.read_text())
+    d = _cubie_daemon(daemon, docker_config)
+    ctr, first = _held_simulator(d, docker_client, settings, tmp_path, _fields(tmp_path, variants=SWEEP))
+    assert first["job_id"] in {e["job_id"] for e in d.events("job.finishing")}  # handed over before any report
+    d.signal(signal.SIGTERM)
+    assert d.proc.wait(30) == 0
+    ctr.exec_run(["rm", "-f", HOLD_INFERENCE])
+    d.start()
+    done = d.wait_state(first["job_id"], ("succeeded", "failed"), timeout=180)
+    assert (done["state"], done["attempt"]) == ("succeeded", 1), done
+    assert [r["variant"] for r in done["accuracy"]["variants"]] == [1, 2], done["accuracy"]
+    record = container_output(ctr, ["cat", "/tmp/standin-calls.log"]).splitlines()
+    for verb in ("import", "quantize", "export"):
+        assert len([c for c in record if f"pegasus.py {verb} " in c]) == 2, (verb, record)
+
+
 def test_host_jobs_waiting_for_a_report_are_bounded_cancelled_at_once_and_requeued_at_a_stop(
         docker_config: Path, daemon: Any, docker_client: Any, tmp_path: Path) -> None:
     """Host jobs are handed to the finishing stage too (the next compile never waits for a report). While the
