@@ -3,6 +3,7 @@ MinMaxCalibrater run here on the same images gives the same float32 arrays bit f
 own calibration the same QDQ model, for the moving average (ema) and the plain min/max."""
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -55,3 +56,12 @@ def test_quantized_model_is_quantize_statics_own(tmp_path: Path, method: str) ->
                     calibrate_method=getattr(CalibrationMethod, calib), extra_options={"CalibMovingAverage": moving})
     new, old = (onnx.load(str(tmp_path / f"{n}.onnx")) for n in ("new", "old"))
     assert new.graph.SerializeToString() == old.graph.SerializeToString()
+
+
+def test_a_histogram_calibration_prints_nothing(tmp_path: Path, capfd: Any) -> None:
+    """`calibration_method: kl` (onnxruntime's Entropy calibrator) quantizes without onnxruntime's progress lines on
+    stdout ("Collecting tensor data and making histogram ..."): they were in `saigeedged compile`'s own output."""
+    wrapped, batches = _wrapped(tmp_path)
+    host.quantize(wrapped, tmp_path / "kl.onnx", "images", iter(batches), "kl")
+    assert (tmp_path / "kl.onnx").is_file()
+    assert capfd.readouterr().out == ""

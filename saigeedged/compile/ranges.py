@@ -90,7 +90,9 @@ def undefined(tensors: list[str], why: str = "") -> None:
     `AssertionError: scale issue`, an INTERNAL)."""
     if tensors or why:
         named = f" in {', '.join(tensors[:5])}" + (f" and {len(tensors) - 5} more" if len(tensors) > 5 else "")
-        raise SaigeError("ONNX_INVALID", f"the float model computes no number (NaN){named if tensors else ''}"
+        # onnxruntime's histogram calibrators (`why`: Entropy, Percentile) fail on an infinity too, MinMax only on NaN
+        what = named if tensors else ", or an infinite one,"
+        raise SaigeError("ONNX_INVALID", f"the float model computes no number (NaN){what}"
                          f" on the calibration images, so it has no range to quantize{why}",
                          hint="a Log, Sqrt, division or Pow of values outside its domain: fix the model there (a "
                          "clamp before it), or check that the images are what the model was trained on")

@@ -7,6 +7,8 @@ at the top: the daemon itself never loads them (0.2 s of CPU and 30 MB a daemon,
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -163,7 +165,8 @@ def quantize(float_path: Path, int8_path: Path, input_name: str, batches: Iterab
         # an infinite range (quantized as onnxruntime does, ranges.collect) is a NaN zero point in its quant_utils
         # (-inf / inf, then cast): numpy's RuntimeWarnings reached the stderr of `saigeedged compile`; the report
         # measures what that quantization gives
-        with np.errstate(invalid="ignore"):
+        # and its Entropy and Percentile calibrators print their progress to stdout: `saigeedged compile`'s own output
+        with np.errstate(invalid="ignore"), contextlib.redirect_stdout(io.StringIO()):
             quantize_static(str(float_path), str(int8_path), reader, calibration_cache_path=cache,
                             quant_format=QuantFormat.QDQ, activation_type=act, weight_type=weight,
                             calibrate_method=getattr(CalibrationMethod, calib_method), nodes_to_exclude=list(keep_float),
