@@ -71,8 +71,9 @@ def variant_lines(result: dict[str, Any]) -> list[str]:
         cos = "-" if row["worst_cosine"] is None else f"{row['worst_cosine']:.4f}"
         drop = "-" if row["map_drop"] is None else f"{row['map_drop']:.4f}"
         verdict = "passed" if row["passed"] else "below the gate"
+        same = f"  (the same compile as {row['same_as']})" if row.get("same_as") else ""
         lines.append(f"  {mark} {row['variant']}. {row['name']:<36} cosine {cos}  mAP drop {drop}  {verdict}"
-                     f"{'  (cache hit)' if row['cache_hit'] else ''}")
+                     f"{'  (cache hit)' if row['cache_hit'] else ''}{same}")
     return lines
 
 

@@ -167,9 +167,10 @@ def spent(job: Job) -> int:
 
     A stop (SIGTERM, an upgrade) is the operator's, not the job's: its requeue opens a new attempt number (SPEC §8, an
     attempt is named by it, §15), and it uses none of the job's retries. Before, a stop at the last attempt kept its
-    number so as not to use them: five stops numbered the runs 1, 2, 3, 3, 3, 3.
+    number so as not to use them: five stops numbered the runs 1, 2, 3, 3, 3, 3 (such a job, recorded before, counts
+    each number a stop ended once: its number 3 is one stop, not two).
     """
-    return job.attempt - sum(1 for attempt in job.attempts if attempt.get("stopped"))
+    return job.attempt - len({attempt["attempt"] for attempt in job.attempts if attempt.get("stopped")})
 
 
 def end_attempt(job: Job, now_iso: str, code: str | None, stopped: bool = False) -> None:

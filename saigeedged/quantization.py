@@ -42,6 +42,10 @@ def unhonoured(target: str, key: str, value: Any, where: str) -> str | None:
     return f"`{where}` {safeyaml.shown(value)} has no effect for target {target} (it takes {takes}): {why}"
 
 
+# two spellings of one calibration: plain min/max (pegasus `normal`, onnxruntime MinMax without a moving average)
+SAME_METHOD = {"minmax": "normal"}
+
+
 def compiled_as(target: str, entry: Any) -> tuple[tuple[str, Any], ...]:
     """The quantization `target`'s compiler is given for a manifest.Entry: each setting it does not honour at its
     default, hybrid_dtype at its default without hybrid layers. Two entries with the same compile the same model."""
@@ -49,6 +53,7 @@ def compiled_as(target: str, entry: Any) -> tuple[tuple[str, Any], ...]:
     for key, default in DEFAULTS.items():
         value = getattr(entry, key)
         given[key] = default if unhonoured(target, key, value, key) else value
+    given["calibration_method"] = SAME_METHOD.get(given["calibration_method"], given["calibration_method"])
     if not given["hybrid_topn"]:
         given["hybrid_dtype"] = DEFAULTS["hybrid_dtype"]
     return tuple(given.items())

@@ -416,6 +416,25 @@ def test_the_emulation_note_names_what_it_runs_and_the_board_setting(fields: dic
 
 
 @pytest.mark.docker
+def test_a_mobilint_qtype_qbcompiler_never_gets_is_emulated_as_what_it_compiles(tmp_path: Path,
+                                                                              docker_config: Path) -> None:
+    """Mobilint `qtype: float16` (qbcompiler is never given it: its .mxq is int8) is emulated as the uint8 quantization
+    the .mxq has, with the manifest's calibration method, and no hybrid note: it was the float model against itself, a
+    cosine of 1 that passed any gate."""
+    src = classifier(tmp_path / "tags.onnx", 3, (224, 224))
+    calib = valjson(tmp_path / "data", random_labels(12, 3))
+    out = tmp_path / "tags.saigeedge"
+    mf = manifest(tmp_path / "tags.yml", task="mlc", num_classes=3, calib=str(calib), target="mobilint",
+                  device="regulus-rb", output=str(out), onnx=str(src), n_samples=4, qtype="float16",
+                  calibration_method="minmax", hybrid_topn=2)
+    assert cli.main(["compile", str(mf), "-c", str(docker_config)]) == 0
+    with zipfile.ZipFile(out) as zf:
+        rep = json.loads(zf.read("accuracy.json"))
+    assert rep["notes"][0] == "onnxruntime QDQ uint8 asymmetric per tensor (emulating asymmetric_affine uint8), " \
+        "MinMax (minmax)", rep["notes"]
+    assert not any("hybrid" in n or "float32" in n for n in rep["notes"]), rep["notes"]
+
+
 def test_mobilint_report_is_emulated(tmp_path: Path, docker_config: Path) -> None:
     """A mobilint bundle carries a report made by the host emulation of its quantization, labelled `emulated`."""
     src = classifier(tmp_path / "tags.onnx", 3, (224, 224))

@@ -22,7 +22,7 @@ from saigeedged.adapters.store import Store
 from saigeedged.compile import ahead, child, resume
 from saigeedged.compile.inputs import PathPolicy
 from saigeedged.errors import SaigeError
-from saigeedged.jobs import CANCELLED, FAILED, Attempt, Superseded, remaining_s
+from saigeedged.jobs import CANCELLED, FAILED, Attempt, Job, Superseded, remaining_s, spent
 from saigeedged.manifest import load as load_manifest
 from saigeedged.records import AttemptRecord, UnreadableRecord
 from saigeedged.service.decision import DETACH, END, HOLD, REQUEUE, Decision, decide
@@ -365,3 +365,16 @@ def test_a_cancel_of_a_held_job_keeps_no_work_dir_of_the_job_its_worker_runs(tmp
         db.execute("UPDATE attempts SET doc = json_set(doc, '$.version', 99) WHERE job_id = 'runs-1'")
     assert worker.cancel("runs-1") == [Attempt.of(runs)]
     assert jobs.store.get("runs-1").state == CANCELLED and worker.kept  # type: ignore[union-attr]
+
+
+def test_a_job_recorded_before_counts_each_stopped_number_once() -> None:
+    """A job the previous release recorded with two stops at its last number (1, 2, 3 stopped, 3 stopped, 3) has
+    spent two of its attempts, not one: a stopped number is one stop, however many runs it had."""
+    job = Job(job_id="j", name="j", target="host", task="detection", entry={}, subdir="", claim_dir="", manifest="j.yml",
+              attempt=3)
+    job.attempts = [{"attempt": n, **({"stopped": True} if stopped else {})}
+                    for n, stopped in ((1, False), (2, False), (3, True), (3, True), (3, False))]
+    assert spent(job) == 2
+    job.attempts = [{"attempt": n, "stopped": True} for n in (1, 2, 3)] + [{"attempt": 4}]
+    job.attempt = 4
+    assert spent(job) == 1

@@ -197,3 +197,18 @@ def test_a_damaged_emulated_model_is_removed_and_made_again(tmp_path: Path, dama
     assert not taken.exists() and not list(slot.parent.iterdir())  # the report quantizes into it afresh
     emulated.keep(made, slot)  # what the report made then
     assert emulated.take(slot, taken) and taken.read_bytes() == good
+
+
+def test_an_unreadable_emulated_model_is_not_taken(tmp_path: Path) -> None:
+    """A kept emulated model that cannot be read (a folder in its place here; EIO on a damaged disk) is not taken,
+    and the report quantizes afresh (the copy's OSError ended the report child, the job with it)."""
+    from saigeedged.compile import emulated
+
+    slot = emulated.path(tmp_path / "state", "k" * 64, "ema", 8)
+    assert slot is not None
+    slot.parent.mkdir(parents=True)
+    (slot.parent / f"{slot.name}.{'0' * 64}.onnx").mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    assert not emulated.take(slot, work / "det.emulated.onnx")
+    assert not (work / "det.emulated.onnx").exists()

@@ -80,11 +80,13 @@ def test_variants_that_compile_the_same_model_are_evaluated_once(tmp_path: Path,
     assert cli.main(["compile", str(mf), "-c", str(config_path)]) == 0
     with zipfile.ZipFile(tmp_path / "det.saigeedge") as zf:
         rep = json.loads(zf.read("accuracy.json"))
-    assert [r["name"] for r in rep["variants"]] == ["plain", "wide"]
+    assert [(r["name"], r.get("same_as")) for r in rep["variants"]] == [("plain", None), ("hyb", 1), ("wide", None)]
+    assert {k: v for k, v in rep["variants"][1].items() if k not in ("variant", "name", "overrides", "same_as")} == \
+        {k: v for k, v in rep["variants"][0].items() if k not in ("variant", "name", "overrides")}
     assert any(n.startswith("variant 2 (hyb) compiles the same model as plain") for n in rep["notes"]), rep["notes"]
     log = next((tmp_path / "state" / "logs").iterdir()).read_text()
     assert "variants: hyb compiles the same model as plain for target host" in log
-    assert "variant 2/3" not in log and "variant 3/3: wide" in log
+    assert "variant 2/3" not in log and "variant 3/3: wide" in log and "(the same compile as 1)" in log
 
 
 def test_every_mobilint_variant_is_one_compile() -> None:
@@ -100,3 +102,4 @@ def test_every_mobilint_variant_is_one_compile() -> None:
     assert variants.folded(entry("mobilint", rows)) == {1: 0, 2: 0}
     assert variants.folded(entry("cubie", rows)) == {}
     assert variants.folded(entry("cubie", [*rows, {"name": "again", "calibration_method": "minmax"}])) == {3: 0}
+    assert variants.folded(entry("host", [{"calibration_method": "minmax"}, {"calibration_method": "normal"}])) == {1: 0}

@@ -49,11 +49,14 @@ def take(slot: Path | None, dest: Path) -> bool:
             dest.unlink()
         try:
             shutil.copyfile(kept, dest)
+            if sha256_file(dest) == kept.name.removeprefix(f"{slot.name}.").removesuffix(".onnx"):
+                return True
         except FileNotFoundError:  # evicted meanwhile
             continue
-        if sha256_file(dest) == kept.name.removeprefix(f"{slot.name}.").removesuffix(".onnx"):
-            return True
-        kept.unlink(missing_ok=True)
+        except OSError:  # unreadable (EIO, a folder in its place): made again, like one whose bytes changed
+            pass
+        with contextlib.suppress(OSError):
+            kept.unlink()
     with contextlib.suppress(FileNotFoundError):
         dest.unlink()
     return False

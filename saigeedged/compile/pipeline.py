@@ -182,6 +182,7 @@ def _compile(job: Job, step: _Steps) -> Compiled:
     if entry.variants:
         sweep = variants.compile_all(prep, ctx, job.job_id, lambda p, m: report.plan(p, m.art, ctx, m.key), step.skip)
         first = sweep.candidates[0]
+        job.on_inputs({"cache": first.made.status()})  # the published variant's once the reports choose it (_finish)
         return Compiled(first.prep, first.made, step.names, sweep=sweep)
     made = reuse.compile(prep, ctx, job.job_id, step.skip)
     job.on_inputs({"cache": made.status()})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import resource
 import time
@@ -66,7 +67,7 @@ def emulated_job(prep: Prepared, emulation: Path, wrapped: Path, kept: Path | No
     from saigeedged.compile import evaluate
     from saigeedged.compile.backends import host
 
-    entry = prep.entry
+    entry = given(prep.entry)
     _wrap(prep, wrapped)
     if entry.qtype in FLOAT_QTYPES:
         return evaluate.run(spec(prep, wrapped, "emulated", wrapped, (f"qtype {entry.qtype}: emulated in float32",)))
@@ -79,10 +80,21 @@ def emulated_job(prep: Prepared, emulation: Path, wrapped: Path, kept: Path | No
         emulation.unlink(missing_ok=True)  # likewise
         host.quantize(wrapped, emulation, prep.info.input_name, calib.stream(), entry.calibration_method, bits)
         emulated.keep(emulation, kept)
-    if entry.hybrid_topn:
+    if entry.hybrid_topn:  # (given: only where the target's compiler takes hybrid layers, cubie)
         notes += (f"hybrid_topn {entry.hybrid_topn}: the tensors promoted to {entry.hybrid_dtype} on the board (the job "
                   "log's `hybrid` line, checkpoint.yaml's hybrid_layers) are not emulated: quantized here like the rest",)
     return evaluate.run(spec(prep, emulation, "emulated", wrapped, notes))
+
+
+def given(entry: Entry) -> Entry:
+    """The entry as the target's compiler gets it (quantization.compiled_as), but the manifest's calibration method,
+    which SPEC §17 has the emulation follow: on mobilint a `qtype: float16` (never given to qbcompiler, whose .mxq is
+    int8) was emulated as the float model itself, a cosine of 1 that passed any gate."""
+    from saigeedged import quantization
+
+    settings = dict(quantization.compiled_as(entry.target, entry))
+    settings["calibration_method"] = entry.calibration_method
+    return dataclasses.replace(entry, **settings)
 
 
 def emulation_note(entry: Entry, bits: int) -> str:
@@ -156,7 +168,7 @@ def plan(prep: Prepared, art: Artifact, ctx: Context, key: str | None = None) ->
         return None
     if prep.entry.target == "host":
         return Plan(host_job, (prep, art.members[art.model_member], _wrapped(prep)))
-    bits = 16 if prep.entry.qtype == "int16" else 8
+    bits = 16 if given(prep.entry).qtype == "int16" else 8
     reuse = prep.entry.cache and ctx.config.cache.max_bytes > 0  # `cache: false` asks for a compile from scratch
     kept = emulated.path(ctx.config.state_dir, key if reuse else None, prep.entry.calibration_method, bits)
     emulation = Plan(emulated_job, (prep, prep.work_dir / f"{prep.name}.emulated.onnx", _wrapped(prep), kept))

@@ -174,10 +174,16 @@ def chosen(sweep: Sweep, judge: Callable[[Candidate], dict[str, Any] | None]) ->
     best, measured = max(results, key=lambda r: (score(r[1]), -r[0].index))
     ranked = best.index
     if measured is not None:
-        measured["variants"] = [_row(c.index, variants[c.index], c.made, r) for c, r in results]
+        rows = {c.index: _row(c.index, variants[c.index], c.made, r) for c, r in results}
+        twins = folded(sweep.entry)
+        for i, same in twins.items():  # SPEC §17's table of all: a folded variant's row is its twin's, saying so
+            if same in rows:
+                rows[i] = {**rows[same], "variant": i + 1, "name": label(i, variants[i]), "overrides": variants[i],
+                           "same_as": same + 1}
+        measured["variants"] = [rows[i] for i in sorted(rows)]
         measured["chosen"] = ranked + 1
         measured["notes"] += [f"variant {i + 1} ({label(i, variants[i])}) {same_as(sweep.entry, same)}"
-                              for i, same in folded(sweep.entry).items()]
+                              for i, same in twins.items()]
     return Swept(best.prep, best.made, measured, {"index": ranked + 1, "of": len(variants),
                                                   "name": label(ranked, variants[ranked]),
                                                   "overrides": variants[ranked], "compared": len(results) > 1})
