@@ -229,7 +229,9 @@ def _server_status() -> int | None:
     except OSError:
         return None
     try:
-        select.select([fd], [], [], EXIT_WAIT_S)
+        poller = select.poll()  # (select.select refuses a descriptor number past 1023)
+        poller.register(fd, select.POLLIN)
+        poller.poll(EXIT_WAIT_S * 1000)
     finally:
         os.close(fd)
     try:
