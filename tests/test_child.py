@@ -210,20 +210,6 @@ def test_the_cgroup_memory_limit_is_read_from_v1_and_v2(tmp_path: Path) -> None:
     assert memorybound.cgroup_limit("4:memory:/svc\n1:cpu:/\n0::/\n", tmp_path) == 2 << 30
 
 
-def test_the_daemon_compiles_under_an_address_space_limit(daemon: Any, det_inputs: dict[str, Any]) -> None:
-    """The daemon started under `prlimit --as=6000000000` (LimitAS= 6 GB) compiles a host job (limits.child_memory_bytes
-    is 24 GiB by default: the child takes the hard limit instead)."""
-    from harness import drop
-
-    d = daemon()
-    assert d.stop() == 0
-    d.prefix = ["prlimit", "--as=6000000000"]
-    d.start()
-    drop(d.inbox, "det", det_inputs["onnx"], det_inputs["manifest"])
-    done = d.wait_job("det", timeout=120)
-    assert done["state"] == "succeeded", done
-
-
 def test_a_report_is_bounded_by_the_cpu_it_uses_not_by_the_time_compiles_take_from_it(tmp_path: Path) -> None:
     """The report child runs at nice +10: its wall time is what the compiles beside it leave it (CI's loaded machine
     starved a 0.3 s report past a 2 s limits.step_timeout_s, and a job that compiled failed TIMEOUT). It may take

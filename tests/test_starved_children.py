@@ -51,13 +51,15 @@ def test_the_cli_under_a_limit_too_tight_for_its_children_fails_out_of_memory(de
         done.stdout + done.stderr
 
 
-def test_the_daemon_starts_and_compiles_under_a_tight_address_space_limit(daemon: Any,
-                                                                           det_inputs: dict[str, Any]) -> None:
+@pytest.mark.parametrize("limit", ["240000000", "6000000000"])
+def test_the_daemon_starts_and_compiles_under_an_address_space_limit(daemon: Any, det_inputs: dict[str, Any],
+                                                                     limit: str) -> None:
     """Under `prlimit --as=240000000` the daemon starts (its threads' malloc arenas, 64 MB of address space each, took
-    the room of their stacks: "can't start new thread") and a host job, whose fork server fits, succeeds."""
+    the room of their stacks: "can't start new thread") and a host job, whose fork server fits, succeeds; so it does
+    under 6 GB (LimitAS=), where limits.child_memory_bytes (24 GiB by default) gives way to the hard limit."""
     d = daemon()
     assert d.stop() == 0
-    d.prefix = ["prlimit", "--as=240000000"]
+    d.prefix = ["prlimit", f"--as={limit}"]
     d.start()
     drop(d.inbox, "det", det_inputs["onnx"], det_inputs["manifest"])
     doc = d.wait_job("det", timeout=120)
