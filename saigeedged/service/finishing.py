@@ -1,5 +1,6 @@
-"""The finishing stage (issue 25): a job's accuracy report, bundle and publication, made after its last container
-step (a host job: after its quantize and §6c report) while its slot takes the next job; the container (SPEC §2's serial
+"""The finishing stage (issue 25): a job's accuracy report (a variant sweep's: every variant's, then the one to
+publish chosen), bundle and publication, made after its last container step (a host job: after its quantize and §6c
+report) while its slot takes the next job; the container (SPEC §2's serial
 resource), or the host compile that is a host job's, never waits for a report, nor for an outbox that refuses bundles
 (a job without a report is handed over too: its publication may wait limits.publish_patience_s).
 
