@@ -61,7 +61,7 @@ def test_variants_without_a_report_compile_only_the_first(tmp_path: Path, config
     assert ckpt["quantization"]["calibration_method"] == "minmax"
     log = next((tmp_path / "state" / "logs").iterdir()).read_text()
     assert "the variants cannot be compared, so only the first is compiled and published" in log
-    assert "variant 2/2" not in log and "variant 1/2 published: calibration_method minmax" in log
+    assert "variant 2/2" not in log and "variant 1/2 chosen: calibration_method minmax (published if it passes the gate)" in log
 
 
 def test_variants_that_compile_the_same_model_are_evaluated_once(tmp_path: Path, config_path: Path,

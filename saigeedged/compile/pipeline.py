@@ -198,7 +198,7 @@ def _finish(job: Job, step: _Steps, compiled: Compiled, publish: Callable[[Path]
         swept = variants.chosen(compiled.sweep, lambda c: _gated(
             job, c.prep, None if c.planned is None else report.made(c.prep, c.planned, ctx)))
         prep, made, measured, variant = swept.prep, swept.made, swept.measured, swept.variant
-        job.log.line(f"variant {variant['index']}/{variant['of']} published: {variant['name']}")
+        job.log.line(f"variant {variant['index']}/{variant['of']} chosen: {variant['name']} (published if it passes the gate)")
         job.on_inputs({"cache": made.status()})
     elif compiled.planned is not None:
         measured = _gated(job, prep, report.made(prep, compiled.planned, ctx))
