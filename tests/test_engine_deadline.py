@@ -134,6 +134,9 @@ def test_a_call_under_way_past_the_timeout_makes_the_engine_slow_and_then_stuck(
     (409, "Container c0ffee is not running", "CONTAINER_LOST"),
     (404, "No such container: c0ffee", "CONTAINER_LOST"),
     (500, "OCI runtime exec failed: unable to start container process", "CONTAINER_FAILED"),
+    (500, "OCI runtime exec failed: exec failed: unable to start container process: error writing config to pipe: "
+          "write init-p: broken pipe: unknown", "CONTAINER_LOST"),  # restarted as the exec started (it was FAILED)
+    (500, "OCI runtime exec failed: exec failed: cannot exec in a stopped container: unknown", "CONTAINER_LOST"),
 ])
 def test_an_exec_the_engine_refuses_ends_the_step_with_its_code_and_words(
         stalling: tuple[StallingDocker, configmod.Config], status: int, words: str, code: str) -> None:

@@ -194,13 +194,19 @@ def root_id(root: Path) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+# the OCI runtime's words for an exec into a container whose init is going away (`docker restart` or a kill as the exec
+# starts; a random fault campaign: CONTAINER_FAILED, a job ended for good by a container that came back at once)
+INIT_GONE = ("write init-p: broken pipe", "cannot exec in a stopped", "container not running")
+
+
 def refused(container: str, doing: str, exc: APIError) -> SaigeError:
     """An error the engine answered to a call about our container: the container (or the step's exec) gone, or a
     conflict because it is not running (it stopped, died or was removed between two calls), is CONTAINER_LOST (the
     job runs again in a fresh one); any other is CONTAINER_FAILED, in the engine's words."""
     words = str(exc.explanation or exc)
     lost = ("not running", "is paused", "is restarting")
-    if exc.status_code == 404 or (exc.status_code == 409 and any(s in words for s in lost)):
+    if exc.status_code == 404 or (exc.status_code == 409 and any(s in words for s in lost)) or \
+            (exc.status_code == 500 and "OCI runtime exec failed" in words and any(s in words for s in INIT_GONE)):
         return SaigeError("CONTAINER_LOST", f"container {container} stopped while {doing}: {words}")
     return SaigeError("CONTAINER_FAILED", f"the Docker engine refused {doing} ({exc.status_code}): {words}",
                       hint=REFUSED_HINT)
