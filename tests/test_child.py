@@ -25,6 +25,13 @@ def pid_then_sleep(path: str, seconds: float) -> None:
     time.sleep(seconds)
 
 
+def pid_then_hold(path: str, seconds: float) -> None:
+    """The pid, then C code that holds the GIL for hours (no thread of the child runs meanwhile; `seconds` unused)."""
+    with open(path, "w") as fh:
+        fh.write(str(os.getpid()))
+    sum(range(10**13))
+
+
 def fail() -> None:
     raise ValueError("boom in the child")
 
@@ -171,9 +178,11 @@ def test_a_child_killed_by_someone_is_a_loss_not_out_of_memory(tmp_path: Path) -
     assert memorybound.oom_kills(tmp_path / "vmstat") == 7 and memorybound.oom_kills(tmp_path / "none") is None
 
 
-def test_a_child_ends_with_the_daemon_killed_under_it(tmp_path: Path) -> None:
-    """`kill -9` of the process that asked for a child (the daemon): the child ends too. It computed on beside the
-    retry the next daemon started (a host job's quantize: twice the time on two cores) and wrote into its work dir."""
+@pytest.mark.parametrize("work", ["pid_then_sleep", "pid_then_hold"])
+def test_a_child_ends_with_the_daemon_killed_under_it(tmp_path: Path, work: str) -> None:
+    """`kill -9` of the process that asked for a child (the daemon): the child ends too, even while C code holds its
+    GIL (onnxruntime's). It computed on beside the retry the next daemon started (a host job's quantize: twice the
+    time on two cores) and wrote into its work dir."""
     import subprocess
     import sys
 
@@ -181,7 +190,7 @@ def test_a_child_ends_with_the_daemon_killed_under_it(tmp_path: Path) -> None:
 
     pidfile = tmp_path / "pid"
     code = ("from saigeedged.compile import child; import test_child\n"
-            f"child.run(test_child.pid_then_sleep, ({str(pidfile)!r}, 600), 'quantize', 900, lambda: None)\n")
+            f"child.run(test_child.{work}, ({str(pidfile)!r}, 600), 'quantize', 900, lambda: None)\n")
     owner = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parent,
                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
     try:
@@ -191,6 +200,8 @@ def test_a_child_ends_with_the_daemon_killed_under_it(tmp_path: Path) -> None:
         wait_for(lambda: gone(int(pidfile.read_text())), 30, "the child ended with its owner")
     finally:
         owner.kill()
+        if pidfile.exists() and pidfile.read_text() and not gone(int(pidfile.read_text())):
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)  # never left computing for 10 minutes
 
 
 def test_the_cgroup_memory_limit_is_read_from_v1_and_v2(tmp_path: Path) -> None:

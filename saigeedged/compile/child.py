@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import multiprocessing
 import os
@@ -83,9 +84,40 @@ def _die_with(owner: int) -> None:
         threading.stack_size(old)
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_server() -> None:
+    """SIGKILL from the kernel when this child's parent, the fork server, ends, as it does when the daemon dies: _die_with's
+    thread cannot run while C code holds the GIL (onnx, onnxruntime), and a child of a `kill -9`ed daemon finished its
+    work beside the retry, then wrote a BrokenPipeError traceback into the service's log (a fault campaign).
+
+    The server ends when the write ends of its "alive" pipe are all closed: the daemon's, and each child's
+    (multiprocessing hands one to every child, so that a child could start processes of its own through the server;
+    ours start none). The child's is closed here, so the daemon's death ends the server and, by this signal, the
+    child."""
+    import ctypes
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    alive = getattr(server, "_forkserver_alive_fd", None)  # private, like _server_status's pid: without it, as before
+    if isinstance(alive, int):
+        with contextlib.suppress(OSError):
+            os.close(alive)
+        setattr(server, "_forkserver_alive_fd", None)  # noqa: B010 (mypy knows no such attribute)
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (AttributeError, OSError):
+        return  # not Linux's libc: _die_with alone
+    if os.getppid() != parent:  # the server ended before the signal was asked for
+        os._exit(1)
+
+
 def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any], memory_bytes: int | None,
           cpu_limits: tuple[int, int] | None, owner: int | None = None) -> None:
     if owner is not None:
+        _die_with_server()
         _die_with(owner)
     try:
         if cpu_limits is not None:
@@ -98,7 +130,10 @@ def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any], memory_
             conn.send(bound)  # first, so the parent can name the limit if the work dies of it
         conn.send((True, fn(*args)))
     except BaseException as exc:  # everything goes back to the parent, which decides
-        conn.send((False, exc))
+        try:
+            conn.send((False, exc))
+        except (BrokenPipeError, ConnectionResetError):  # the parent is gone: nobody to tell, nothing to print
+            os._exit(1)
     finally:
         conn.close()
 
