@@ -167,7 +167,8 @@ def test_submit_refuses_what_is_not_a_file(tmp_path: Path, config_path: Path, ca
 def test_job_commands_name_what_to_do_next(tmp_path: Path, config_path: Path, capsys: Any) -> None:
     """`cancel`/`retry`/`status` of no such job hint at `saigeedged status` (they gave the manifest-path hint), a missing
     -c file at the installed config, and `retry` of a drop whose manifest never parsed says where its files are (it
-    said "failed" jobs can be retried, of a failed job)."""
+    said "failed" jobs can be retried, of a failed job); `cancel` of a job that ended says so, exit 1 (it said
+    MANIFEST_INVALID)."""
     from saigeedged import config as configmod
     from saigeedged.adapters.store import Store
     from saigeedged.jobs import FAILED, Job
@@ -199,6 +200,8 @@ def test_job_commands_name_what_to_do_next(tmp_path: Path, config_path: Path, ca
     for command, newest in (("cancel", "typo-2"), ("retry", "typo-1")):  # ids only (a name may be many jobs): a name
         first, hint = refused(command, "typo", "-c", str(config_path))  # gets the newest id the command can act on
         assert first == "saigeedged: INPUT_NOT_FOUND: no job typo" and hint.endswith(f"to {command} is {newest}"), hint
+    assert cli.main(["cancel", "typo-1", "-c", str(config_path)]) == 1  # ended (a cancel racing its end): said as
+    assert capsys.readouterr().out == "typo-1: nothing to cancel: it already failed\n"  # such, not MANIFEST_INVALID
 
 
 def test_a_held_out_image_that_does_not_decode_stops_validate(tmp_path: Path, config_path: Path, capsys: Any) -> None:

@@ -231,6 +231,9 @@ def _row(job: Job) -> str:
     return printable(f"{job.job_id:<44} {job.state:<10} {step:<18} {job.target:<8} {error}")
 
 
+ENDED = {"succeeded": "succeeded", "failed": "failed", "cancelled": "was cancelled"}
+
+
 def retry(config: Config, job_id: str, out: TextIO) -> int:
     """A failed or cancelled job back to the queue, with its inputs back under claimed/."""
     store = _store(config)
@@ -285,8 +288,9 @@ def cancel(config: Config, job_id: str, out: TextIO) -> int:
     jobs = Jobs(store, Outbox(config.outbox), Places(config.inbox, config.state_dir))
     for _ in range(CANCEL_TRIES):
         job = _by_id(store, job_id, "cancel")
-        if job.state in TERMINAL:
-            raise SaigeError("MANIFEST_INVALID", f"job {job_id} is already {job.state}", hint="nothing to cancel")
+        if job.state in TERMINAL:  # it ended meanwhile (a cancel races the job's end): said, as "too late" is below,
+            print(f"{job_id}: nothing to cancel: it already {ENDED[job.state]}", file=out)  # not a manifest's error
+            return 1
         if job.state == RUNNING and store.request_cancel(job_id):
             print(f"{job_id}: cancel requested", file=out)
             return 0
