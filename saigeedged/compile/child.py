@@ -92,26 +92,30 @@ def _die_with_server() -> None:
     thread cannot run while C code holds the GIL (onnx, onnxruntime), and a child of a `kill -9`ed daemon finished its
     work beside the retry, then wrote a BrokenPipeError traceback into the service's log (a fault campaign).
 
-    The server ends when the write ends of its "alive" pipe are all closed: the daemon's, and each child's
-    (multiprocessing hands one to every child, so that a child could start processes of its own through the server;
-    ours start none). The child's is closed here, so the daemon's death ends the server and, by this signal, the
-    child."""
+    The server ends when the write ends of its "alive" pipe are all closed: the daemon's, and each child's (which
+    multiprocessing hands every child; ours start no process, they are daemonic). The child's is closed here, so the
+    daemon's death ends the server and, by this signal, the child. The signal is asked for first; a server that ended
+    before (its pipe has no reader: POLLERR) ends the child at once."""
     import ctypes
     from multiprocessing import forkserver
 
+    try:
+        asked = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) == 0
+    except (AttributeError, OSError):  # not Linux's libc
+        asked = False
+    if not asked:
+        return  # _die_with alone, the alive pipe left as multiprocessing has it
     server = forkserver._forkserver
     alive = getattr(server, "_forkserver_alive_fd", None)  # private, like _server_status's pid: without it, as before
-    if isinstance(alive, int):
-        with contextlib.suppress(OSError):
-            os.close(alive)
-        setattr(server, "_forkserver_alive_fd", None)  # noqa: B010 (mypy knows no such attribute)
-    parent = os.getppid()
-    try:
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (AttributeError, OSError):
-        return  # not Linux's libc: _die_with alone
-    if os.getppid() != parent:  # the server ended before the signal was asked for
+    if not isinstance(alive, int):
+        return
+    poller = select.poll()
+    poller.register(alive, 0)  # POLLERR is always reported: the read end, the server's alone, is closed
+    if any(events & select.POLLERR for _, events in poller.poll(0)):
         os._exit(1)
+    with contextlib.suppress(OSError):
+        os.close(alive)
+    setattr(server, "_forkserver_alive_fd", None)  # noqa: B010 (mypy knows no such attribute)
 
 
 def _main(conn: Connection, fn: Callable[..., Any], args: Sequence[Any], memory_bytes: int | None,
@@ -296,7 +300,7 @@ def shutdown() -> None:
     """Stop multiprocessing's fork server and resource tracker and reap them, so a stop leaves nothing behind.
 
     Left alone they exit only once they notice the daemon is gone, after systemd has already SIGKILLed them.
-    Call it when no child runs any more: the fork server waits for its children.
+    Call it when no child runs any more: a child still running is killed as the server ends (_die_with_server).
     """
     from multiprocessing import forkserver, resource_tracker
 
