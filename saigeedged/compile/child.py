@@ -226,11 +226,10 @@ def _died(label: str, exitcode: int | None, memory: tuple[int, Code] | None, bou
         return SaigeError("TIMEOUT", f"{label} used more than {cpu[0]} CPU-seconds ({cpu[1]}) and was killed")
     if memory is None or bound is None or exitcode is None or -exitcode not in OUT_OF_MEMORY:
         return SaigeError("CHILD_LOST", f"{label} died with exit code {exitcode}")  # killed: a loss, retried like one
-    if -exitcode == signal.SIGKILL and ooms is not None and (memorybound.oom_kills() or 0) <= ooms:
+    if memorybound.someones_kill(exitcode, ooms):
         return SaigeError("CHILD_LOST", f"{label} was killed (SIGKILL) and the kernel counted no OOM kill: a `kill`?")
     if -exitcode == signal.SIGKILL:
-        with open("/proc/self/cgroup") as fh:
-            return memorybound.killed(label, memory[1], memorybound.cgroup_limit(fh.read()))
+        return memorybound.killed(label, memory[1], memorybound.own_cgroup_limit())
     return memorybound.exceeded(label, memory[1], memory[0], bound)
 
 
@@ -245,13 +244,12 @@ def _starved(label: str, exc: BaseException, ooms: int | None) -> SaigeError | N
         status = _server_status()
         if status is None or not (status == NO_MEMORY or (status < 0 and -status in OUT_OF_MEMORY)):
             return None
-        if status == -signal.SIGKILL and ooms is not None and (memorybound.oom_kills() or 0) <= ooms:
+        if memorybound.someones_kill(status, ooms):
             return None  # someone's `kill -9` of the server, not the OOM killer
         what = "ran out of memory while it started"
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-    with open("/proc/self/cgroup") as fh:
-        cgroup = memorybound.cgroup_limit(fh.read())
-    return memorybound.starved(label, what, None if hard == resource.RLIM_INFINITY else hard, cgroup)
+    return memorybound.starved(label, what, None if hard == resource.RLIM_INFINITY else hard,
+                               memorybound.own_cgroup_limit())
 
 
 def _server_status() -> int | None:

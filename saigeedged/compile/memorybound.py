@@ -3,6 +3,7 @@ or the hard limit the daemon runs under) or the cgroup's (the unit's MemoryMax=)
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,18 @@ def starved(label: str, what: str, hard_as: int | None, cgroup: int | None) -> S
                           "MemoryMax=)", bound="MemoryMax", hint="raise MemoryMax= (systemctl edit saigeedged)")
     return SaigeError("OUT_OF_MEMORY", f"{server}: the host ran out of memory", bound="host",
                       hint="the host has too little free memory for onnxruntime: free some, or add memory")
+
+
+def own_cgroup_limit() -> int | None:
+    """The memory limit of this process's cgroup (the unit's MemoryMax=), None when there is none."""
+    with open("/proc/self/cgroup") as fh:
+        return cgroup_limit(fh.read())
+
+
+def someones_kill(status: int, ooms: int | None) -> bool:
+    """Was a SIGKILL (`status` -9) someone's `kill -9`, not the OOM killer's: the kernel counted no OOM kill since
+    `ooms` (oom_kills() before the process started)?"""
+    return status == -signal.SIGKILL and ooms is not None and (oom_kills() or 0) <= ooms
 
 
 def oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:
