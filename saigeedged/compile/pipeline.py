@@ -243,25 +243,34 @@ def _announce(job: Job, measured: dict[str, Any] | None) -> None:
     job.on_inputs({"accuracy": measured})
 
 
+def _gated_place(job: Job, dest: Path) -> tuple[Path, str, str] | None:
+    """Where a bundle below the gate is kept, as the error names it, and where writing it failed; None: nowhere."""
+    if job.refused_to is not None:
+        return job.refused_to, str(job.refused_to), f"to {job.refused_to.parent}"
+    if job.policy.roots:
+        return job.policy.roots[0] / dest.name, f"{dest.name} with the job's inputs under failed/", "beside the inputs"
+    return None
+
+
 def _refused(job: Job, dest: Path, measured: dict[str, Any]) -> SaigeError:
     """ACCURACY_GATE: the bundle is kept for inspection and never published (SPEC §17): at `job.refused_to`
     (`saigeedged compile`: failed/<job_id>/ beside its output), else beside the claimed inputs (the first root of a
     drop's path policy), which the service moves under <inbox>/.saigeedged/failed/<job_id>/."""
-    keep = job.refused_to or (job.policy.roots[0] / dest.name if job.policy.roots else None)
+    place = _gated_place(job, dest)
     kept = "not kept (no claimed folder)"
-    if keep is not None:
+    if place is not None:
+        keep, shown, near = place
         # a copy read from the checked file itself (open_output): never a link a step swapped in after a check (the
         # inbox share is read), nor the work folder's inode, which the next job's steps could still write into
         try:
             if job.refused_to is not None:
                 keep.parent.mkdir(parents=True, exist_ok=True)
             files.copy_file(dest, keep, nofollow=True)
-            kept = f"kept as {keep}" if job.refused_to else f"kept as {dest.name} with the job's inputs under failed/"
+            kept = f"kept as {shown}"
         except files.NotOutput:
             kept = "not kept (no longer a file of the work folder)"
         except OSError as exc:
-            kept = f"not kept (writing it {'to ' + str(keep.parent) if job.refused_to else 'beside the inputs'}: " \
-                f"{exc.strerror})"
+            kept = f"not kept (writing it {near}: {exc.strerror})"
     failures = "; ".join(measured["gate"]["failures"])
     hint = None  # the daemon's: the default hint says where under the inbox the bundle is kept
     if job.refused_to is not None or not job.policy.roots:
