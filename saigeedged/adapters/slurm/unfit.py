@@ -31,10 +31,10 @@ class Unfit:
 
     def refused(self, job: Job, doc: dict[str, Any], work: Path) -> NoReturn:
         """The agent's error instead of ready (of the attempt whose folder is `work`), raised naming its node
-        (node_of). Its word is taken
-        once: the ready file and the agent's log are removed and its cluster job retired (it may still look alive as
-        it ends: the retake of the attempt must not wait on it). A node fault (NODE_FAULTS) leaves the node out: for
-        this target when the image is missing, for every target when the engine does not answer."""
+        (node_of). Its word is taken once: the ready file and the agent's log are removed and its cluster job retired
+        (it may still look alive as it ends: the retake of the attempt must not wait on it). A node fault
+        (NODE_FAULTS) leaves the node out: for this target when the image is missing, for every target when the
+        engine does not answer."""
         err = doc["error"]
         said = SaigeError(err["code"], f"on node {node_of(doc) or '?'}: {err['message']}", hint=err.get("hint"))
         forget(work)
